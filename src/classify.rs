@@ -1,0 +1,276 @@
+//! The classification table: stored tag × the file's metadata now × a fresh digest → status.
+//!
+//! This is the heart of telling bit rot from an edit: applications that change a file also
+//! move its mtime forward, while a flipped bit on disk changes the data under an unchanged
+//! mtime. Written down, with one test per row, in `docs/classification.md`.
+
+use crate::digest::Digest;
+use crate::tag::{Tag, Timestamp};
+
+/// What intact found for one file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Status {
+    /// Tagged, and the data matches.
+    Ok,
+    /// Data changed under an unchanged mtime: silent corruption.
+    Corrupt,
+    /// Data changed and the tag records no mtime to tell why (Dintch tags): possibly corrupt.
+    Mismatch,
+    /// Data changed and the mtime moved forward: a legitimate edit.
+    Modified,
+    /// Data changed and the mtime moved backwards: perhaps an older copy was restored.
+    Older,
+    /// Same data, different mtime.
+    Touched,
+    /// No valid tag.
+    New,
+    /// Has a tag that was not verified (`tag` does not read tagged files).
+    Tagged,
+    /// The file changed while it was being read: no verdict, nothing stored.
+    Changed,
+    /// The file could not be processed.
+    Error,
+    /// Not a regular file (symlink, FIFO, device ...) or another link to an inode already seen.
+    Skipped,
+}
+
+impl Status {
+    /// The word used in output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Corrupt => "corrupt",
+            Status::Mismatch => "mismatch",
+            Status::Modified => "modified",
+            Status::Older => "older",
+            Status::Touched => "touched",
+            Status::New => "new",
+            Status::Tagged => "tagged",
+            Status::Changed => "changed-while-read",
+            Status::Error => "error",
+            Status::Skipped => "skipped",
+        }
+    }
+
+    /// Every status, in the order summaries list them.
+    pub const ALL: [Status; 11] = [
+        Status::Ok,
+        Status::Corrupt,
+        Status::Mismatch,
+        Status::Modified,
+        Status::Older,
+        Status::Touched,
+        Status::New,
+        Status::Tagged,
+        Status::Changed,
+        Status::Error,
+        Status::Skipped,
+    ];
+
+    /// Whether the data may have been damaged without a legitimate write.
+    pub fn is_damage(self) -> bool {
+        matches!(self, Status::Corrupt | Status::Mismatch)
+    }
+}
+
+/// How the mtime now relates to the stored one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimeOrder {
+    /// Within the tolerance.
+    Same,
+    /// Later than stored.
+    Newer,
+    /// Earlier than stored.
+    Older,
+}
+
+/// Compares mtimes, allowing `window_ns` (as rsync's `--modify-window`) plus whatever rounding
+/// the tag format itself introduced.
+pub fn compare_mtime(tag: &Tag, now: Timestamp, window_ns: u64) -> Option<TimeOrder> {
+    let stored = tag.mtime?;
+    let slack = window_ns.max(tag.mtime_slack_ns) as i128;
+    let diff = now.nanos() - stored.nanos();
+    Some(if diff.abs() <= slack {
+        TimeOrder::Same
+    } else if diff > 0 {
+        TimeOrder::Newer
+    } else {
+        TimeOrder::Older
+    })
+}
+
+/// The verdict for a tagged file whose data was just hashed into `fresh` (with the tag's
+/// algorithm). `mtime` is the file's mtime now.
+pub fn classify(tag: &Tag, mtime: Timestamp, fresh: &Digest, window_ns: u64) -> Status {
+    let same_data = *fresh == tag.digest;
+    match compare_mtime(tag, mtime, window_ns) {
+        Some(TimeOrder::Same) if same_data => Status::Ok,
+        Some(TimeOrder::Same) => Status::Corrupt,
+        Some(_) if same_data => Status::Touched,
+        Some(TimeOrder::Newer) => Status::Modified,
+        Some(TimeOrder::Older) => Status::Older,
+        // No stored mtime (Dintch): the tagging time, if known, can still prove an edit.
+        None if same_data => Status::Ok,
+        None => match tag.tagged {
+            Some(t) if mtime.sec > t => Status::Modified,
+            _ => Status::Mismatch,
+        },
+    }
+}
+
+/// What a check would most likely say, from metadata alone (no data read): used by `show`.
+pub fn expect(tag: &Tag, size: u64, mtime: Timestamp, window_ns: u64) -> Status {
+    let size_differs = tag.size.is_some_and(|s| s != size);
+    match compare_mtime(tag, mtime, window_ns) {
+        // A different size under the same mtime cannot be an edit.
+        Some(TimeOrder::Same) if size_differs => Status::Corrupt,
+        Some(TimeOrder::Same) => Status::Ok,
+        Some(TimeOrder::Newer) => Status::Modified,
+        Some(TimeOrder::Older) => Status::Older,
+        None => Status::Ok,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::digest::{Algo, digest_bytes};
+    use crate::tag::Format;
+
+    const T: Timestamp = Timestamp {
+        sec: 1_700_000_000,
+        nsec: 123_456_789,
+    };
+
+    fn tag(format: Format) -> Tag {
+        Tag {
+            format,
+            digest: digest_bytes(Algo::Sha256, b"original"),
+            size: Some(8),
+            mtime: (format != Format::Dintch).then_some(T),
+            mtime_slack_ns: 0,
+            tagged: Some(T.sec),
+        }
+    }
+
+    fn at(delta_ns: i64) -> Timestamp {
+        let n = T.nanos() + delta_ns as i128;
+        Timestamp {
+            sec: n.div_euclid(1_000_000_000) as i64,
+            nsec: n.rem_euclid(1_000_000_000) as u32,
+        }
+    }
+
+    fn same() -> Digest {
+        digest_bytes(Algo::Sha256, b"original")
+    }
+    fn other() -> Digest {
+        digest_bytes(Algo::Sha256, b"0riginal")
+    }
+
+    #[test]
+    fn row_ok() {
+        assert_eq!(classify(&tag(Format::Intact), T, &same(), 0), Status::Ok);
+    }
+
+    #[test]
+    fn row_corrupt_same_mtime_other_data() {
+        assert_eq!(
+            classify(&tag(Format::Intact), T, &other(), 0),
+            Status::Corrupt
+        );
+    }
+
+    #[test]
+    fn row_modified_newer_mtime_other_data() {
+        assert_eq!(
+            classify(&tag(Format::Intact), at(1), &other(), 0),
+            Status::Modified
+        );
+    }
+
+    #[test]
+    fn row_older_earlier_mtime_other_data() {
+        assert_eq!(
+            classify(&tag(Format::Intact), at(-1), &other(), 0),
+            Status::Older
+        );
+    }
+
+    #[test]
+    fn row_touched_other_mtime_same_data() {
+        assert_eq!(
+            classify(&tag(Format::Intact), at(1), &same(), 0),
+            Status::Touched
+        );
+        assert_eq!(
+            classify(&tag(Format::Intact), at(-1), &same(), 0),
+            Status::Touched
+        );
+    }
+
+    #[test]
+    fn nanosecond_precision_by_default_and_window_when_asked() {
+        let t = tag(Format::Intact);
+        assert_eq!(classify(&t, at(1), &other(), 0), Status::Modified);
+        assert_eq!(
+            classify(&t, at(999_999_999), &other(), 1_000_000_000),
+            Status::Corrupt
+        );
+        assert_eq!(
+            classify(&t, at(-1_000_000_000), &other(), 1_000_000_000),
+            Status::Corrupt
+        );
+        assert_eq!(
+            classify(&t, at(1_000_000_001), &other(), 1_000_000_000),
+            Status::Modified
+        );
+    }
+
+    #[test]
+    fn float_timestamps_get_their_rounding_as_slack() {
+        let mut t = tag(Format::Shatag);
+        t.mtime_slack_ns = 1_000;
+        assert_eq!(classify(&t, at(300), &same(), 0), Status::Ok);
+        assert_eq!(classify(&t, at(300), &other(), 0), Status::Corrupt);
+        assert_eq!(classify(&t, at(5_000), &other(), 0), Status::Modified);
+    }
+
+    #[test]
+    fn mtime_zero_is_an_ordinary_time() {
+        let mut t = tag(Format::Intact);
+        t.mtime = Some(Timestamp { sec: 0, nsec: 0 });
+        let zero = Timestamp { sec: 0, nsec: 0 };
+        assert_eq!(classify(&t, zero, &same(), 0), Status::Ok);
+        assert_eq!(classify(&t, zero, &other(), 0), Status::Corrupt);
+        assert_eq!(classify(&t, T, &other(), 0), Status::Modified);
+    }
+
+    #[test]
+    fn dintch_without_mtime() {
+        let t = tag(Format::Dintch);
+        assert_eq!(classify(&t, T, &same(), 0), Status::Ok);
+        // Not later than the tagging time: the cause cannot be told.
+        assert_eq!(classify(&t, T, &other(), 0), Status::Mismatch);
+        assert_eq!(
+            classify(&t, at(2_000_000_000), &other(), 0),
+            Status::Modified
+        );
+        let mut untimed = t.clone();
+        untimed.tagged = None;
+        assert_eq!(
+            classify(&untimed, at(2_000_000_000), &other(), 0),
+            Status::Mismatch
+        );
+    }
+
+    #[test]
+    fn expectation_from_metadata() {
+        let t = tag(Format::Intact);
+        assert_eq!(expect(&t, 8, T, 0), Status::Ok);
+        assert_eq!(expect(&t, 9, T, 0), Status::Corrupt);
+        assert_eq!(expect(&t, 9, at(1), 0), Status::Modified);
+        assert_eq!(expect(&t, 8, at(-1), 0), Status::Older);
+    }
+}

@@ -1,0 +1,615 @@
+//! The engine: walks the trees, processes files on all cores, hands back one report per file
+//! in walk order.
+//!
+//! One walker thread feeds a bounded queue; workers open, hash and tag; the calling thread
+//! reorders their reports and passes them to a sink. A window of tokens bounds how far the
+//! walker may run ahead of the oldest unreported file, so memory stays flat even when one
+//! huge file holds up the output of thousands of small ones.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io;
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use crossbeam_channel::bounded;
+use rustix::fs::{Mode, OFlags};
+
+use crate::classify::{self, Status};
+use crate::digest::{self, Algo, AlignedBuf, Digest, HashError, ReadOptions};
+use crate::store::{self, Stored};
+use crate::tag::{self, Tag, Timestamp};
+use crate::walk::{self, Entry, SkipReason, WalkOptions};
+
+/// The operation to perform on each file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verb {
+    /// Hash and tag files without a valid tag.
+    Tag,
+    /// Re-hash tagged files and classify them; never writes.
+    Check,
+    /// Check, then make tags match legitimately changed data.
+    Update,
+    /// Remove intact's tag.
+    Strip,
+    /// Print stored tags and what a check would expect, without reading data.
+    Show,
+}
+
+impl Verb {
+    /// The verb's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Verb::Tag => "tag",
+            Verb::Check => "check",
+            Verb::Update => "update",
+            Verb::Strip => "strip",
+            Verb::Show => "show",
+        }
+    }
+}
+
+/// Everything the engine needs to know, decided once from the command line.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// What to do.
+    pub verb: Verb,
+    /// The algorithm for new tags; re-tags keep the existing tag's algorithm unless set.
+    pub algo: Option<Algo>,
+    /// `tag`: re-hash and re-tag files that already have a tag.
+    pub force: bool,
+    /// `update`: re-tag corrupt files too (the user says the change was intended).
+    pub accept_corrupt: bool,
+    /// mtimes closer than this count as equal.
+    pub mtime_window_ns: u64,
+    /// Worker threads.
+    pub threads: usize,
+    /// Drop read data from the page cache (background scrubs).
+    pub drop_cache: bool,
+    /// What to walk and what to leave out.
+    pub walk: WalkOptions,
+}
+
+impl Config {
+    /// A configuration with defaults for `verb`.
+    pub fn new(verb: Verb) -> Self {
+        Config {
+            verb,
+            algo: None,
+            force: false,
+            accept_corrupt: false,
+            mtime_window_ns: 0,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            drop_cache: false,
+            walk: WalkOptions::default(),
+        }
+    }
+
+    fn new_algo(&self) -> Algo {
+        self.algo.unwrap_or(Algo::Sha256)
+    }
+}
+
+/// What was done to a file's tags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Action {
+    /// A tag was written with a freshly computed digest.
+    Tagged,
+    /// The digest was unchanged; the tag was rewritten with the file's current mtime.
+    Refreshed,
+    /// The file looks corrupt: its old tag was kept as evidence.
+    Kept,
+    /// intact's tag was removed.
+    Removed,
+}
+
+impl Action {
+    /// The word used in output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Tagged => "tagged",
+            Action::Refreshed => "refreshed",
+            Action::Kept => "kept",
+            Action::Removed => "removed",
+        }
+    }
+}
+
+/// Why a file could not be processed.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// Opening failed.
+    #[error("cannot open: {}", cause(.0))]
+    Open(io::Error),
+    /// Reading the data failed.
+    #[error("cannot read: {}", cause(.0))]
+    Read(io::Error),
+    /// Reading the extended attributes failed.
+    #[error("cannot read tags: {}", cause(.0))]
+    ReadTags(io::Error),
+    /// Writing the tag failed.
+    #[error("cannot write tag: {}", cause(.0))]
+    WriteTag(io::Error),
+    /// Removing the tag failed.
+    #[error("cannot remove tag: {}", cause(.0))]
+    RemoveTag(io::Error),
+    /// The walk could not look at this path.
+    #[error("{}", cause(.0))]
+    Walk(io::Error),
+}
+
+impl FileError {
+    /// A stable, machine-readable name for the cause.
+    pub fn kind(&self) -> &'static str {
+        let e = match self {
+            FileError::Open(e)
+            | FileError::Read(e)
+            | FileError::ReadTags(e)
+            | FileError::WriteTag(e)
+            | FileError::RemoveTag(e)
+            | FileError::Walk(e) => e,
+        };
+        match e.raw_os_error() {
+            Some(libc::ENOTSUP) => "no-xattr-support",
+            Some(libc::EACCES | libc::EPERM) => "permission-denied",
+            Some(libc::ENOENT) => "vanished",
+            Some(libc::ENOSPC | libc::E2BIG | libc::EDQUOT) => "no-space",
+            Some(libc::EROFS) => "read-only-file-system",
+            Some(libc::EIO) => "io-error",
+            _ => "other",
+        }
+    }
+}
+
+/// The cause in words a user can act on.
+fn cause(e: &io::Error) -> String {
+    let hint = match e.raw_os_error() {
+        Some(libc::ENOTSUP) => "the file system does not support user extended attributes",
+        Some(libc::ENOENT) => "the file vanished",
+        Some(libc::ENOSPC) => {
+            "no space left (on the device or in the file's extended attribute block)"
+        }
+        Some(libc::E2BIG) => "the extended attribute is too large for this file system",
+        Some(libc::EDQUOT) => "disk quota exceeded",
+        Some(libc::EROFS) => "read-only file system",
+        Some(libc::EIO) => "input/output error (the device could not read it: a failing disk?)",
+        _ => return e.to_string(),
+    };
+    format!("{hint} ({e})")
+}
+
+/// The outcome for one path: a value, rendered by the reporter.
+#[derive(Debug)]
+pub struct FileReport {
+    /// The path as walked.
+    pub path: PathBuf,
+    /// What was found.
+    pub status: Status,
+    /// What was done about it.
+    pub action: Option<Action>,
+    /// The file's size now.
+    pub size: Option<u64>,
+    /// The tag the verdict is based on.
+    pub tag: Option<Tag>,
+    /// The digest just computed, if the data was read.
+    pub digest: Option<Digest>,
+    /// Why the file was skipped.
+    pub skip: Option<SkipReason>,
+    /// Why the file could not be processed.
+    pub error: Option<FileError>,
+    /// What changed while the file was read.
+    pub changed: Option<String>,
+    /// Malformed tags found on the file (attribute, reason).
+    pub malformed: Vec<(&'static str, tag::Malformed)>,
+    /// Bytes of data read.
+    pub bytes_read: u64,
+}
+
+impl FileReport {
+    fn new(path: PathBuf, status: Status) -> Self {
+        FileReport {
+            path,
+            status,
+            action: None,
+            size: None,
+            tag: None,
+            digest: None,
+            skip: None,
+            error: None,
+            changed: None,
+            malformed: Vec::new(),
+            bytes_read: 0,
+        }
+    }
+
+    fn error(path: PathBuf, error: FileError) -> Self {
+        FileReport {
+            error: Some(error),
+            ..FileReport::new(path, Status::Error)
+        }
+    }
+
+    fn skipped(path: PathBuf, reason: SkipReason) -> Self {
+        FileReport {
+            skip: Some(reason),
+            ..FileReport::new(path, Status::Skipped)
+        }
+    }
+}
+
+/// Live counters for a progress display.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Bytes hashed so far.
+    pub bytes: AtomicU64,
+    /// Files reported so far.
+    pub files: AtomicU64,
+    /// The file most recently started.
+    pub current: Mutex<PathBuf>,
+}
+
+/// How far (in files) the walker may run ahead of the oldest file not yet reported.
+const WINDOW: usize = 4096;
+
+/// Runs `config.verb` over `roots`, calling `sink` with each file's report in walk order.
+/// Stops early, without a report for unfinished files, once `cancel` is set.
+pub fn run(
+    config: &Config,
+    roots: &[PathBuf],
+    cancel: &AtomicBool,
+    progress: &Progress,
+    mut sink: impl FnMut(FileReport),
+) -> Result<(), ignore::Error> {
+    let threads = config.threads.max(1);
+    let (job_tx, job_rx) = bounded::<(u64, Entry)>(threads * 4);
+    let (done_tx, done_rx) = bounded::<(u64, Option<FileReport>)>(WINDOW);
+    let (token_tx, token_rx) = bounded::<()>(WINDOW);
+
+    std::thread::scope(|s| {
+        let walker = s.spawn(move || {
+            let mut seq = 0u64;
+            walk::walk(roots, &config.walk, |entry| {
+                if cancel.load(Ordering::Relaxed) || token_tx.send(()).is_err() {
+                    return ControlFlow::Break(());
+                }
+                if job_tx.send((seq, entry)).is_err() {
+                    return ControlFlow::Break(());
+                }
+                seq += 1;
+                ControlFlow::Continue(())
+            })
+        });
+        for _ in 0..threads {
+            let (job_rx, done_tx) = (job_rx.clone(), done_tx.clone());
+            s.spawn(move || {
+                let mut worker = Worker {
+                    config,
+                    cancel,
+                    progress,
+                    buf: AlignedBuf::new(digest::BUF_SIZE),
+                };
+                for (seq, entry) in job_rx {
+                    let report = match entry {
+                        Entry::File(path) => worker.process(path),
+                        Entry::Skip(path, reason) => Some(FileReport::skipped(path, reason)),
+                        Entry::Error(path, e) => Some(FileReport::error(path, FileError::Walk(e))),
+                    };
+                    if done_tx.send((seq, report)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop((job_rx, done_tx));
+
+        let mut pending = BTreeMap::new();
+        let mut next = 0u64;
+        for (seq, report) in done_rx {
+            pending.insert(seq, report);
+            while let Some(report) = pending.remove(&next) {
+                let _ = token_rx.recv();
+                next += 1;
+                if let Some(report) = report {
+                    progress.files.fetch_add(1, Ordering::Relaxed);
+                    sink(report);
+                }
+            }
+        }
+        drop(token_rx);
+        walker.join().expect("walker thread panicked")
+    })
+}
+
+/// The file's identity and state, from `fstat`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Meta {
+    ino: u64,
+    size: u64,
+    mtime: Timestamp,
+    ctime: Timestamp,
+}
+
+impl Meta {
+    fn of(file: &File) -> io::Result<(Meta, bool)> {
+        let st = rustix::fs::fstat(file)?;
+        let regular =
+            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile;
+        let meta = Meta {
+            ino: st.st_ino,
+            size: st.st_size as u64,
+            mtime: Timestamp {
+                sec: st.st_mtime,
+                nsec: st.st_mtime_nsec as u32,
+            },
+            ctime: Timestamp {
+                sec: st.st_ctime,
+                nsec: st.st_ctime_nsec as u32,
+            },
+        };
+        Ok((meta, regular))
+    }
+
+    /// Describes how `self` (after reading) differs from `before`, if it does.
+    fn changes_since(&self, before: &Meta, bytes_read: u64) -> Option<String> {
+        if self.ino != before.ino {
+            Some("replaced while being read".into())
+        } else if self.size != before.size || bytes_read != before.size {
+            Some(format!(
+                "size changed while being read ({} bytes before, {} read, {} after)",
+                before.size, bytes_read, self.size
+            ))
+        } else if self.mtime != before.mtime {
+            Some("modified while being read".into())
+        } else if self.ctime != before.ctime {
+            Some("metadata changed while being read".into())
+        } else {
+            None
+        }
+    }
+}
+
+struct Worker<'a> {
+    config: &'a Config,
+    cancel: &'a AtomicBool,
+    progress: &'a Progress,
+    buf: AlignedBuf,
+}
+
+/// Why reading a file gave no digest.
+enum NoDigest {
+    Failed(FileError),
+    Changed(String),
+    Interrupted,
+}
+
+impl NoDigest {
+    /// The report to give instead; `None` if the run was interrupted.
+    fn report(self, mut report: FileReport) -> Option<FileReport> {
+        match self {
+            NoDigest::Failed(e) => Some(fail(report, e)),
+            NoDigest::Changed(what) => {
+                report.status = Status::Changed;
+                report.changed = Some(what);
+                Some(report)
+            }
+            NoDigest::Interrupted => None,
+        }
+    }
+}
+
+impl Worker<'_> {
+    /// Processes one regular file; `None` if the run was interrupted meanwhile.
+    fn process(&mut self, path: PathBuf) -> Option<FileReport> {
+        if let Ok(mut current) = self.progress.current.lock() {
+            current.clone_from(&path);
+        }
+        let file = match open(&path) {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Some(FileReport::skipped(path, SkipReason::Symlink));
+            }
+            Err(e) => return Some(FileReport::error(path, FileError::Open(e))),
+        };
+        let meta = match Meta::of(&file) {
+            Ok((_, false)) => return Some(FileReport::skipped(path, SkipReason::Special)),
+            Ok((m, true)) => m,
+            Err(e) => return Some(FileReport::error(path, FileError::Open(e))),
+        };
+        let stored = match store::read(&file) {
+            Ok(s) => s,
+            Err(e) => return Some(FileReport::error(path, FileError::ReadTags(e))),
+        };
+        let mut report = FileReport {
+            size: Some(meta.size),
+            tag: stored.best().cloned(),
+            malformed: stored.malformed.clone(),
+            ..FileReport::new(path, Status::New)
+        };
+        match self.config.verb {
+            Verb::Show => {
+                if let Some(t) = &report.tag {
+                    report.status =
+                        classify::expect(t, meta.size, meta.mtime, self.config.mtime_window_ns);
+                }
+                Some(report)
+            }
+            Verb::Strip => {
+                report.status = Status::Ok;
+                match store::remove_intact(&file) {
+                    Ok(true) => report.action = Some(Action::Removed),
+                    Ok(false) => {}
+                    Err(e) => return Some(fail(report, FileError::RemoveTag(e))),
+                }
+                Some(report)
+            }
+            Verb::Check => self.check(report, &file, &meta),
+            Verb::Tag => self.tag(report, &file, &meta, &stored),
+            Verb::Update => self.update(report, &file, &meta, &stored),
+        }
+    }
+
+    fn check(&mut self, mut report: FileReport, file: &File, meta: &Meta) -> Option<FileReport> {
+        let Some(tag) = report.tag.clone() else {
+            return Some(report);
+        };
+        let digests = match self.hash(&mut report, file, meta, &[tag.digest.algo]) {
+            Ok(d) => d,
+            Err(e) => return e.report(report),
+        };
+        report.digest = Some(digests[0]);
+        report.status =
+            classify::classify(&tag, meta.mtime, &digests[0], self.config.mtime_window_ns);
+        Some(report)
+    }
+
+    fn tag(
+        &mut self,
+        mut report: FileReport,
+        file: &File,
+        meta: &Meta,
+        stored: &Stored,
+    ) -> Option<FileReport> {
+        if stored.best().is_some() && !self.config.force {
+            report.status = Status::Tagged;
+            return Some(report);
+        }
+        let new_algo = self.config.new_algo();
+        let mut algos = vec![new_algo];
+        if let Some(t) = report.tag.as_ref().filter(|t| t.digest.algo != new_algo) {
+            algos.push(t.digest.algo);
+        }
+        let digests = match self.hash(&mut report, file, meta, &algos) {
+            Ok(d) => d,
+            Err(e) => return e.report(report),
+        };
+        if let Some(t) = &report.tag {
+            let same_algo = digests
+                .iter()
+                .find(|d| d.algo == t.digest.algo)
+                .expect("hashed");
+            report.status =
+                classify::classify(t, meta.mtime, same_algo, self.config.mtime_window_ns);
+        }
+        report.digest = Some(digests[0]);
+        Some(self.write(report, file, meta, digests[0], Action::Tagged))
+    }
+
+    fn update(
+        &mut self,
+        mut report: FileReport,
+        file: &File,
+        meta: &Meta,
+        stored: &Stored,
+    ) -> Option<FileReport> {
+        let Some(tag) = report.tag.clone() else {
+            let digests = match self.hash(&mut report, file, meta, &[self.config.new_algo()]) {
+                Ok(d) => d,
+                Err(e) => return e.report(report),
+            };
+            report.digest = Some(digests[0]);
+            return Some(self.write(report, file, meta, digests[0], Action::Tagged));
+        };
+        // A re-tag keeps the tag's algorithm unless one was asked for; one pass computes both.
+        let new_algo = self.config.algo.unwrap_or(tag.digest.algo);
+        let mut algos = vec![tag.digest.algo];
+        if new_algo != tag.digest.algo {
+            algos.push(new_algo);
+        }
+        let digests = match self.hash(&mut report, file, meta, &algos) {
+            Ok(d) => d,
+            Err(e) => return e.report(report),
+        };
+        let fresh = *digests.last().expect("hashed");
+        report.digest = Some(digests[0]);
+        report.status =
+            classify::classify(&tag, meta.mtime, &digests[0], self.config.mtime_window_ns);
+        let upgrade = stored.intact().is_none() || new_algo != tag.digest.algo;
+        Some(match report.status {
+            Status::Ok if upgrade => self.write(report, file, meta, fresh, Action::Tagged),
+            Status::Corrupt | Status::Mismatch if !self.config.accept_corrupt => {
+                report.action = Some(Action::Kept);
+                report
+            }
+            Status::Corrupt | Status::Mismatch | Status::Modified | Status::Older => {
+                self.write(report, file, meta, fresh, Action::Tagged)
+            }
+            Status::Touched => self.write(report, file, meta, fresh, Action::Refreshed),
+            _ => report,
+        })
+    }
+
+    /// Reads the whole file once, feeding each of `algos`, and makes sure it did not change
+    /// meanwhile: a digest of a file in flux matches no version of it.
+    fn hash(
+        &mut self,
+        report: &mut FileReport,
+        file: &File,
+        before: &Meta,
+        algos: &[Algo],
+    ) -> Result<Vec<Digest>, NoDigest> {
+        let opts = ReadOptions {
+            drop_cache: self.config.drop_cache,
+        };
+        let (digests, n) = digest::hash_file(
+            file,
+            algos,
+            &mut self.buf,
+            opts,
+            self.cancel,
+            &self.progress.bytes,
+        )
+        .map_err(|e| match e {
+            HashError::Interrupted => NoDigest::Interrupted,
+            HashError::Io(e) => NoDigest::Failed(FileError::Read(e)),
+        })?;
+        report.bytes_read = n;
+        let (after, _) = Meta::of(file).map_err(|e| NoDigest::Failed(FileError::Read(e)))?;
+        match after.changes_since(before, n) {
+            Some(change) => Err(NoDigest::Changed(change)),
+            None => Ok(digests),
+        }
+    }
+
+    /// Writes intact's tag for `digest` and the metadata read before hashing.
+    fn write(
+        &self,
+        mut report: FileReport,
+        file: &File,
+        meta: &Meta,
+        digest: Digest,
+        action: Action,
+    ) -> FileReport {
+        let value = tag::encode(&digest, meta.size, meta.mtime, Timestamp::now().sec);
+        match store::write_intact(file, &value) {
+            Ok(()) => {
+                report.action = Some(action);
+                report
+            }
+            Err(e) => fail(report, FileError::WriteTag(e)),
+        }
+    }
+}
+
+fn fail(mut report: FileReport, error: FileError) -> FileReport {
+    report.status = Status::Error;
+    report.action = None;
+    report.error = Some(error);
+    report
+}
+
+/// Opens without following a symlink and without updating the access time where allowed.
+fn open(path: &Path) -> io::Result<File> {
+    // O_NONBLOCK keeps a FIFO swapped in after the walk from blocking the open.
+    let flags =
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
+    let fd = match rustix::fs::open(path, flags | OFlags::NOATIME, Mode::empty()) {
+        // O_NOATIME is only for the file's owner (or root).
+        Err(rustix::io::Errno::PERM) => rustix::fs::open(path, flags, Mode::empty())?,
+        other => other?,
+    };
+    Ok(File::from(fd))
+}

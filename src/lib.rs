@@ -1,0 +1,19 @@
+//! intact keeps files intact: it stores a digest of each file's data in an extended attribute
+//! on the file itself, later proves that the data still matches, and tells silent corruption
+//! (data changed under an unchanged mtime) apart from a legitimate edit.
+//!
+//! The library does all the work and never prints: [`engine::run`] walks trees and yields one
+//! [`engine::FileReport`] per file; [`report::Reporter`] renders those for people or as JSON
+//! and decides the exit code. The binary only parses the command line.
+
+#![deny(missing_docs)]
+
+pub mod classify;
+pub mod device;
+pub mod digest;
+pub mod engine;
+pub mod priority;
+pub mod report;
+pub mod store;
+pub mod tag;
+pub mod walk;
