@@ -1,0 +1,256 @@
+//! A small harness: temp trees with real files and xattrs, and the real `intact` binary.
+#![allow(dead_code)]
+
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+pub const ALGOS: [&str; 2] = ["sha256", "blake3"];
+pub const TAG: &str = "user.intact";
+
+/// A temporary directory tree, removed on drop.
+pub struct Tree {
+    dir: tempfile::TempDir,
+}
+
+impl Tree {
+    pub fn new() -> Self {
+        let dir = tempfile::Builder::new().prefix("intact-test").tempdir().unwrap();
+        Tree { dir }
+    }
+
+    pub fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn path(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.root().join(rel)
+    }
+
+    /// Writes a file (creating parent directories) and returns its path.
+    pub fn write(&self, rel: impl AsRef<Path>, data: impl AsRef<[u8]>) -> PathBuf {
+        let p = self.path(rel);
+        if let Some(parent) = p.parent() {
+            fs::create_dir_all(parent).unwrap();
+        }
+        fs::write(&p, data).unwrap();
+        p
+    }
+
+    /// Opens the tree to every user (for tests that run intact as `nobody`).
+    pub fn open_to_all(&self) {
+        fs::set_permissions(self.root(), fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
+/// What one run of the binary did.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    fn from(out: Output) -> Self {
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// Panics with the whole output unless the exit code is `code`.
+    pub fn expect_code(self, code: i32) -> Self {
+        assert_eq!(
+            self.code, code,
+            "exit code {} instead of {code}\n--- stdout\n{}--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        );
+        self
+    }
+
+    /// The JSON Lines output split into file objects and the summary.
+    pub fn json(&self) -> Json {
+        let mut files = Vec::new();
+        let mut summary = None;
+        for line in self.stdout.lines() {
+            let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("bad JSON {line:?}: {e}"));
+            match v["type"].as_str() {
+                Some("file") => files.push(v),
+                Some("summary") => {
+                    assert!(summary.is_none(), "two summaries");
+                    summary = Some(v)
+                }
+                other => panic!("unknown type {other:?}"),
+            }
+        }
+        Json {
+            files,
+            summary: summary.expect("a summary object"),
+        }
+    }
+}
+
+pub struct Json {
+    pub files: Vec<Value>,
+    pub summary: Value,
+}
+
+impl Json {
+    /// The object for the file whose escaped path ends with `suffix`.
+    pub fn file(&self, suffix: &str) -> &Value {
+        let hits: Vec<&Value> = self
+            .files
+            .iter()
+            .filter(|f| f["path"].as_str().unwrap().ends_with(suffix))
+            .collect();
+        assert_eq!(hits.len(), 1, "{suffix}: {hits:?} in {:#?}", self.files);
+        hits[0]
+    }
+
+    pub fn status(&self, suffix: &str) -> String {
+        self.file(suffix)["status"].as_str().unwrap().to_string()
+    }
+
+    pub fn count(&self, status: &str) -> u64 {
+        self.summary["counts"][status].as_u64().unwrap()
+    }
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_intact")
+}
+
+/// Runs `intact ARGS...`.
+pub fn intact<I, S>(args: I) -> Run
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    Run::from(Command::new(bin()).args(args).output().unwrap())
+}
+
+/// Runs `intact ARGS...` as the unprivileged user `nobody`.
+pub fn intact_as_nobody<I, S>(args: I) -> Run
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let out = Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+        .arg(bin())
+        .args(args)
+        .output()
+        .unwrap();
+    Run::from(out)
+}
+
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Tests that need root (mounts, other users) say so and pass vacuously elsewhere; CI runs
+/// as root, so they always run there.
+#[macro_export]
+macro_rules! require_root {
+    () => {
+        if !common::is_root() {
+            eprintln!("SKIPPED: needs root");
+            return;
+        }
+    };
+}
+
+/// The raw value of an extended attribute, if present.
+pub fn getxattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; 65536];
+    match rustix::fs::lgetxattr(path, name, &mut buf[..]) {
+        Ok(n) => Some(buf[..n].to_vec()),
+        Err(rustix::io::Errno::NODATA) => None,
+        Err(e) => panic!("getxattr {}: {e}", path.display()),
+    }
+}
+
+pub fn setxattr(path: &Path, name: &str, value: &[u8]) {
+    rustix::fs::lsetxattr(path, name, value, rustix::fs::XattrFlags::empty()).unwrap();
+}
+
+/// The file's mtime as (seconds, nanoseconds).
+pub fn mtime(path: &Path) -> (i64, i64) {
+    let st = rustix::fs::stat(path).unwrap();
+    (st.st_mtime, st.st_mtime_nsec as i64)
+}
+
+pub fn set_mtime(path: &Path, (sec, nsec): (i64, i64)) {
+    let t = rustix::fs::Timestamps {
+        last_access: rustix::fs::Timespec {
+            tv_sec: sec,
+            tv_nsec: nsec as _,
+        },
+        last_modification: rustix::fs::Timespec {
+            tv_sec: sec,
+            tv_nsec: nsec as _,
+        },
+    };
+    rustix::fs::utimensat(rustix::fs::CWD, path, &t, rustix::fs::AtFlags::empty()).unwrap();
+}
+
+/// Runs `change` on the file, then puts its mtime back: what bit rot looks like.
+pub fn behind_the_back(path: &Path, change: impl FnOnce(&Path)) {
+    let before = mtime(path);
+    change(path);
+    set_mtime(path, before);
+    assert_eq!(mtime(path), before);
+}
+
+/// Flips one bit of the byte at `offset`, keeping the mtime.
+pub fn flip_byte(path: &Path, offset: u64) {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    behind_the_back(path, |p| {
+        let mut f = fs::OpenOptions::new().read(true).write(true).open(p).unwrap();
+        let mut b = [0u8];
+        f.seek(SeekFrom::Start(offset)).unwrap();
+        f.read_exact(&mut b).unwrap();
+        f.seek(SeekFrom::Start(offset)).unwrap();
+        f.write_all(&[b[0] ^ 0x10]).unwrap();
+    });
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn data(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// A mount point inside a tree, unmounted on drop.
+pub struct Mount(pub PathBuf);
+
+impl Mount {
+    pub fn new(fstype: &str, options: &str, at: PathBuf) -> Self {
+        fs::create_dir_all(&at).unwrap();
+        let status = Command::new("mount")
+            .args(["-t", fstype, "-o", options, "none"])
+            .arg(&at)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount -t {fstype} failed");
+        Mount(at)
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
