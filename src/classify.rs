@@ -28,6 +28,7 @@ pub enum Status {
     /// Has a tag that was not verified (`tag` does not read tagged files).
     Tagged,
     /// The file changed while it was being read: no verdict, nothing stored.
+    #[serde(rename = "changed-while-read")]
     Changed,
     /// The file could not be processed.
     Error,
@@ -263,6 +264,13 @@ mod tests {
             classify(&untimed, at(2_000_000_000), &other(), 0),
             Status::Mismatch
         );
+    }
+
+    #[test]
+    fn json_names_are_the_display_names() {
+        for s in Status::ALL {
+            assert_eq!(serde_json::to_value(s).unwrap(), s.name());
+        }
     }
 
     #[test]

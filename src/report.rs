@@ -273,7 +273,11 @@ pub fn human_summary(verb: Verb, s: &Summary) -> String {
         verb.name(),
         group(s.files()),
         bytes(s.bytes),
-        if secs < 1.0 { format!("{:.0} ms", secs * 1e3) } else { format!("{secs:.1} s") },
+        if secs < 1.0 {
+            format!("{:.0} ms", secs * 1e3)
+        } else {
+            format!("{secs:.1} s")
+        },
         bytes((s.bytes as f64 / secs) as u64),
         group((s.files() as f64 / secs) as u64),
         if parts.is_empty() { "" } else { ": " },

@@ -12,7 +12,13 @@ fn tagged_tree(algo: &str) -> Tree {
     t.write("a.txt", b"alpha\n");
     t.write("dir/b.bin", data(300_000, 1));
     t.write("dir/deeper/c.bin", data(5_000_000, 2));
-    let r = intact(["tag".as_ref(), "--algo".as_ref(), algo.as_ref(), t.root().as_os_str()]).expect_code(0);
+    let r = intact([
+        "tag".as_ref(),
+        "--algo".as_ref(),
+        algo.as_ref(),
+        t.root().as_os_str(),
+    ])
+    .expect_code(0);
     assert!(r.stdout.is_empty(), "tag printed {:?}", r.stdout);
     t
 }
@@ -31,7 +37,10 @@ fn tag_then_check_is_all_ok() {
         let r = check(&t).expect_code(0);
         let j = r.json();
         assert_eq!(j.count("ok"), 3, "{algo}");
-        assert_eq!(j.summary["bytes"].as_u64().unwrap(), 6 + 300_000 + 5_000_000);
+        assert_eq!(
+            j.summary["bytes"].as_u64().unwrap(),
+            6 + 300_000 + 5_000_000
+        );
         let a = j.file("a.txt");
         assert_eq!(a["algo"], algo);
         assert_eq!(a["expected"], a["actual"]);
@@ -46,14 +55,21 @@ fn tag_then_check_is_all_ok() {
 fn second_tag_reads_no_data() {
     let t = tagged_tree("sha256");
     let before = getxattr(&t.path("dir/b.bin"), TAG);
-    let j = intact(["tag".as_ref(), "--json".as_ref(), t.root().as_os_str()]).expect_code(0).json();
+    let j = intact(["tag".as_ref(), "--json".as_ref(), t.root().as_os_str()])
+        .expect_code(0)
+        .json();
     assert_eq!(j.summary["bytes"], 0);
     assert_eq!(j.count("tagged"), 3);
     assert_eq!(getxattr(&t.path("dir/b.bin"), TAG), before, "tag rewritten");
     // --force reads and re-tags everything.
-    let j = intact(["tag".as_ref(), "--force".as_ref(), "--json".as_ref(), t.root().as_os_str()])
-        .expect_code(0)
-        .json();
+    let j = intact([
+        "tag".as_ref(),
+        "--force".as_ref(),
+        "--json".as_ref(),
+        t.root().as_os_str(),
+    ])
+    .expect_code(0)
+    .json();
     assert_eq!(j.summary["bytes"].as_u64().unwrap(), 5_300_006);
     assert_eq!(j.summary["actions"]["tagged"], 3);
 }
@@ -85,12 +101,22 @@ fn flipped_byte_is_corrupt_and_update_keeps_the_evidence() {
         let human = intact(["check".as_ref(), t.root().as_os_str()]).expect_code(1);
         assert_eq!(human.stdout, format!("corrupt  {}\n", victim.display()));
 
-        let up = intact(["update".as_ref(), "--json".as_ref(), t.root().as_os_str()]).expect_code(1);
+        let up =
+            intact(["update".as_ref(), "--json".as_ref(), t.root().as_os_str()]).expect_code(1);
         assert_eq!(up.json().file("c.bin")["action"], "kept");
-        assert_eq!(getxattr(&victim, TAG).unwrap(), old_tag, "update re-baselined corruption");
+        assert_eq!(
+            getxattr(&victim, TAG).unwrap(),
+            old_tag,
+            "update re-baselined corruption"
+        );
         check(&t).expect_code(1);
 
-        let acc = intact(["update".as_ref(), "--accept-corrupt".as_ref(), "--json".as_ref(), t.root().as_os_str()]);
+        let acc = intact([
+            "update".as_ref(),
+            "--accept-corrupt".as_ref(),
+            "--json".as_ref(),
+            t.root().as_os_str(),
+        ]);
         assert_eq!(acc.json().file("c.bin")["action"], "tagged");
         assert_ne!(getxattr(&victim, TAG).unwrap(), old_tag);
         check(&t).expect_code(0);
@@ -102,10 +128,20 @@ fn truncated_or_extended_under_the_same_mtime_is_corrupt() {
     for algo in ALGOS {
         let t = tagged_tree(algo);
         behind_the_back(&t.path("dir/b.bin"), |p| {
-            fs::OpenOptions::new().write(true).open(p).unwrap().set_len(1000).unwrap();
+            fs::OpenOptions::new()
+                .write(true)
+                .open(p)
+                .unwrap()
+                .set_len(1000)
+                .unwrap();
         });
         behind_the_back(&t.path("a.txt"), |p| {
-            fs::OpenOptions::new().append(true).open(p).unwrap().write_at(b"!", 6).unwrap();
+            fs::OpenOptions::new()
+                .append(true)
+                .open(p)
+                .unwrap()
+                .write_at(b"!", 6)
+                .unwrap();
         });
         let j = check(&t).expect_code(1).json();
         assert_eq!(j.status("b.bin"), "corrupt");
@@ -131,7 +167,8 @@ fn edit_with_newer_mtime_is_modified_and_update_retags() {
         let human = intact(["check".as_ref(), t.root().as_os_str()]).expect_code(0);
         assert_eq!(human.stdout, format!("modified {}\n", p.display()));
 
-        let up = intact(["update".as_ref(), "--json".as_ref(), t.root().as_os_str()]).expect_code(0);
+        let up =
+            intact(["update".as_ref(), "--json".as_ref(), t.root().as_os_str()]).expect_code(0);
         let f = up.json();
         assert_eq!(f.file("a.txt")["action"], "tagged");
         assert_eq!(f.file("a.txt")["algo"], algo);
@@ -156,7 +193,10 @@ fn mtime_only_change_is_touched_and_update_refreshes() {
         let up = intact(["update".as_ref(), "--json".as_ref(), t.root().as_os_str()]).json();
         assert_eq!(up.file("a.txt")["action"], "refreshed");
         let tag = String::from_utf8(getxattr(&p, TAG).unwrap()).unwrap();
-        assert!(tag.contains(&format!(" mtime={}.{:09} ", sec + 100, nsec)), "{tag}");
+        assert!(
+            tag.contains(&format!(" mtime={}.{:09} ", sec + 100, nsec)),
+            "{tag}"
+        );
         assert_eq!(check(&t).json().status("a.txt"), "ok");
     }
 }
@@ -185,7 +225,13 @@ fn mtime_window_absorbs_coarse_timestamps() {
     behind_the_back(&p, |p| fs::write(p, b"alphA\n").unwrap());
     set_mtime(&p, (sec + 1, 0));
     assert_eq!(check(&t).json().status("a.txt"), "modified");
-    let r = intact(["check".as_ref(), "--mtime-window".as_ref(), "2".as_ref(), "--json".as_ref(), t.root().as_os_str()]);
+    let r = intact([
+        "check".as_ref(),
+        "--mtime-window".as_ref(),
+        "2".as_ref(),
+        "--json".as_ref(),
+        t.root().as_os_str(),
+    ]);
     assert_eq!(r.expect_code(1).json().status("a.txt"), "corrupt");
 }
 
@@ -197,7 +243,13 @@ fn mtime_zero_and_empty_files() {
         let empty = t.write("empty", b"");
         set_mtime(&zero, (0, 0));
         set_mtime(&empty, (0, 0));
-        intact(["tag".as_ref(), "--algo".as_ref(), algo.as_ref(), t.root().as_os_str()]).expect_code(0);
+        intact([
+            "tag".as_ref(),
+            "--algo".as_ref(),
+            algo.as_ref(),
+            t.root().as_os_str(),
+        ])
+        .expect_code(0);
         let tag = String::from_utf8(getxattr(&zero, TAG).unwrap()).unwrap();
         assert!(tag.contains(" mtime=0.000000000 "), "{tag}");
         assert_eq!(check(&t).expect_code(0).json().count("ok"), 2);
@@ -214,10 +266,21 @@ fn files_around_the_buffer_size() {
     const BUF: usize = 1 << 20;
     for algo in ALGOS {
         let t = Tree::new();
-        for (name, len) in [("minus", BUF - 1), ("exact", BUF), ("plus", BUF + 1), ("two", 2 * BUF)] {
+        for (name, len) in [
+            ("minus", BUF - 1),
+            ("exact", BUF),
+            ("plus", BUF + 1),
+            ("two", 2 * BUF),
+        ] {
             t.write(name, data(len, len as u64));
         }
-        intact(["tag".as_ref(), "--algo".as_ref(), algo.as_ref(), t.root().as_os_str()]).expect_code(0);
+        intact([
+            "tag".as_ref(),
+            "--algo".as_ref(),
+            algo.as_ref(),
+            t.root().as_os_str(),
+        ])
+        .expect_code(0);
         assert_eq!(check(&t).expect_code(0).json().count("ok"), 4);
         // Damage in the last byte, i.e. the byte after a full buffer, must be seen.
         flip_byte(&t.path("plus"), BUF as u64);
@@ -237,7 +300,9 @@ fn sparse_3_gib_file() {
     f.set_len(3 << 30).unwrap();
     f.write_at(b"end", (3 << 30) - 3).unwrap();
     drop(f);
-    let j = intact(["tag".as_ref(), "--json".as_ref(), t.root().as_os_str()]).expect_code(0).json();
+    let j = intact(["tag".as_ref(), "--json".as_ref(), t.root().as_os_str()])
+        .expect_code(0)
+        .json();
     assert_eq!(j.summary["bytes"].as_u64().unwrap(), 3 << 30);
     let tag = String::from_utf8(getxattr(&p, TAG).unwrap()).unwrap();
     assert!(tag.contains(&format!(" size={} ", 3u64 << 30)), "{tag}");
@@ -252,7 +317,10 @@ fn new_files_are_reported_by_check_and_tagged_by_update() {
         t.write("late.txt", b"added later");
         let j = check(&t).expect_code(0).json();
         assert_eq!(j.status("late.txt"), "new");
-        assert!(getxattr(&t.path("late.txt"), TAG).is_none(), "check wrote a tag");
+        assert!(
+            getxattr(&t.path("late.txt"), TAG).is_none(),
+            "check wrote a tag"
+        );
         let up = intact([
             "update".as_ref(),
             "--algo".as_ref(),
@@ -273,9 +341,15 @@ fn update_with_another_algorithm_migrates_on_retag() {
     let (sec, nsec) = mtime(&p);
     fs::write(&p, b"new text\n").unwrap();
     set_mtime(&p, (sec + 5, nsec));
-    let j = intact(["update".as_ref(), "--algo".as_ref(), "blake3".as_ref(), "--json".as_ref(), t.root().as_os_str()])
-        .expect_code(0)
-        .json();
+    let j = intact([
+        "update".as_ref(),
+        "--algo".as_ref(),
+        "blake3".as_ref(),
+        "--json".as_ref(),
+        t.root().as_os_str(),
+    ])
+    .expect_code(0)
+    .json();
     assert_eq!(j.status("a.txt"), "modified");
     // Ok files are upgraded too: --algo asks for it.
     assert_eq!(j.file("b.bin")["action"], "tagged");
@@ -295,13 +369,21 @@ fn check_never_writes() {
         ["a.txt", "new", "dir/b.bin", "dir/deeper/c.bin"]
             .map(|f| {
                 let st = rustix::fs::stat(&t.path(f)).unwrap();
-                (getxattr(&t.path(f), TAG), st.st_ctime, st.st_ctime_nsec, fs::read(t.path(f)).unwrap())
+                (
+                    getxattr(&t.path(f), TAG),
+                    st.st_ctime,
+                    st.st_ctime_nsec,
+                    fs::read(t.path(f)).unwrap(),
+                )
             })
             .to_vec()
     };
     let before = snapshot(&t);
     check(&t).expect_code(1);
-    assert!(before == snapshot(&t), "check changed a file, a tag or a ctime");
+    assert!(
+        before == snapshot(&t),
+        "check changed a file, a tag or a ctime"
+    );
 }
 
 #[test]
@@ -311,6 +393,9 @@ fn strip_removes_only_intacts_tag() {
     let r = intact(["strip".as_ref(), "--json".as_ref(), t.root().as_os_str()]).expect_code(0);
     assert_eq!(r.json().summary["actions"]["removed"], 3);
     assert!(getxattr(&t.path("a.txt"), TAG).is_none());
-    assert_eq!(getxattr(&t.path("a.txt"), "user.other").unwrap(), b"keep me");
+    assert_eq!(
+        getxattr(&t.path("a.txt"), "user.other").unwrap(),
+        b"keep me"
+    );
     assert_eq!(check(&t).json().count("new"), 3);
 }

@@ -19,7 +19,10 @@ pub struct Tree {
 
 impl Tree {
     pub fn new() -> Self {
-        let dir = tempfile::Builder::new().prefix("intact-test").tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("intact-test")
+            .tempdir()
+            .unwrap();
         Tree { dir }
     }
 
@@ -78,7 +81,8 @@ impl Run {
         let mut files = Vec::new();
         let mut summary = None;
         for line in self.stdout.lines() {
-            let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("bad JSON {line:?}: {e}"));
+            let v: Value =
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("bad JSON {line:?}: {e}"));
             match v["type"].as_str() {
                 Some("file") => files.push(v),
                 Some("summary") => {
@@ -101,12 +105,12 @@ pub struct Json {
 }
 
 impl Json {
-    /// The object for the file whose escaped path ends with `suffix`.
+    /// The object for the file whose escaped path ends with `/suffix`.
     pub fn file(&self, suffix: &str) -> &Value {
         let hits: Vec<&Value> = self
             .files
             .iter()
-            .filter(|f| f["path"].as_str().unwrap().ends_with(suffix))
+            .filter(|f| f["path"].as_str().unwrap().ends_with(&format!("/{suffix}")))
             .collect();
         assert_eq!(hits.len(), 1, "{suffix}: {hits:?} in {:#?}", self.files);
         hits[0]
@@ -211,7 +215,11 @@ pub fn behind_the_back(path: &Path, change: impl FnOnce(&Path)) {
 pub fn flip_byte(path: &Path, offset: u64) {
     use std::io::{Read, Seek, SeekFrom, Write};
     behind_the_back(path, |p| {
-        let mut f = fs::OpenOptions::new().read(true).write(true).open(p).unwrap();
+        let mut f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(p)
+            .unwrap();
         let mut b = [0u8];
         f.seek(SeekFrom::Start(offset)).unwrap();
         f.read_exact(&mut b).unwrap();
@@ -222,7 +230,10 @@ pub fn flip_byte(path: &Path, offset: u64) {
 
 /// Deterministic pseudo-random bytes.
 pub fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407) | 1;
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407)
+        | 1;
     (0..len)
         .map(|_| {
             x ^= x << 13;

@@ -1,0 +1,220 @@
+//! Faults: each gets a clear message naming the file and the cause, the run goes on over the
+//! other files, nothing is left half-written, and the exit code says so.
+
+mod common;
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+#[test]
+fn no_xattr_support_is_a_clear_error_and_the_run_goes_on() {
+    require_root!();
+    let t = Tree::new();
+    t.write("a-normal.txt", b"ext4");
+    let m = Mount::new("ramfs", "mode=755", t.path("ram"));
+    fs::write(m.0.join("file.txt"), b"ramfs has no user xattrs").unwrap();
+    t.write("z-normal.txt", b"ext4 too");
+
+    let r = intact(["tag".as_ref(), t.root().as_os_str()]).expect_code(3);
+    assert!(
+        r.stdout.contains(&format!(
+            "{}: cannot write tag: the file system does not support user extended attributes",
+            m.0.join("file.txt").display()
+        )),
+        "{}",
+        r.stdout
+    );
+    assert!(getxattr(&t.path("a-normal.txt"), TAG).is_some());
+    assert!(getxattr(&t.path("z-normal.txt"), TAG).is_some());
+    let j = intact(["update".as_ref(), "--json".as_ref(), t.root().as_os_str()])
+        .expect_code(3)
+        .json();
+    assert_eq!(j.file("file.txt")["error_kind"], "no-xattr-support");
+    assert_eq!(j.count("error"), 1);
+}
+
+#[test]
+fn unreadable_and_read_only_files_as_a_normal_user() {
+    require_root!();
+    let t = Tree::new();
+    t.open_to_all();
+    let secret = t.write("secret", b"root only");
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o600)).unwrap();
+    let readonly = t.write("readonly", b"cannot take a tag");
+    fs::set_permissions(&readonly, fs::Permissions::from_mode(0o444)).unwrap();
+    rustix::fs::chown(&readonly, Some(rustix::process::Uid::from_raw(65534)), None).unwrap();
+    let fine = t.write("fine", b"readable");
+    fs::set_permissions(&fine, fs::Permissions::from_mode(0o666)).unwrap();
+    rustix::fs::chown(&fine, Some(rustix::process::Uid::from_raw(65534)), None).unwrap();
+
+    let r = intact_as_nobody(["tag".as_ref(), t.root().as_os_str()]).expect_code(3);
+    assert!(
+        r.stdout.contains(&format!(
+            "error    {}: cannot open: Permission denied",
+            secret.display()
+        )),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains(&format!(
+            "error    {}: cannot write tag: Permission denied",
+            readonly.display()
+        )),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        getxattr(&fine, TAG).is_some(),
+        "the other file was not tagged"
+    );
+    assert!(getxattr(&readonly, TAG).is_none());
+
+    // check as nobody: the unreadable file is an error, the readable ones are verified.
+    intact(["tag".as_ref(), t.root().as_os_str()]).expect_code(0);
+    let j = intact_as_nobody(["check".as_ref(), "--json".as_ref(), t.root().as_os_str()])
+        .expect_code(3)
+        .json();
+    assert_eq!(j.status("secret"), "error");
+    assert_eq!(j.file("secret")["error_kind"], "permission-denied");
+    assert_eq!(j.status("readonly"), "ok");
+    assert_eq!(j.status("fine"), "ok");
+}
+
+#[test]
+fn a_file_growing_while_hashed_is_never_tagged() {
+    for algo in ALGOS {
+        let t = Tree::new();
+        let p = t.write("growing.log", data(64 << 20, 4));
+        let stop = AtomicBool::new(false);
+        let run = std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut f = fs::OpenOptions::new().append(true).open(&p).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    f.write_all(b"x").unwrap();
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            });
+            std::thread::sleep(Duration::from_millis(20));
+            let r = intact([
+                "tag".as_ref(),
+                "--algo".as_ref(),
+                algo.as_ref(),
+                "--json".as_ref(),
+                t.root().as_os_str(),
+            ]);
+            stop.store(true, Ordering::Relaxed);
+            r
+        });
+        let j = run.expect_code(3).json();
+        assert_eq!(j.status("growing.log"), "changed-while-read");
+        assert!(
+            j.file("growing.log")["changed"]
+                .as_str()
+                .unwrap()
+                .contains("while being read")
+        );
+        assert!(
+            getxattr(&p, TAG).is_none(),
+            "a digest of a moving file was stored"
+        );
+    }
+}
+
+#[test]
+fn full_xattr_space_is_reported() {
+    let t = Tree::new();
+    let p = t.write("crowded", b"data");
+    // ext4 keeps a file's xattrs in its inode plus one block: fill that up.
+    let mut filled = false;
+    for i in 0..1000 {
+        let name = format!("user.pad{i:04}");
+        if rustix::fs::lsetxattr(
+            &p,
+            name.as_str(),
+            &[b'p'; 200],
+            rustix::fs::XattrFlags::empty(),
+        )
+        .is_err()
+        {
+            filled = true;
+            break;
+        }
+    }
+    if !filled {
+        eprintln!("SKIPPED: this file system never runs out of xattr space");
+        return;
+    }
+    let j = intact(["tag".as_ref(), "--json".as_ref(), t.root().as_os_str()])
+        .expect_code(3)
+        .json();
+    assert_eq!(j.file("crowded")["error_kind"], "no-space");
+    assert!(
+        j.file("crowded")["error"]
+            .as_str()
+            .unwrap()
+            .contains("no space left")
+    );
+    assert!(getxattr(&p, TAG).is_none());
+}
+
+#[test]
+fn missing_paths_are_errors_and_the_rest_is_processed() {
+    let t = Tree::new();
+    t.write("here", b"present");
+    let r = intact([
+        "tag".as_ref(),
+        t.path("gone").as_os_str(),
+        t.path("here").as_os_str(),
+    ])
+    .expect_code(3);
+    assert!(
+        r.stdout
+            .contains(&format!("error    {}: ", t.path("gone").display())),
+        "{}",
+        r.stdout
+    );
+    assert!(getxattr(&t.path("here"), TAG).is_some());
+}
+
+#[test]
+fn ctrl_c_stops_cleanly_without_a_tag() {
+    let t = Tree::new();
+    let p = t.path("huge");
+    fs::File::create(&p).unwrap().set_len(16 << 30).unwrap();
+    let child = Command::new(bin())
+        .args(["tag".as_ref(), "--json".as_ref(), p.as_os_str()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let start = Instant::now();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::INT,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(start.elapsed() < Duration::from_secs(5), "slow to stop");
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        getxattr(&p, TAG).is_none(),
+        "tag written for a file not fully read"
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(summary["interrupted"], true);
+    assert_eq!(summary["files"], 0);
+}

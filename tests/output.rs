@@ -1,0 +1,167 @@
+//! What people and scripts see: lines, JSON, verbosity, exit codes, generated docs.
+
+mod common;
+
+use common::*;
+
+#[test]
+fn json_fields_for_each_kind_of_file() {
+    let t = Tree::new();
+    let ok = t.write("ok.txt", b"fine");
+    let bad = t.write("bad.txt", b"will rot");
+    intact([
+        "tag".as_ref(),
+        "--algo".as_ref(),
+        "blake3".as_ref(),
+        t.root().as_os_str(),
+    ])
+    .expect_code(0);
+    t.write("new.txt", b"untagged");
+    std::os::unix::fs::symlink("ok.txt", t.path("link")).unwrap();
+    flip_byte(&bad, 2);
+
+    let j = intact(["check".as_ref(), "--json".as_ref(), t.root().as_os_str()])
+        .expect_code(1)
+        .json();
+    assert_eq!(j.files.len(), 4);
+    let f = j.file("ok.txt");
+    assert_eq!(f["type"], "file");
+    assert_eq!(f["path"], ok.to_str().unwrap());
+    assert_eq!(f["status"], "ok");
+    assert_eq!(f["size"], 4);
+    assert_eq!(f["format"], "intact");
+    assert_eq!(f["algo"], "blake3");
+    assert_eq!(f["expected"], blake3::hash(b"fine").to_hex().as_str());
+    assert_eq!(f["actual"], f["expected"]);
+    let (sec, nsec) = mtime(&ok);
+    assert_eq!(f["tag_mtime"], format!("{sec}.{nsec:09}"));
+    assert!(f["tagged"].as_i64().unwrap() > 1_700_000_000);
+    assert!(f.get("error").is_none());
+
+    let b = j.file("bad.txt");
+    assert_eq!(b["status"], "corrupt");
+    assert_eq!(b["expected"], blake3::hash(b"will rot").to_hex().as_str());
+    assert_eq!(
+        b["actual"],
+        blake3::hash(&std::fs::read(&bad).unwrap())
+            .to_hex()
+            .as_str()
+    );
+
+    let n = j.file("new.txt");
+    assert_eq!(n["status"], "new");
+    assert!(n.get("expected").is_none() && n.get("actual").is_none());
+    assert_eq!(j.file("link")["skip"], "symlink");
+
+    let s = &j.summary;
+    assert_eq!(s["verb"], "check");
+    assert_eq!(s["files"], 4);
+    assert_eq!(s["bytes"], 12);
+    assert_eq!(s["counts"]["ok"], 1);
+    assert_eq!(s["counts"]["corrupt"], 1);
+    assert_eq!(s["counts"]["new"], 1);
+    assert_eq!(s["counts"]["skipped"], 1);
+    assert_eq!(s["exit_code"], 1);
+    assert_eq!(s["interrupted"], false);
+    assert!(s["elapsed_s"].as_f64().unwrap() >= 0.0);
+}
+
+#[test]
+fn verbosity_levels() {
+    let t = Tree::new();
+    t.write("a", b"a");
+    t.write("b", b"b");
+    intact(["tag".as_ref(), t.root().as_os_str()]).expect_code(0);
+    t.write("c", b"new");
+    let normal = intact(["check".as_ref(), t.root().as_os_str()]).expect_code(0);
+    assert_eq!(
+        normal.stdout,
+        format!("new      {}\n", t.path("c").display())
+    );
+    assert!(
+        normal.stderr.starts_with("check: 3 files"),
+        "{}",
+        normal.stderr
+    );
+    assert!(normal.stderr.contains("2 ok, 1 new"), "{}", normal.stderr);
+
+    let quiet = intact(["check".as_ref(), "-q".as_ref(), t.root().as_os_str()]).expect_code(0);
+    assert_eq!((quiet.stdout.as_str(), quiet.stderr.as_str()), ("", ""));
+
+    let verbose = intact(["check".as_ref(), "-v".as_ref(), t.root().as_os_str()]).expect_code(0);
+    assert_eq!(verbose.stdout.lines().count(), 3);
+    assert!(
+        verbose
+            .stdout
+            .contains(&format!("ok       {}\n", t.path("a").display()))
+    );
+
+    flip_byte(&t.path("a"), 0);
+    let quiet = intact(["check".as_ref(), "-q".as_ref(), t.root().as_os_str()]).expect_code(1);
+    assert_eq!(
+        quiet.stdout,
+        format!("corrupt  {}\n", t.path("a").display())
+    );
+    assert_eq!(quiet.stderr, "");
+}
+
+#[test]
+fn show_reads_no_data() {
+    let t = Tree::new();
+    let p = t.write("f", b"shown");
+    intact(["tag".as_ref(), p.as_os_str()]).expect_code(0);
+    t.write("g", b"untagged");
+    let r = intact(["show".as_ref(), t.root().as_os_str()]).expect_code(0);
+    let digest = sha2_hex(b"shown");
+    assert_eq!(
+        r.stdout,
+        format!(
+            "ok       intact sha256:{digest} {}\nnew      -      - {}\n",
+            p.display(),
+            t.path("g").display()
+        )
+    );
+}
+
+fn sha2_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(data))
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    intact(["check"]).expect_code(2);
+    intact(["frobnicate", "."]).expect_code(2);
+    intact(["check", "--mtime-window", "soon", "."]).expect_code(2);
+    intact(["check", "--threads", "0", "."]).expect_code(2);
+    let r = intact(["check", "--exclude", "a[", "."]).expect_code(2);
+    assert!(r.stderr.contains("bad --exclude pattern"), "{}", r.stderr);
+}
+
+#[test]
+fn help_documents_exit_codes_and_docs_are_generated() {
+    let help = intact(["--help"]).expect_code(0);
+    for needle in [
+        "Exit codes:",
+        "  1    damage found",
+        "  3    some files could not be processed",
+        "130",
+    ] {
+        assert!(help.stdout.contains(needle), "{needle}: {}", help.stdout);
+    }
+    let check_help = intact(["check", "--help"]).expect_code(0);
+    assert!(check_help.stdout.contains("--mtime-window"));
+    assert!(check_help.stdout.contains("Exit codes:"));
+
+    let man = intact(["generate", "man"]).expect_code(0);
+    assert!(man.stdout.starts_with(".ie"), "{}", &man.stdout[..100]);
+    assert!(man.stdout.contains(".TH intact 1"));
+    assert!(man.stdout.contains("Exit codes:"));
+    let bash = intact(["generate", "bash"]).expect_code(0);
+    assert!(
+        bash.stdout.contains("complete -F _intact"),
+        "{}",
+        bash.stdout
+    );
+    assert!(bash.stdout.contains("--mtime-window"));
+}
