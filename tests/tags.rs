@@ -74,7 +74,8 @@ fn cshatag_and_shatag_tags_are_checked() {
     let body = b"photo bytes".as_slice();
     let hex = hex::encode(sha256(body));
     // cshatag 2.x, old cshatag (trailing NUL), shatag (Python float timestamp).
-    let styles: [(&str, Vec<u8>, fn(i64, i64) -> String); 3] = [
+    type Style = (&'static str, Vec<u8>, fn(i64, i64) -> String);
+    let styles: [Style; 3] = [
         ("cshatag", hex.clone().into_bytes(), |s, n| {
             format!("{s:010}.{n:09}")
         }),
