@@ -368,7 +368,7 @@ fn check_never_writes() {
     let snapshot = |t: &Tree| {
         ["a.txt", "new", "dir/b.bin", "dir/deeper/c.bin"]
             .map(|f| {
-                let st = rustix::fs::stat(&t.path(f)).unwrap();
+                let st = rustix::fs::stat(t.path(f)).unwrap();
                 (
                     getxattr(&t.path(f), TAG),
                     st.st_ctime,
