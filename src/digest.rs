@@ -182,50 +182,127 @@ pub enum HashError {
     Interrupted,
 }
 
+/// Files at least this large are read by a second thread while the first hashes, so the
+/// copy out of the page cache does not cost hashing time.
+pub const OVERLAP_MIN: u64 = 8 * BUF_SIZE as u64;
+
 /// Reads `file` from its current offset to the end and returns one digest per algorithm in
 /// `algos` (one pass feeds them all) plus the number of bytes read.
 ///
-/// `bytes_done` is bumped as data goes by, for progress display.
+/// `size_hint` (the size from `fstat`) chooses between a plain loop and overlapped reading
+/// into both `bufs`. `bytes_done` is bumped as data goes by, for progress display.
 pub fn hash_file(
-    mut file: &File,
+    file: &File,
     algos: &[Algo],
-    buf: &mut AlignedBuf,
+    bufs: &mut [AlignedBuf; 2],
+    size_hint: u64,
     opts: ReadOptions,
     cancel: &AtomicBool,
     bytes_done: &AtomicU64,
 ) -> Result<(Vec<Digest>, u64), HashError> {
     let mut hashers: Vec<Hasher> = algos.iter().map(|&a| Hasher::new(a)).collect();
-    let buf = buf.as_mut_slice();
-    let mut total: u64 = 0;
-    let mut dropped: u64 = 0;
     if opts.drop_cache {
         let _ = rustix::fs::fadvise(file.as_fd(), 0, None, rustix::fs::Advice::Sequential);
     }
-    loop {
-        if cancel.load(Ordering::Relaxed) {
-            return Err(HashError::Interrupted);
-        }
-        let n = match file.read(buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(HashError::Io(e)),
-        };
+    let mut reader = ChunkReader {
+        file,
+        opts,
+        cancel,
+        total: 0,
+        dropped: 0,
+    };
+    let mut feed = |chunk: &[u8]| {
         for h in &mut hashers {
-            h.update(&buf[..n]);
+            h.update(chunk);
         }
-        total += n as u64;
-        bytes_done.fetch_add(n as u64, Ordering::Relaxed);
-        // Dropping in large steps keeps the syscall count low.
-        if opts.drop_cache && total - dropped >= 16 * BUF_SIZE as u64 {
-            drop_pages(file, dropped, total - dropped);
-            dropped = total;
+        bytes_done.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+    };
+    if size_hint < OVERLAP_MIN {
+        let buf = bufs[0].as_mut_slice();
+        while let n @ 1.. = reader.next(buf)? {
+            feed(&buf[..n]);
         }
+    } else {
+        overlapped(&mut reader, bufs, feed)?;
     }
-    if opts.drop_cache {
-        drop_pages(file, dropped, total - dropped);
-    }
+    reader.finish();
+    let total = reader.total;
     Ok((hashers.into_iter().map(Hasher::finalize).collect(), total))
+}
+
+/// Double buffering: a scoped reader thread fills one buffer while the caller hashes the
+/// other; the buffers travel between the two over channels.
+fn overlapped(
+    reader: &mut ChunkReader<'_>,
+    bufs: &mut [AlignedBuf; 2],
+    mut feed: impl FnMut(&[u8]),
+) -> Result<(), HashError> {
+    let (free_tx, free_rx) = crossbeam_channel::bounded::<&mut AlignedBuf>(2);
+    let (full_tx, full_rx) =
+        crossbeam_channel::bounded::<Result<(&mut AlignedBuf, usize), HashError>>(2);
+    for buf in bufs.iter_mut() {
+        free_tx.send(buf).expect("room for both");
+    }
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            for buf in free_rx {
+                let result = reader.next(buf.as_mut_slice());
+                let stop = !matches!(result, Ok(1..));
+                if full_tx.send(result.map(|n| (buf, n))).is_err() || stop {
+                    break;
+                }
+            }
+        });
+        for chunk in &full_rx {
+            let (buf, n) = chunk?;
+            if n == 0 {
+                break;
+            }
+            feed(&buf.as_mut_slice()[..n]);
+            // The reader may already have stopped on an error it sent; that error is next.
+            let _ = free_tx.send(buf);
+        }
+        Ok(())
+    })
+}
+
+/// The read side: retries interrupted reads, honours Ctrl-C, drops read pages when asked.
+struct ChunkReader<'a> {
+    file: &'a File,
+    opts: ReadOptions,
+    cancel: &'a AtomicBool,
+    total: u64,
+    dropped: u64,
+}
+
+impl ChunkReader<'_> {
+    /// Fills `buf` with the next bytes; 0 at the end of the file.
+    fn next(&mut self, buf: &mut [u8]) -> Result<usize, HashError> {
+        loop {
+            if self.cancel.load(Ordering::Relaxed) {
+                return Err(HashError::Interrupted);
+            }
+            match (&mut &*self.file).read(buf) {
+                Ok(n) => {
+                    self.total += n as u64;
+                    // Dropping in large steps keeps the syscall count low.
+                    if self.opts.drop_cache && self.total - self.dropped >= 16 * BUF_SIZE as u64 {
+                        self.finish();
+                    }
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(HashError::Io(e)),
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        if self.opts.drop_cache {
+            drop_pages(self.file, self.dropped, self.total - self.dropped);
+            self.dropped = self.total;
+        }
+    }
 }
 
 fn drop_pages(file: &File, offset: u64, len: u64) {
@@ -261,6 +338,24 @@ mod tests {
     }
 
     #[test]
+    fn interrupted_overlapped_read_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![1u8; 10 * BUF_SIZE]).unwrap();
+        let mut bufs = [AlignedBuf::new(BUF_SIZE), AlignedBuf::new(BUF_SIZE)];
+        let r = hash_file(
+            &File::open(&path).unwrap(),
+            &[Algo::Sha256],
+            &mut bufs,
+            OVERLAP_MIN,
+            ReadOptions::default(),
+            &AtomicBool::new(true),
+            &AtomicU64::new(0),
+        );
+        assert!(matches!(r, Err(HashError::Interrupted)));
+    }
+
+    #[test]
     fn buffer_is_page_aligned() {
         let mut b = AlignedBuf::new(BUF_SIZE);
         assert_eq!(b.as_mut_slice().as_ptr() as usize % 4096, 0);
@@ -271,26 +366,35 @@ mod tests {
     fn one_pass_feeds_every_algorithm() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
-        let data: Vec<u8> = (0..3 * BUF_SIZE + 17)
+        let data: Vec<u8> = (0..9 * BUF_SIZE + 17)
             .map(|i| (i * 7 % 251) as u8)
             .collect();
         std::fs::write(&path, &data).unwrap();
-        let file = File::open(&path).unwrap();
-        let mut buf = AlignedBuf::new(BUF_SIZE);
-        let done = AtomicU64::new(0);
-        let (digests, n) = hash_file(
-            &file,
-            &[Algo::Sha256, Algo::Blake3],
-            &mut buf,
-            ReadOptions { drop_cache: true },
-            &AtomicBool::new(false),
-            &done,
-        )
-        .map_err(|e| format!("{e:?}"))
-        .unwrap();
-        assert_eq!(n, data.len() as u64);
-        assert_eq!(done.load(Ordering::Relaxed), n);
-        assert_eq!(digests[0], digest_bytes(Algo::Sha256, &data));
-        assert_eq!(digests[1], digest_bytes(Algo::Blake3, &data));
+        let mut bufs = [AlignedBuf::new(BUF_SIZE), AlignedBuf::new(BUF_SIZE)];
+        // Both the plain loop and the overlapped reader, with and without cache dropping.
+        for (hint, drop_cache) in [
+            (0, false),
+            (OVERLAP_MIN, false),
+            (0, true),
+            (OVERLAP_MIN, true),
+        ] {
+            let file = File::open(&path).unwrap();
+            let done = AtomicU64::new(0);
+            let (digests, n) = hash_file(
+                &file,
+                &[Algo::Sha256, Algo::Blake3],
+                &mut bufs,
+                hint,
+                ReadOptions { drop_cache },
+                &AtomicBool::new(false),
+                &done,
+            )
+            .map_err(|e| format!("{e:?}"))
+            .unwrap();
+            assert_eq!(n, data.len() as u64);
+            assert_eq!(done.load(Ordering::Relaxed), n);
+            assert_eq!(digests[0], digest_bytes(Algo::Sha256, &data));
+            assert_eq!(digests[1], digest_bytes(Algo::Blake3, &data));
+        }
     }
 }

@@ -290,7 +290,10 @@ pub fn run(
                     config,
                     cancel,
                     progress,
-                    buf: AlignedBuf::new(digest::BUF_SIZE),
+                    bufs: [
+                        AlignedBuf::new(digest::BUF_SIZE),
+                        AlignedBuf::new(digest::BUF_SIZE),
+                    ],
                 };
                 for (seq, entry) in job_rx {
                     let report = match entry {
@@ -376,7 +379,7 @@ struct Worker<'a> {
     config: &'a Config,
     cancel: &'a AtomicBool,
     progress: &'a Progress,
-    buf: AlignedBuf,
+    bufs: [AlignedBuf; 2],
 }
 
 /// Why reading a file gave no digest.
@@ -557,7 +560,8 @@ impl Worker<'_> {
         let (digests, n) = digest::hash_file(
             file,
             algos,
-            &mut self.buf,
+            &mut self.bufs,
+            before.size,
             opts,
             self.cancel,
             &self.progress.bytes,
