@@ -189,13 +189,14 @@ pub const OVERLAP_MIN: u64 = 8 * BUF_SIZE as u64;
 /// Reads `file` from its current offset to the end and returns one digest per algorithm in
 /// `algos` (one pass feeds them all) plus the number of bytes read.
 ///
-/// `size_hint` (the size from `fstat`) chooses between a plain loop and overlapped reading
-/// into both `bufs`. `bytes_done` is bumped as data goes by, for progress display.
+/// `size` (from `fstat`) chooses between a plain loop and overlapped reading into both
+/// `bufs`, and saves the read that would only confirm the end of the file: the caller's
+/// second `fstat` catches a file that grew meanwhile. `bytes_done` is bumped as data goes by, for progress display.
 pub fn hash_file(
     file: &File,
     algos: &[Algo],
     bufs: &mut [AlignedBuf; 2],
-    size_hint: u64,
+    size: u64,
     opts: ReadOptions,
     cancel: &AtomicBool,
     bytes_done: &AtomicU64,
@@ -208,6 +209,7 @@ pub fn hash_file(
         file,
         opts,
         cancel,
+        size: size,
         total: 0,
         dropped: 0,
     };
@@ -217,7 +219,7 @@ pub fn hash_file(
         }
         bytes_done.fetch_add(chunk.len() as u64, Ordering::Relaxed);
     };
-    if size_hint < OVERLAP_MIN {
+    if size < OVERLAP_MIN {
         let buf = bufs[0].as_mut_slice();
         while let n @ 1.. = reader.next(buf)? {
             feed(&buf[..n]);
@@ -271,6 +273,7 @@ struct ChunkReader<'a> {
     file: &'a File,
     opts: ReadOptions,
     cancel: &'a AtomicBool,
+    size: u64,
     total: u64,
     dropped: u64,
 }
@@ -278,6 +281,9 @@ struct ChunkReader<'a> {
 impl ChunkReader<'_> {
     /// Fills `buf` with the next bytes; 0 at the end of the file.
     fn next(&mut self, buf: &mut [u8]) -> Result<usize, HashError> {
+        if self.total == self.size {
+            return Ok(0);
+        }
         loop {
             if self.cancel.load(Ordering::Relaxed) {
                 return Err(HashError::Interrupted);
@@ -347,7 +353,7 @@ mod tests {
             &File::open(&path).unwrap(),
             &[Algo::Sha256],
             &mut bufs,
-            OVERLAP_MIN,
+            10 * BUF_SIZE as u64,
             ReadOptions::default(),
             &AtomicBool::new(true),
             &AtomicU64::new(0),
@@ -365,36 +371,43 @@ mod tests {
     #[test]
     fn one_pass_feeds_every_algorithm() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        let data: Vec<u8> = (0..9 * BUF_SIZE + 17)
-            .map(|i| (i * 7 % 251) as u8)
-            .collect();
-        std::fs::write(&path, &data).unwrap();
         let mut bufs = [AlignedBuf::new(BUF_SIZE), AlignedBuf::new(BUF_SIZE)];
-        // Both the plain loop and the overlapped reader, with and without cache dropping.
-        for (hint, drop_cache) in [
-            (0, false),
-            (OVERLAP_MIN, false),
-            (0, true),
-            (OVERLAP_MIN, true),
-        ] {
-            let file = File::open(&path).unwrap();
-            let done = AtomicU64::new(0);
-            let (digests, n) = hash_file(
-                &file,
-                &[Algo::Sha256, Algo::Blake3],
-                &mut bufs,
-                hint,
-                ReadOptions { drop_cache },
-                &AtomicBool::new(false),
-                &done,
-            )
-            .map_err(|e| format!("{e:?}"))
-            .unwrap();
-            assert_eq!(n, data.len() as u64);
-            assert_eq!(done.load(Ordering::Relaxed), n);
-            assert_eq!(digests[0], digest_bytes(Algo::Sha256, &data));
-            assert_eq!(digests[1], digest_bytes(Algo::Blake3, &data));
+        // Below and above OVERLAP_MIN: the plain loop and the overlapped reader.
+        for len in [3 * BUF_SIZE + 17, 9 * BUF_SIZE + 17] {
+            let path = dir.path().join(format!("f{len}"));
+            let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+            std::fs::write(&path, &data).unwrap();
+            let len = len as u64;
+            // A stated size that is off (the file changed after fstat) reads up to the end
+            // or stops at that size; the caller's second fstat notices either way.
+            for (size, drop_cache) in [
+                (len, false),
+                (len, true),
+                (len + 1, false),
+                (len - 1, false),
+            ] {
+                let file = File::open(&path).unwrap();
+                let done = AtomicU64::new(0);
+                let (digests, n) = hash_file(
+                    &file,
+                    &[Algo::Sha256, Algo::Blake3],
+                    &mut bufs,
+                    size,
+                    ReadOptions { drop_cache },
+                    &AtomicBool::new(false),
+                    &done,
+                )
+                .map_err(|e| format!("{e:?}"))
+                .unwrap();
+                assert!(
+                    n >= size.min(len) && n <= len,
+                    "read {n} of {len} stated as {size}"
+                );
+                let expect = &data[..n as usize];
+                assert_eq!(done.load(Ordering::Relaxed), n);
+                assert_eq!(digests[0], digest_bytes(Algo::Sha256, expect));
+                assert_eq!(digests[1], digest_bytes(Algo::Blake3, expect));
+            }
         }
     }
 }

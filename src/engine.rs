@@ -252,8 +252,13 @@ pub struct Progress {
     pub current: Mutex<PathBuf>,
 }
 
-/// How far (in files) the walker may run ahead of the oldest file not yet reported.
-const WINDOW: usize = 4096;
+/// Work travels in batches, so that small files cost a few channel operations per batch
+/// rather than per file: a batch closes at this many entries ...
+const BATCH_FILES: usize = 64;
+/// ... or at this many bytes of data, so one large file does not hold up the next.
+const BATCH_BYTES: u64 = 1 << 20;
+/// How many batches the walker may run ahead of the oldest one not yet reported.
+const WINDOW: usize = 64;
 
 /// Runs `config.verb` over `roots`, calling `sink` with each file's report in walk order.
 /// Stops early, without a report for unfinished files, once `cancel` is set.
@@ -265,23 +270,41 @@ pub fn run(
     mut sink: impl FnMut(FileReport),
 ) -> Result<(), ignore::Error> {
     let threads = config.threads.max(1);
-    let (job_tx, job_rx) = bounded::<(u64, Entry)>(threads * 4);
-    let (done_tx, done_rx) = bounded::<(u64, Option<FileReport>)>(WINDOW);
+    let (job_tx, job_rx) = bounded::<(u64, Vec<Entry>)>(threads * 2);
+    let (done_tx, done_rx) = bounded::<(u64, Vec<Option<FileReport>>)>(WINDOW);
     let (token_tx, token_rx) = bounded::<()>(WINDOW);
 
     std::thread::scope(|s| {
         let walker = s.spawn(move || {
             let mut seq = 0u64;
-            walk::walk(roots, &config.walk, |entry| {
+            let mut batch = Vec::with_capacity(BATCH_FILES);
+            let mut bytes = 0;
+            let mut send = |batch: &mut Vec<Entry>| {
                 if cancel.load(Ordering::Relaxed) || token_tx.send(()).is_err() {
                     return ControlFlow::Break(());
                 }
-                if job_tx.send((seq, entry)).is_err() {
+                let full = std::mem::replace(batch, Vec::with_capacity(BATCH_FILES));
+                if job_tx.send((seq, full)).is_err() {
                     return ControlFlow::Break(());
                 }
                 seq += 1;
                 ControlFlow::Continue(())
-            })
+            };
+            let walked = walk::walk(roots, &config.walk, |entry| {
+                if let Entry::File(_, size) = &entry {
+                    bytes += size;
+                }
+                batch.push(entry);
+                if batch.len() < BATCH_FILES && bytes < BATCH_BYTES {
+                    return ControlFlow::Continue(());
+                }
+                bytes = 0;
+                send(&mut batch)
+            });
+            if !batch.is_empty() {
+                let _ = send(&mut batch);
+            }
+            walked
         });
         for _ in 0..threads {
             let (job_rx, done_tx) = (job_rx.clone(), done_tx.clone());
@@ -295,13 +318,18 @@ pub fn run(
                         AlignedBuf::new(digest::BUF_SIZE),
                     ],
                 };
-                for (seq, entry) in job_rx {
-                    let report = match entry {
-                        Entry::File(path) => worker.process(path),
-                        Entry::Skip(path, reason) => Some(FileReport::skipped(path, reason)),
-                        Entry::Error(path, e) => Some(FileReport::error(path, FileError::Walk(e))),
-                    };
-                    if done_tx.send((seq, report)).is_err() {
+                for (seq, batch) in job_rx {
+                    let reports = batch
+                        .into_iter()
+                        .map(|entry| match entry {
+                            Entry::File(path, _) => worker.process(path),
+                            Entry::Skip(path, reason) => Some(FileReport::skipped(path, reason)),
+                            Entry::Error(path, e) => {
+                                Some(FileReport::error(path, FileError::Walk(e)))
+                            }
+                        })
+                        .collect();
+                    if done_tx.send((seq, reports)).is_err() {
                         break;
                     }
                 }
@@ -311,12 +339,12 @@ pub fn run(
 
         let mut pending = BTreeMap::new();
         let mut next = 0u64;
-        for (seq, report) in done_rx {
-            pending.insert(seq, report);
-            while let Some(report) = pending.remove(&next) {
+        for (seq, reports) in done_rx {
+            pending.insert(seq, reports);
+            while let Some(reports) = pending.remove(&next) {
                 let _ = token_rx.recv();
                 next += 1;
-                if let Some(report) = report {
+                for report in reports.into_iter().flatten() {
                     progress.files.fetch_add(1, Ordering::Relaxed);
                     sink(report);
                 }

@@ -173,10 +173,8 @@ fn progress_bar<'s>(
     let counter = bar.clone();
     s.spawn(move || {
         let _ = walk::walk(roots, walk_opts, |entry| {
-            if let Entry::File(path) = entry
-                && let Ok(m) = std::fs::symlink_metadata(&path)
-            {
-                counter.inc_length(m.len());
+            if let Entry::File(_, size) = entry {
+                counter.inc_length(size);
             }
             if counter.is_finished() {
                 std::ops::ControlFlow::Break(())

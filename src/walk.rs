@@ -51,8 +51,8 @@ impl fmt::Display for SkipReason {
 /// One thing the walk found.
 #[derive(Debug)]
 pub enum Entry {
-    /// A regular file to process.
-    File(PathBuf),
+    /// A regular file to process, with its size when walked.
+    File(PathBuf, u64),
     /// Something deliberately not processed.
     Skip(PathBuf, SkipReason),
     /// A path that could not be examined (unreadable directory, vanished root ...).
@@ -141,7 +141,7 @@ fn walk_root(
                 Ok(m) if m.nlink() > 1 && !links.insert((m.dev(), m.ino())) => {
                     Entry::Skip(path, SkipReason::HardLink)
                 }
-                Ok(_) => Entry::File(path),
+                Ok(m) => Entry::File(path, m.len()),
             }
         };
         if visit(found).is_break() {
@@ -182,7 +182,7 @@ mod tests {
         let mut out = Vec::new();
         walk(roots, opts, |e| {
             out.push(match e {
-                Entry::File(p) => format!("file {}", p.display()),
+                Entry::File(p, _) => format!("file {}", p.display()),
                 Entry::Skip(p, r) => format!("skip {} {r:?}", p.display()),
                 Entry::Error(p, _) => format!("error {}", p.display()),
             });

@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""Side-by-side throughput of intact and its peers on the standard corpora.
+
+    python3 scripts/bench.py            # full corpora (about 9 GB in a temp dir)
+    python3 scripts/bench.py --quick    # one eighth of the sizes
+
+Corpora: (a) one 4 GiB file, (b) five 800 MiB files, (c) 2,000 x 256 KiB files,
+(d) 20,000 x 4 KiB files in 100 folders, (e) 200,000 x 100 B files in 1,000 folders
+(memory on a tree ten times (d)). The page cache is warmed before every timed run, runs are
+interleaved across tools, and the median is reported with peak RSS. Peers are used where
+installed: openssl (the per-core SHA-256 limit), rhash, b3sum, sha256sum, hashdeep.
+`--interference` measures how much a CPU-bound foreground job slows down while intact
+scrubs in the background, against the default speed.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MiB = 1 << 20
+
+
+def corpora(scale):
+    """name -> (description, list of (relative path, size))"""
+    def many(n, size, folders):
+        return [(f"d{i % folders:03}/f{i:06}", size) for i in range(n)]
+
+    return {
+        "a": ("one 4 GiB file", [("big", int(4096 * MiB * scale))]),
+        "b": ("five 800 MiB files", [(f"f{i}", int(800 * MiB * scale)) for i in range(5)]),
+        "c": ("2,000 x 256 KiB", many(int(2000 * scale), 256 << 10, 20)),
+        "d": ("20,000 x 4 KiB in 100 folders", many(int(20000 * scale), 4096, max(1, int(100 * scale)))),
+        "e": ("200,000 x 100 B in 1,000 folders", many(int(200000 * scale), 100, max(1, int(1000 * scale)))),
+    }
+
+
+def make(dir, files):
+    block = os.urandom(64 * MiB)
+    for i, (rel, size) in enumerate(files):
+        path = os.path.join(dir, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            done = 0
+            while done < size:
+                n = min(size - done, len(block))
+                # A different offset per file keeps files distinct.
+                start = (i * 4099 + done) % (len(block) - n + 1)
+                f.write(block[start:start + n])
+                done += n
+
+
+def warm(dir):
+    """Read every file so that the timed run starts with a warm page cache."""
+    buf = bytearray(MiB)
+    for base, _, names in os.walk(dir):
+        for name in names:
+            with open(os.path.join(base, name), "rb", buffering=0) as f:
+                while f.readinto(buf):
+                    pass
+
+
+def timed(cmd, shell=False):
+    """(seconds, peak RSS in MiB) of one run; output discarded.
+
+    The command runs under GNU time: a child forked straight from Python would inherit this
+    script's peak RSS (Linux keeps the high-water mark across exec)."""
+    if shell:
+        cmd = ["sh", "-c", cmd]
+    start = time.perf_counter()
+    p = subprocess.run(["/usr/bin/time", "-f", "%M", *cmd], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    elapsed = time.perf_counter() - start
+    if p.returncode != 0:
+        raise SystemExit(f"{cmd} failed with {p.returncode}: {p.stderr.decode()[-500:]}")
+    return elapsed, int(p.stderr.split()[-1]) / 1024
+
+
+def openssl_limit(cores):
+    def speed(extra):
+        out = subprocess.run(
+            ["openssl", "speed", "-evp", "sha256", "-bytes", str(MiB), "-seconds", "3", *extra],
+            capture_output=True, text=True).stdout
+        return float(re.findall(r"sha256\s+([\d.]+)k", out)[-1]) * 1000 / 1e9
+    return speed([]), speed(["-multi", str(cores)]) if cores > 1 else speed([])
+
+
+def tools(intact, dir, cores):
+    """name -> (setup command or None, timed command). Shell strings where a pipe is needed."""
+    q = f"'{dir}'"
+    find = f"find {q} -type f -print0 | xargs -0"
+    t = {
+        "intact tag sha256": ([intact, "strip", "-q", dir], [intact, "tag", "-q", dir]),
+        "intact check sha256": (None, [intact, "check", "-q", dir]),
+        "intact tag blake3": ([intact, "strip", "-q", dir], [intact, "tag", "-q", "--algo", "blake3", dir]),
+        "intact check blake3": (None, [intact, "check", "-q", dir]),
+    }
+    if shutil.which("rhash"):
+        t["rhash --sha256 -r"] = (None, ["rhash", "--sha256", "-r", dir])
+    if shutil.which("sha256sum"):
+        t["sha256sum"] = (None, f"{find} sha256sum")
+    if shutil.which("b3sum"):
+        t["b3sum"] = (None, f"{find} b3sum")
+    if shutil.which("hashdeep"):
+        t["hashdeep -c sha256"] = (None, ["hashdeep", "-c", "sha256", "-r", "-j", str(cores), dir])
+    return t
+
+
+def run_setup(cmd):
+    if cmd:
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def bench_corpus(name, desc, files, dir, intact, runs, limits, cores):
+    total = sum(size for _, size in files)
+    results = {}
+    table = tools(intact, dir, cores)
+    # check needs tags of the matching algorithm: tag before each check pair.
+    samples = {k: [] for k in table}
+    for _ in range(runs):
+        for tool, (setup, cmd) in table.items():
+            if tool == "intact check sha256":
+                run_setup([intact, "tag", "-q", "--force", dir])
+            elif tool == "intact check blake3":
+                run_setup([intact, "tag", "-q", "--force", "--algo", "blake3", dir])
+            else:
+                run_setup(setup)
+            warm(dir)
+            samples[tool].append(timed(cmd, shell=isinstance(cmd, str)))
+    one, all_ = limits
+    print(f"\n({name}) {desc}: {len(files):,} files, {total / 1e9:.2f} GB")
+    print(f"  {'tool':24} {'median s':>9} {'GB/s':>7} {'files/s':>10} {'RSS MiB':>8} {'/1 core':>8} {'/all':>6}")
+    for tool, s in samples.items():
+        secs = statistics.median(x for x, _ in s)
+        rss = max(r for _, r in s)
+        gbps = total / secs / 1e9
+        results[tool] = gbps
+        print(f"  {tool:24} {secs:9.3f} {gbps:7.2f} {len(files) / secs:10,.0f} {rss:8.1f}"
+              f" {gbps / one:8.2f} {gbps / all_:6.2f}")
+    mine = results["intact check sha256"]
+    peers = [t for t in results if not t.startswith("intact")]
+    if peers:
+        print("  intact check sha256 vs: " + ", ".join(f"{p} x{mine / results[p]:.2f}" for p in peers))
+    if "b3sum" in results:
+        print(f"  intact check blake3 vs b3sum: x{results['intact check blake3'] / results['b3sum']:.2f}")
+
+
+def interference(intact, dir, cores):
+    """Foreground: openssl on every core for 8 s. Background: intact looping over `dir`."""
+    def foreground():
+        out = subprocess.run(["openssl", "speed", "-evp", "sha256", "-bytes", str(MiB), "-seconds", "8",
+                              "-multi", str(cores)], capture_output=True, text=True).stdout
+        return float(re.findall(r"sha256\s+([\d.]+)k", out)[-1]) * 1000 / 1e9
+
+    def with_scrub(args):
+        stop = time.time() + 60
+        procs = []
+        p = subprocess.Popen([intact, "check", "-q", *args, dir], stdout=subprocess.DEVNULL)
+        procs.append(p)
+        result = None
+
+        import threading
+        def loop():
+            nonlocal p
+            while time.time() < stop and result is None:
+                if p.poll() is not None:
+                    p = subprocess.Popen([intact, "check", "-q", *args, dir], stdout=subprocess.DEVNULL)
+                time.sleep(0.05)
+        th = threading.Thread(target=loop)
+        th.start()
+        result = foreground()
+        th.join()
+        p.kill()
+        p.wait()
+        return result
+
+    subprocess.run([intact, "tag", "-q", dir], check=True)
+    alone = foreground()
+    normal = with_scrub([])
+    background = with_scrub(["--speed", "background"])
+    print(f"\nforeground openssl sha256 on {cores} cores: alone {alone:.2f} GB/s; "
+          f"with intact check (normal) {normal:.2f} GB/s ({(1 - normal / alone) * 100:.1f}% slower); "
+          f"with intact check --speed background {background:.2f} GB/s "
+          f"({(1 - background / alone) * 100:.1f}% slower)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="one eighth of the corpus sizes")
+    ap.add_argument("--runs", type=int, default=3, help="timed runs per tool (median reported)")
+    ap.add_argument("--only", default="abcde", help="corpora to run, e.g. ad")
+    ap.add_argument("--dir", default=None, help="where to build corpora (default: a temp dir)")
+    ap.add_argument("--interference", action="store_true", help="also measure background impact")
+    args = ap.parse_args()
+
+    if not os.path.exists("/usr/bin/time"):
+        raise SystemExit("needs GNU time for peak RSS: apt-get install time")
+    subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
+    intact = os.path.join(ROOT, "target", "release", "intact")
+    cores = os.cpu_count() or 1
+    scale = 1 / 8 if args.quick else 1
+    limits = openssl_limit(cores)
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    print(f"machine: {cpu}, {cores} cores, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB;"
+          f" openssl speed -evp sha256 (1 MiB blocks): {limits[0]:.2f} GB/s on one core,"
+          f" {limits[1]:.2f} GB/s on {cores}")
+    base = args.dir or tempfile.mkdtemp(prefix="intact-bench-", dir=os.environ.get("TMPDIR", "/var/tmp"))
+    try:
+        for name, (desc, files) in corpora(scale).items():
+            if name not in args.only:
+                continue
+            dir = os.path.join(base, name)
+            if not os.path.isdir(dir):
+                make(dir, files)
+            bench_corpus(name, desc, files, dir, intact, args.runs, limits, cores)
+        if args.interference:
+            dir = os.path.join(base, "c")
+            if not os.path.isdir(dir):
+                make(dir, corpora(scale)["c"][1])
+            interference(intact, dir, cores)
+    finally:
+        if not args.dir:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
