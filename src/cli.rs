@@ -102,9 +102,9 @@ pub struct Common {
     #[arg(short, long)]
     pub verbose: bool,
 
-    /// How hard to work: fast = all cores on every device; normal = all cores, one reader
-    /// on spinning disks; background = one thread at idle CPU and I/O priority, without
-    /// filling the page cache
+    /// How hard to work: normal = all cores, but one uncached reader at a time per spinning
+    /// disk; fast = all cores reading everywhere; background = one thread at idle CPU and I/O
+    /// priority that leaves the page cache as it found it
     #[arg(long, value_enum, default_value_t = Speed::Normal)]
     pub speed: Speed,
 

@@ -7,12 +7,14 @@
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::fmt;
 use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::AsFd;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use sha2::Digest as _;
+
+use crate::device::{Gate, Pass};
 
 /// A digest algorithm intact can tag with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -100,6 +102,10 @@ impl Hasher {
     pub fn update(&mut self, data: &[u8]) {
         match self {
             Hasher::Sha256(h) => h.update(data),
+            // BLAKE3's tree lets every core work on one file; below 128 KiB it does not pay.
+            Hasher::Blake3(h) if data.len() >= 128 << 10 => {
+                h.update_rayon(data);
+            }
             Hasher::Blake3(h) => {
                 h.update(data);
             }
@@ -167,10 +173,13 @@ impl Drop for AlignedBuf {
 
 /// How to read while hashing.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct ReadOptions {
+pub struct ReadOptions<'a> {
     /// Drop the file's pages from the page cache after reading them, so that a background
     /// scrub does not evict the user's working set.
     pub drop_cache: bool,
+    /// The file is on a spinning disk: read what is cached freely, but take this gate
+    /// before the first read that would have to wait for the disk.
+    pub gate: Option<&'a Gate>,
 }
 
 /// Why hashing stopped early.
@@ -197,7 +206,7 @@ pub fn hash_file(
     algos: &[Algo],
     bufs: &mut [AlignedBuf; 2],
     size: u64,
-    opts: ReadOptions,
+    opts: ReadOptions<'_>,
     cancel: &AtomicBool,
     bytes_done: &AtomicU64,
 ) -> Result<(Vec<Digest>, u64), HashError> {
@@ -212,6 +221,7 @@ pub fn hash_file(
         size: size,
         total: 0,
         dropped: 0,
+        pass: None,
     };
     let mut feed = |chunk: &[u8]| {
         for h in &mut hashers {
@@ -235,7 +245,7 @@ pub fn hash_file(
 /// Double buffering: a scoped reader thread fills one buffer while the caller hashes the
 /// other; the buffers travel between the two over channels.
 fn overlapped(
-    reader: &mut ChunkReader<'_>,
+    reader: &mut ChunkReader<'_, '_>,
     bufs: &mut [AlignedBuf; 2],
     mut feed: impl FnMut(&[u8]),
 ) -> Result<(), HashError> {
@@ -268,17 +278,19 @@ fn overlapped(
     })
 }
 
-/// The read side: retries interrupted reads, honours Ctrl-C, drops read pages when asked.
-struct ChunkReader<'a> {
+/// The read side: retries interrupted reads, honours Ctrl-C, drops read pages when asked,
+/// and waits at the device's gate only for data that is not cached.
+struct ChunkReader<'a, 'g> {
     file: &'a File,
-    opts: ReadOptions,
+    opts: ReadOptions<'g>,
     cancel: &'a AtomicBool,
     size: u64,
     total: u64,
     dropped: u64,
+    pass: Option<Pass<'g>>,
 }
 
-impl ChunkReader<'_> {
+impl ChunkReader<'_, '_> {
     /// Fills `buf` with the next bytes; 0 at the end of the file.
     fn next(&mut self, buf: &mut [u8]) -> Result<usize, HashError> {
         if self.total == self.size {
@@ -288,22 +300,44 @@ impl ChunkReader<'_> {
             if self.cancel.load(Ordering::Relaxed) {
                 return Err(HashError::Interrupted);
             }
-            match (&mut &*self.file).read(buf) {
-                Ok(n) => {
-                    self.total += n as u64;
-                    // Dropping in large steps keeps the syscall count low.
-                    if self.opts.drop_cache && self.total - self.dropped >= 16 * BUF_SIZE as u64 {
-                        self.finish();
-                    }
-                    return Ok(n);
+            if let (Some(gate), None) = (self.opts.gate, &self.pass) {
+                let mut slices = [io::IoSliceMut::new(buf)];
+                match rustix::io::preadv2(
+                    self.file,
+                    &mut slices,
+                    self.total,
+                    rustix::io::ReadWriteFlags::NOWAIT,
+                ) {
+                    Ok(n) if n > 0 || self.total >= self.size => return Ok(self.advance(n)),
+                    Err(rustix::io::Errno::INTR) => continue,
+                    // Not cached (or no RWF_NOWAIT here): from now on, this file holds the disk.
+                    _ => self.pass = Some(gate.enter()),
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(HashError::Io(e)),
+            }
+            match rustix::io::pread(self.file, &mut *buf, self.total) {
+                Ok(n) => return Ok(self.advance(n)),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(HashError::Io(e.into())),
             }
         }
     }
 
+    fn advance(&mut self, n: usize) -> usize {
+        self.total += n as u64;
+        // Dropping in large steps keeps the syscall count low.
+        if self.total - self.dropped >= 16 * BUF_SIZE as u64 {
+            self.drop_read_pages();
+        }
+        n
+    }
+
+    /// Lets the next reader at the disk and drops what remains to drop from the cache.
     fn finish(&mut self) {
+        self.pass = None;
+        self.drop_read_pages();
+    }
+
+    fn drop_read_pages(&mut self) {
         if self.opts.drop_cache {
             drop_pages(self.file, self.dropped, self.total - self.dropped);
             self.dropped = self.total;
@@ -362,6 +396,35 @@ mod tests {
     }
 
     #[test]
+    fn cached_data_never_waits_at_the_gate() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![3u8; 2 * BUF_SIZE]).unwrap();
+        let file = File::open(&path).unwrap();
+        // Just written: the data is in the page cache.
+        let gate = Gate::new();
+        let _held = gate.enter();
+        let mut bufs = [AlignedBuf::new(BUF_SIZE), AlignedBuf::new(BUF_SIZE)];
+        // Were the gate needed, this would wait forever for the pass held above.
+        let (d, n) = hash_file(
+            &file,
+            &[Algo::Sha256],
+            &mut bufs,
+            2 * BUF_SIZE as u64,
+            ReadOptions {
+                drop_cache: false,
+                gate: Some(&gate),
+            },
+            &AtomicBool::new(false),
+            &AtomicU64::new(0),
+        )
+        .map_err(|e| format!("{e:?}"))
+        .unwrap();
+        assert_eq!(n, 2 * BUF_SIZE as u64);
+        assert_eq!(d[0], digest_bytes(Algo::Sha256, &vec![3u8; 2 * BUF_SIZE]));
+    }
+
+    #[test]
     fn buffer_is_page_aligned() {
         let mut b = AlignedBuf::new(BUF_SIZE);
         assert_eq!(b.as_mut_slice().as_ptr() as usize % 4096, 0);
@@ -393,7 +456,10 @@ mod tests {
                     &[Algo::Sha256, Algo::Blake3],
                     &mut bufs,
                     size,
-                    ReadOptions { drop_cache },
+                    ReadOptions {
+                        drop_cache,
+                        gate: None,
+                    },
                     &AtomicBool::new(false),
                     &done,
                 )

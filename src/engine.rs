@@ -18,6 +18,7 @@ use crossbeam_channel::bounded;
 use rustix::fs::{Mode, OFlags};
 
 use crate::classify::{self, Status};
+use crate::device::Gates;
 use crate::digest::{self, Algo, AlignedBuf, Digest, HashError, ReadOptions};
 use crate::store::{self, Stored};
 use crate::tag::{self, Tag, Timestamp};
@@ -69,6 +70,8 @@ pub struct Config {
     pub threads: usize,
     /// Drop read data from the page cache (background scrubs).
     pub drop_cache: bool,
+    /// One uncached reader at a time per spinning disk (cached data is read by all workers).
+    pub gate_spinning: bool,
     /// What to walk and what to leave out.
     pub walk: WalkOptions,
 }
@@ -84,6 +87,7 @@ impl Config {
             mtime_window_ns: 0,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             drop_cache: false,
+            gate_spinning: true,
             walk: WalkOptions::default(),
         }
     }
@@ -273,6 +277,7 @@ pub fn run(
     let (job_tx, job_rx) = bounded::<(u64, Vec<Entry>)>(threads * 2);
     let (done_tx, done_rx) = bounded::<(u64, Vec<Option<FileReport>>)>(WINDOW);
     let (token_tx, token_rx) = bounded::<()>(WINDOW);
+    let gates = &Gates::default();
 
     std::thread::scope(|s| {
         let walker = s.spawn(move || {
@@ -313,6 +318,7 @@ pub fn run(
                     config,
                     cancel,
                     progress,
+                    gates,
                     bufs: [
                         AlignedBuf::new(digest::BUF_SIZE),
                         AlignedBuf::new(digest::BUF_SIZE),
@@ -358,6 +364,7 @@ pub fn run(
 /// The file's identity and state, from `fstat`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct Meta {
+    dev: u64,
     ino: u64,
     size: u64,
     mtime: Timestamp,
@@ -370,6 +377,7 @@ impl Meta {
         let regular =
             rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile;
         let meta = Meta {
+            dev: st.st_dev,
             ino: st.st_ino,
             size: st.st_size as u64,
             mtime: Timestamp {
@@ -407,6 +415,7 @@ struct Worker<'a> {
     config: &'a Config,
     cancel: &'a AtomicBool,
     progress: &'a Progress,
+    gates: &'a Gates,
     bufs: [AlignedBuf; 2],
 }
 
@@ -582,8 +591,14 @@ impl Worker<'_> {
         before: &Meta,
         algos: &[Algo],
     ) -> Result<Vec<Digest>, NoDigest> {
+        let gate = self
+            .config
+            .gate_spinning
+            .then(|| self.gates.for_dev(before.dev))
+            .flatten();
         let opts = ReadOptions {
             drop_cache: self.config.drop_cache,
+            gate: gate.as_deref(),
         };
         let (digests, n) = digest::hash_file(
             file,

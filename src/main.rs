@@ -59,6 +59,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         mtime_window_ns: common.mtime_window.unwrap_or(0),
         threads: threads(&common),
         drop_cache: common.speed == Speed::Background,
+        gate_spinning: common.speed != Speed::Fast,
         walk: WalkOptions {
             one_file_system: common.one_file_system,
             excludes: common.exclude.clone(),
@@ -136,22 +137,13 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
     Ok(reporter.finish()?)
 }
 
-/// Worker threads for the chosen speed.
+/// Worker threads for the chosen speed. Spinning disks need no fewer: the engine lets one
+/// worker at a time read from each of them, and the rest hash what is cached.
 fn threads(common: &Common) -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if let Some(n) = common.threads {
-        return n as usize;
-    }
-    match common.speed {
-        Speed::Background => 1,
-        Speed::Fast => cores,
-        Speed::Normal => {
-            let spinning = common
-                .paths
-                .iter()
-                .any(|p| intact::device::is_rotational(p) == Some(true));
-            if spinning { 1 } else { cores }
-        }
+    match (common.threads, common.speed) {
+        (Some(n), _) => n as usize,
+        (None, Speed::Background) => 1,
+        (None, _) => std::thread::available_parallelism().map_or(1, |n| n.get()),
     }
 }
 
