@@ -218,7 +218,7 @@ pub fn hash_file(
         file,
         opts,
         cancel,
-        size: size,
+        size,
         total: 0,
         dropped: 0,
         pass: None,
