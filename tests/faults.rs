@@ -128,6 +128,35 @@ fn a_file_growing_while_hashed_is_never_tagged() {
 }
 
 #[test]
+fn a_file_truncated_while_hashed_is_never_tagged_and_nothing_crashes() {
+    // b3sum maps files and can die of SIGBUS here; intact reads, so it can only notice.
+    for algo in ALGOS {
+        let t = Tree::new();
+        let p = t.path("shrinking");
+        fs::File::create(&p).unwrap().set_len(1 << 30).unwrap();
+        let stop = AtomicBool::new(false);
+        let run = std::thread::scope(|s| {
+            s.spawn(|| {
+                let f = fs::OpenOptions::new().write(true).open(&p).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    f.set_len((1 << 30) - (1 << 20)).unwrap();
+                    std::thread::sleep(Duration::from_micros(500));
+                    f.set_len(1 << 30).unwrap();
+                    std::thread::sleep(Duration::from_micros(500));
+                }
+            });
+            std::thread::sleep(Duration::from_millis(5));
+            let r = intact(["tag".as_ref(), "--algo".as_ref(), algo.as_ref(), "--json".as_ref(), p.as_os_str()]);
+            stop.store(true, Ordering::Relaxed);
+            r
+        });
+        let j = run.expect_code(3).json();
+        assert_eq!(j.status("shrinking"), "changed-while-read", "{algo}");
+        assert!(getxattr(&p, TAG).is_none(), "a digest of a moving file was stored");
+    }
+}
+
+#[test]
 fn full_xattr_space_is_reported() {
     let t = Tree::new();
     let p = t.write("crowded", b"data");
