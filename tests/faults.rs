@@ -146,13 +146,22 @@ fn a_file_truncated_while_hashed_is_never_tagged_and_nothing_crashes() {
                 }
             });
             std::thread::sleep(Duration::from_millis(5));
-            let r = intact(["tag".as_ref(), "--algo".as_ref(), algo.as_ref(), "--json".as_ref(), p.as_os_str()]);
+            let r = intact([
+                "tag".as_ref(),
+                "--algo".as_ref(),
+                algo.as_ref(),
+                "--json".as_ref(),
+                p.as_os_str(),
+            ]);
             stop.store(true, Ordering::Relaxed);
             r
         });
         let j = run.expect_code(3).json();
         assert_eq!(j.status("shrinking"), "changed-while-read", "{algo}");
-        assert!(getxattr(&p, TAG).is_none(), "a digest of a moving file was stored");
+        assert!(
+            getxattr(&p, TAG).is_none(),
+            "a digest of a moving file was stored"
+        );
     }
 }
 
