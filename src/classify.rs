@@ -27,6 +27,10 @@ pub enum Status {
     New,
     /// Has a tag that was not verified (`tag` does not read tagged files).
     Tagged,
+    /// The file's tags disagree about its data (one matches, another does not).
+    Conflict,
+    /// Listed in the manifest, absent from the tree.
+    Missing,
     /// The file changed while it was being read: no verdict, nothing stored.
     #[serde(rename = "changed-while-read")]
     Changed,
@@ -48,6 +52,8 @@ impl Status {
             Status::Touched => "touched",
             Status::New => "new",
             Status::Tagged => "tagged",
+            Status::Conflict => "conflict",
+            Status::Missing => "missing",
             Status::Changed => "changed-while-read",
             Status::Error => "error",
             Status::Skipped => "skipped",
@@ -55,7 +61,7 @@ impl Status {
     }
 
     /// Every status, in the order summaries list them.
-    pub const ALL: [Status; 11] = [
+    pub const ALL: [Status; 13] = [
         Status::Ok,
         Status::Corrupt,
         Status::Mismatch,
@@ -64,6 +70,8 @@ impl Status {
         Status::Touched,
         Status::New,
         Status::Tagged,
+        Status::Conflict,
+        Status::Missing,
         Status::Changed,
         Status::Error,
         Status::Skipped,

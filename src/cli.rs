@@ -37,6 +37,8 @@ pub enum Command {
     /// Hash and tag files that have no valid tag (tagged files are not read)
     Tag {
         #[command(flatten)]
+        paths: Paths,
+        #[command(flatten)]
         common: Common,
         /// Digest algorithm for new tags
         #[arg(long, value_enum, default_value_t = AlgoArg::Sha256)]
@@ -44,17 +46,30 @@ pub enum Command {
         /// Re-hash and re-tag files that already have a tag
         #[arg(long)]
         force: bool,
+        #[command(flatten)]
+        compat: Compat,
     },
     /// Re-hash tagged files and report any that changed; never writes anything
     #[command(after_help = EXIT_CODES)]
     Check {
         #[command(flatten)]
+        paths: Paths,
+        #[command(flatten)]
         common: Common,
+        /// Check against a manifest (sha256sum, b3sum, rhash or hashdeep format, paths
+        /// relative to the one PATH) instead of xattrs: for media that cannot hold them
+        #[arg(long, value_name = "FILE")]
+        manifest: Option<PathBuf>,
+        /// The algorithm of the manifest's digests (sha256sum and b3sum lines look alike)
+        #[arg(long, value_enum, default_value_t = AlgoArg::Sha256, requires = "manifest")]
+        algo: AlgoArg,
     },
     /// Check, then tag new files and re-tag legitimately changed ones; corrupt files keep
     /// their old tag
     #[command(after_help = EXIT_CODES)]
     Update {
+        #[command(flatten)]
+        paths: Paths,
         #[command(flatten)]
         common: Common,
         /// Digest algorithm for new tags and re-tags [default: sha256 for new tags, the
@@ -65,16 +80,55 @@ pub enum Command {
         /// the change was intended: the old tag is the evidence of corruption)
         #[arg(long)]
         accept_corrupt: bool,
+        #[command(flatten)]
+        compat: Compat,
     },
-    /// Remove intact's tag (user.intact) from files
+    /// Remove intact's tag (user.intact) from files, and other tools' with --compat
     Strip {
         #[command(flatten)]
+        paths: Paths,
+        #[command(flatten)]
         common: Common,
+        #[command(flatten)]
+        compat: Compat,
     },
     /// Print each file's stored tag and what a check would expect, without reading data
     Show {
         #[command(flatten)]
+        paths: Paths,
+        #[command(flatten)]
         common: Common,
+    },
+    /// Write a manifest that `sha256sum -c` (or `b3sum -c`) accepts, from the tags alone,
+    /// with paths relative to PATH
+    Export {
+        /// The file or directory to list
+        #[arg(value_name = "PATH")]
+        path: PathBuf,
+        #[command(flatten)]
+        common: Common,
+        /// Which digests to list: sha256 for sha256sum, blake3 for b3sum
+        #[arg(long, value_enum, default_value_t = AlgoArg::Sha256)]
+        algo: AlgoArg,
+        /// Write the manifest to FILE (atomically) instead of standard output
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Tag the files a manifest lists, after verifying that their data matches it
+    Import {
+        /// The manifest (sha256sum, b3sum, BSD --tag, rhash or hashdeep format)
+        #[arg(value_name = "MANIFEST")]
+        manifest: PathBuf,
+        /// The directory its paths are relative to [default: the manifest's directory]
+        #[arg(value_name = "DIR")]
+        dir: Option<PathBuf>,
+        #[command(flatten)]
+        common: Common,
+        /// The algorithm of the manifest's digests (sha256sum and b3sum lines look alike)
+        #[arg(long, value_enum, default_value_t = AlgoArg::Sha256)]
+        algo: AlgoArg,
+        #[command(flatten)]
+        compat: Compat,
     },
     /// Print the man page or a shell completion script
     Generate {
@@ -85,11 +139,34 @@ pub enum Command {
 }
 
 #[derive(Args, Debug)]
-pub struct Common {
+pub struct Paths {
     /// Files and directories (directories are walked recursively; symlinks never followed)
     #[arg(required = true, value_name = "PATH")]
     pub paths: Vec<PathBuf>,
+}
 
+#[derive(Args, Debug)]
+pub struct Compat {
+    /// Other tools' tags to keep beside intact's (written, or removed by strip): shatag
+    /// (cshatag/shatag: user.shatag.sha256 and .ts), dintch (Dintch/Fintch: 32 raw bytes)
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        env = "INTACT_COMPAT",
+        value_name = "FORMATS"
+    )]
+    pub compat: Vec<CompatArg>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompatArg {
+    Shatag,
+    Dintch,
+}
+
+#[derive(Args, Debug)]
+pub struct Common {
     /// Print one JSON object per file and a final summary object (JSON Lines)
     #[arg(long)]
     pub json: bool,

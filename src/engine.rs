@@ -6,13 +6,13 @@
 //! walker may run ahead of the oldest unreported file, so memory stays flat even when one
 //! huge file holds up the output of thousands of small ones.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::io;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crossbeam_channel::bounded;
 use rustix::fs::{Mode, OFlags};
@@ -20,8 +20,9 @@ use rustix::fs::{Mode, OFlags};
 use crate::classify::{self, Status};
 use crate::device::Gates;
 use crate::digest::{self, Algo, AlignedBuf, Digest, HashError, ReadOptions};
+use crate::manifest::Expected;
 use crate::store::{self, Stored};
-use crate::tag::{self, Tag, Timestamp};
+use crate::tag::{self, Format, Tag, Timestamp};
 use crate::walk::{self, Entry, SkipReason, WalkOptions};
 
 /// The operation to perform on each file.
@@ -38,6 +39,10 @@ pub enum Verb {
     Strip,
     /// Print stored tags and what a check would expect, without reading data.
     Show,
+    /// List tags as a manifest, without reading data.
+    Export,
+    /// Tag files whose data matches a manifest.
+    Import,
 }
 
 impl Verb {
@@ -49,6 +54,8 @@ impl Verb {
             Verb::Update => "update",
             Verb::Strip => "strip",
             Verb::Show => "show",
+            Verb::Export => "export",
+            Verb::Import => "import",
         }
     }
 }
@@ -74,6 +81,11 @@ pub struct Config {
     pub gate_spinning: bool,
     /// What to walk and what to leave out.
     pub walk: WalkOptions,
+    /// Other tools' tags to write beside intact's (`tag`, `update`, `import`) or to remove
+    /// (`strip`).
+    pub compat: Vec<Format>,
+    /// Digests from a manifest, instead of xattrs (`check --manifest`, `import`).
+    pub manifest: Option<Arc<Expected>>,
 }
 
 impl Config {
@@ -89,6 +101,8 @@ impl Config {
             drop_cache: false,
             gate_spinning: true,
             walk: WalkOptions::default(),
+            compat: Vec::new(),
+            manifest: None,
         }
     }
 
@@ -205,8 +219,8 @@ pub struct FileReport {
     pub skip: Option<SkipReason>,
     /// Why the file could not be processed.
     pub error: Option<FileError>,
-    /// What changed while the file was read.
-    pub changed: Option<String>,
+    /// More about the status: what changed while reading, which tags disagree.
+    pub detail: Option<String>,
     /// Malformed tags found on the file (attribute, reason).
     pub malformed: Vec<(&'static str, tag::Malformed)>,
     /// Bytes of data read.
@@ -224,7 +238,7 @@ impl FileReport {
             digest: None,
             skip: None,
             error: None,
-            changed: None,
+            detail: None,
             malformed: Vec::new(),
             bytes_read: 0,
         }
@@ -345,19 +359,34 @@ pub fn run(
 
         let mut pending = BTreeMap::new();
         let mut next = 0u64;
+        // With a manifest, what it lists but the tree lacks is reported at the end.
+        let mut seen = HashSet::new();
         for (seq, reports) in done_rx {
             pending.insert(seq, reports);
             while let Some(reports) = pending.remove(&next) {
                 let _ = token_rx.recv();
                 next += 1;
                 for report in reports.into_iter().flatten() {
+                    if let Some(m) = &config.manifest {
+                        seen.insert(m.key(&report.path));
+                    }
                     progress.files.fetch_add(1, Ordering::Relaxed);
                     sink(report);
                 }
             }
         }
         drop(token_rx);
-        walker.join().expect("walker thread panicked")
+        let walked = walker.join().expect("walker thread panicked");
+        if let Some(m) = &config.manifest
+            && !cancel.load(Ordering::Relaxed)
+        {
+            for (key, path) in m.listed() {
+                if !seen.contains(key) {
+                    sink(FileReport::new(path, Status::Missing));
+                }
+            }
+        }
+        walked
     })
 }
 
@@ -433,7 +462,7 @@ impl NoDigest {
             NoDigest::Failed(e) => Some(fail(report, e)),
             NoDigest::Changed(what) => {
                 report.status = Status::Changed;
-                report.changed = Some(what);
+                report.detail = Some(what);
                 Some(report)
             }
             NoDigest::Interrupted => None,
@@ -459,9 +488,16 @@ impl Worker<'_> {
             Ok((m, true)) => m,
             Err(e) => return Some(FileReport::error(path, FileError::Open(e))),
         };
-        let stored = match store::read(&file) {
-            Ok(s) => s,
-            Err(e) => return Some(FileReport::error(path, FileError::ReadTags(e))),
+        // With a manifest, it alone says what the data should be.
+        let stored = match &self.config.manifest {
+            Some(m) => Stored {
+                tags: m.tag(&path).into_iter().collect(),
+                malformed: Vec::new(),
+            },
+            None => match store::read(&file) {
+                Ok(s) => s,
+                Err(e) => return Some(FileReport::error(path, FileError::ReadTags(e))),
+            },
         };
         let mut report = FileReport {
             size: Some(meta.size),
@@ -469,40 +505,88 @@ impl Worker<'_> {
             malformed: stored.malformed.clone(),
             ..FileReport::new(path, Status::New)
         };
+        let window = self.config.mtime_window_ns;
         match self.config.verb {
             Verb::Show => {
                 if let Some(t) = &report.tag {
-                    report.status =
-                        classify::expect(t, meta.size, meta.mtime, self.config.mtime_window_ns);
+                    report.status = classify::expect(t, meta.size, meta.mtime, window);
                 }
                 Some(report)
             }
-            Verb::Strip => {
-                report.status = Status::Ok;
-                match store::remove_intact(&file) {
-                    Ok(true) => report.action = Some(Action::Removed),
-                    Ok(false) => {}
-                    Err(e) => return Some(fail(report, FileError::RemoveTag(e))),
+            Verb::Export => {
+                // The richest tag of the manifest's algorithm; untouched since it was written.
+                let algo = self.config.new_algo();
+                report.tag = stored.tags.iter().find(|t| t.digest.algo == algo).cloned();
+                if let Some(t) = &report.tag {
+                    report.status = classify::expect(t, meta.size, meta.mtime, window);
                 }
                 Some(report)
             }
-            Verb::Check => self.check(report, &file, &meta),
+            Verb::Strip => Some(self.strip(report, &file)),
+            Verb::Check => self.check(report, &file, &meta, &stored),
             Verb::Tag => self.tag(report, &file, &meta, &stored),
             Verb::Update => self.update(report, &file, &meta, &stored),
+            Verb::Import => self.import(report, &file, &meta),
         }
     }
 
-    fn check(&mut self, mut report: FileReport, file: &File, meta: &Meta) -> Option<FileReport> {
-        let Some(tag) = report.tag.clone() else {
+    fn strip(&self, mut report: FileReport, file: &File) -> FileReport {
+        report.status = Status::Ok;
+        let mut removed = match store::remove_intact(file) {
+            Ok(r) => r,
+            Err(e) => return fail(report, FileError::RemoveTag(e)),
+        };
+        for &format in &self.config.compat {
+            match store::remove_compat(file, format) {
+                Ok(r) => removed |= r,
+                Err(e) => return fail(report, FileError::RemoveTag(e)),
+            }
+        }
+        if removed {
+            report.action = Some(Action::Removed);
+        }
+        report
+    }
+
+    fn check(
+        &mut self,
+        mut report: FileReport,
+        file: &File,
+        meta: &Meta,
+        stored: &Stored,
+    ) -> Option<FileReport> {
+        let Some(best) = stored.best() else {
             return Some(report);
         };
-        let digests = match self.hash(&mut report, file, meta, &[tag.digest.algo]) {
+        // Every tag present is verified, in one pass even if they use different algorithms.
+        let algos = unique(stored.tags.iter().map(|t| t.digest.algo));
+        let digests = match self.hash(&mut report, file, meta, &algos) {
             Ok(d) => d,
             Err(e) => return e.report(report),
         };
-        report.digest = Some(digests[0]);
-        report.status =
-            classify::classify(&tag, meta.mtime, &digests[0], self.config.mtime_window_ns);
+        let fresh = of(&digests, best.digest.algo);
+        report.digest = Some(fresh);
+        report.status = classify::classify(best, meta.mtime, &fresh, self.config.mtime_window_ns);
+        let truth = if best.digest == fresh {
+            "matches"
+        } else {
+            "does not match"
+        };
+        let odd: Vec<&str> = stored.tags[1..]
+            .iter()
+            .filter(|t| (t.digest == of(&digests, t.digest.algo)) != (best.digest == fresh))
+            .map(|t| t.format.name())
+            .collect();
+        if !odd.is_empty() {
+            report.detail = Some(format!(
+                "tags disagree: the {} tag {truth} the data, the {} tag does not agree",
+                best.format.name(),
+                odd.join(" and ")
+            ));
+            if !report.status.is_damage() {
+                report.status = Status::Conflict;
+            }
+        }
         Some(report)
     }
 
@@ -515,27 +599,47 @@ impl Worker<'_> {
     ) -> Option<FileReport> {
         if stored.best().is_some() && !self.config.force {
             report.status = Status::Tagged;
+            // Compat tags can be added without reading: from intact's SHA-256, while the file
+            // is as it was when tagged.
+            if let Some(t) = stored.intact().filter(|t| {
+                t.digest.algo == Algo::Sha256
+                    && classify::expect(t, meta.size, meta.mtime, self.config.mtime_window_ns)
+                        == Status::Ok
+            }) {
+                let digest = t.digest;
+                return Some(self.write_compat(report, file, stored, &digest, meta.mtime));
+            }
             return Some(report);
         }
         let new_algo = self.config.new_algo();
-        let mut algos = vec![new_algo];
-        if let Some(t) = report.tag.as_ref().filter(|t| t.digest.algo != new_algo) {
-            algos.push(t.digest.algo);
-        }
+        let algos = unique(
+            [new_algo]
+                .into_iter()
+                .chain(report.tag.as_ref().map(|t| t.digest.algo))
+                .chain(self.compat_algo()),
+        );
         let digests = match self.hash(&mut report, file, meta, &algos) {
             Ok(d) => d,
             Err(e) => return e.report(report),
         };
         if let Some(t) = &report.tag {
-            let same_algo = digests
-                .iter()
-                .find(|d| d.algo == t.digest.algo)
-                .expect("hashed");
-            report.status =
-                classify::classify(t, meta.mtime, same_algo, self.config.mtime_window_ns);
+            report.status = classify::classify(
+                t,
+                meta.mtime,
+                &of(&digests, t.digest.algo),
+                self.config.mtime_window_ns,
+            );
         }
         report.digest = Some(digests[0]);
-        Some(self.write(report, file, meta, digests[0], Action::Tagged))
+        Some(self.write(
+            report,
+            file,
+            meta,
+            stored,
+            &digests,
+            new_algo,
+            Action::Tagged,
+        ))
     }
 
     fn update(
@@ -546,40 +650,139 @@ impl Worker<'_> {
         stored: &Stored,
     ) -> Option<FileReport> {
         let Some(tag) = report.tag.clone() else {
-            let digests = match self.hash(&mut report, file, meta, &[self.config.new_algo()]) {
+            let new_algo = self.config.new_algo();
+            let algos = unique([new_algo].into_iter().chain(self.compat_algo()));
+            let digests = match self.hash(&mut report, file, meta, &algos) {
                 Ok(d) => d,
                 Err(e) => return e.report(report),
             };
             report.digest = Some(digests[0]);
-            return Some(self.write(report, file, meta, digests[0], Action::Tagged));
+            return Some(self.write(
+                report,
+                file,
+                meta,
+                stored,
+                &digests,
+                new_algo,
+                Action::Tagged,
+            ));
         };
-        // A re-tag keeps the tag's algorithm unless one was asked for; one pass computes both.
+        // A re-tag keeps the tag's algorithm unless one was asked for; one pass computes all.
         let new_algo = self.config.algo.unwrap_or(tag.digest.algo);
-        let mut algos = vec![tag.digest.algo];
-        if new_algo != tag.digest.algo {
-            algos.push(new_algo);
-        }
+        let algos = unique(
+            [tag.digest.algo, new_algo]
+                .into_iter()
+                .chain(stored.tags.iter().map(|t| t.digest.algo))
+                .chain(self.compat_algo()),
+        );
         let digests = match self.hash(&mut report, file, meta, &algos) {
             Ok(d) => d,
             Err(e) => return e.report(report),
         };
-        let fresh = *digests.last().expect("hashed");
-        report.digest = Some(digests[0]);
-        report.status =
-            classify::classify(&tag, meta.mtime, &digests[0], self.config.mtime_window_ns);
+        let fresh = of(&digests, tag.digest.algo);
+        report.digest = Some(fresh);
+        report.status = classify::classify(&tag, meta.mtime, &fresh, self.config.mtime_window_ns);
         let upgrade = stored.intact().is_none() || new_algo != tag.digest.algo;
-        Some(match report.status {
-            Status::Ok if upgrade => self.write(report, file, meta, fresh, Action::Tagged),
+        let mut report = match report.status {
+            Status::Ok if upgrade => self.write(
+                report,
+                file,
+                meta,
+                stored,
+                &digests,
+                new_algo,
+                Action::Tagged,
+            ),
+            Status::Ok => {
+                let sha = (!self.config.compat.is_empty()).then(|| of(&digests, Algo::Sha256));
+                match sha {
+                    Some(sha) => self.write_compat(report, file, stored, &sha, meta.mtime),
+                    None => report,
+                }
+            }
             Status::Corrupt | Status::Mismatch if !self.config.accept_corrupt => {
                 report.action = Some(Action::Kept);
-                report
+                return Some(report);
             }
-            Status::Corrupt | Status::Mismatch | Status::Modified | Status::Older => {
-                self.write(report, file, meta, fresh, Action::Tagged)
-            }
-            Status::Touched => self.write(report, file, meta, fresh, Action::Refreshed),
+            Status::Corrupt | Status::Mismatch | Status::Modified | Status::Older => self.write(
+                report,
+                file,
+                meta,
+                stored,
+                &digests,
+                new_algo,
+                Action::Tagged,
+            ),
+            Status::Touched => self.write(
+                report,
+                file,
+                meta,
+                stored,
+                &digests,
+                new_algo,
+                Action::Refreshed,
+            ),
             _ => report,
-        })
+        };
+        // intact's tag now describes the data; another tool's that was not rewritten and
+        // describes other data is a conflict the user should settle.
+        if report.status != Status::Error {
+            let stale: Vec<&str> = stored
+                .tags
+                .iter()
+                .filter(|t| t.format != Format::Intact && !self.config.compat.contains(&t.format))
+                .filter(|t| t.digest != of(&digests, t.digest.algo))
+                .map(|t| t.format.name())
+                .collect();
+            if !stale.is_empty() {
+                report.status = Status::Conflict;
+                report.detail = Some(format!(
+                    "the {0} tag does not match the data: `--compat {0}` rewrites it, `strip --compat {0}` removes it",
+                    stale.join(",")
+                ));
+            }
+        }
+        Some(report)
+    }
+
+    /// Tags files whose data matches the manifest.
+    fn import(&mut self, mut report: FileReport, file: &File, meta: &Meta) -> Option<FileReport> {
+        let Some(expected) = report.tag.clone() else {
+            return Some(report);
+        };
+        let new_algo = self.config.algo.unwrap_or(expected.digest.algo);
+        let algos = unique(
+            [expected.digest.algo, new_algo]
+                .into_iter()
+                .chain(self.compat_algo()),
+        );
+        let digests = match self.hash(&mut report, file, meta, &algos) {
+            Ok(d) => d,
+            Err(e) => return e.report(report),
+        };
+        let fresh = of(&digests, expected.digest.algo);
+        report.digest = Some(fresh);
+        report.status =
+            classify::classify(&expected, meta.mtime, &fresh, self.config.mtime_window_ns);
+        if report.status != Status::Ok {
+            return Some(report);
+        }
+        // The file's own xattrs matter now: compat tags already right need no write.
+        let stored = store::read(file).unwrap_or_default();
+        Some(self.write(
+            report,
+            file,
+            meta,
+            &stored,
+            &digests,
+            new_algo,
+            Action::Tagged,
+        ))
+    }
+
+    /// The extra algorithm compat tags need.
+    fn compat_algo(&self) -> Option<Algo> {
+        (!self.config.compat.is_empty()).then_some(Algo::Sha256)
     }
 
     /// Reads the whole file once, feeding each of `algos`, and makes sure it did not change
@@ -621,24 +824,74 @@ impl Worker<'_> {
         }
     }
 
-    /// Writes intact's tag for `digest` and the metadata read before hashing.
+    /// Writes intact's tag for the `algo` digest and the metadata read before hashing, then
+    /// the requested compat tags.
+    #[allow(clippy::too_many_arguments)]
     fn write(
         &self,
         mut report: FileReport,
         file: &File,
         meta: &Meta,
-        digest: Digest,
+        stored: &Stored,
+        digests: &[Digest],
+        algo: Algo,
         action: Action,
     ) -> FileReport {
-        let value = tag::encode(&digest, meta.size, meta.mtime, Timestamp::now().sec);
-        match store::write_intact(file, &value) {
-            Ok(()) => {
-                report.action = Some(action);
-                report
-            }
-            Err(e) => fail(report, FileError::WriteTag(e)),
+        let value = tag::encode(
+            &of(digests, algo),
+            meta.size,
+            meta.mtime,
+            Timestamp::now().sec,
+        );
+        if let Err(e) = store::write_intact(file, &value) {
+            return fail(report, FileError::WriteTag(e));
+        }
+        report.action = Some(action);
+        match self.compat_algo() {
+            Some(sha) => self.write_compat(report, file, stored, &of(digests, sha), meta.mtime),
+            None => report,
         }
     }
+
+    /// Writes each requested compat tag that does not already say the same.
+    fn write_compat(
+        &self,
+        mut report: FileReport,
+        file: &File,
+        stored: &Stored,
+        sha256: &Digest,
+        mtime: Timestamp,
+    ) -> FileReport {
+        for &format in &self.config.compat {
+            if stored.compat_current(format, sha256, mtime) {
+                continue;
+            }
+            if let Err(e) = store::write_compat(file, format, sha256, mtime) {
+                return fail(report, FileError::WriteTag(e));
+            }
+            report.action.get_or_insert(Action::Tagged);
+        }
+        report
+    }
+}
+
+/// The algorithms in first-seen order, each once.
+fn unique(algos: impl IntoIterator<Item = Algo>) -> Vec<Algo> {
+    let mut out = Vec::with_capacity(2);
+    for a in algos {
+        if !out.contains(&a) {
+            out.push(a);
+        }
+    }
+    out
+}
+
+/// The digest computed for `algo` (every caller asked for it).
+fn of(digests: &[Digest], algo: Algo) -> Digest {
+    *digests
+        .iter()
+        .find(|d| d.algo == algo)
+        .expect("the algorithm was hashed")
 }
 
 fn fail(mut report: FileReport, error: FileError) -> FileReport {

@@ -12,6 +12,7 @@ pub mod classify;
 pub mod device;
 pub mod digest;
 pub mod engine;
+pub mod manifest;
 pub mod mapped;
 pub mod priority;
 pub mod report;

@@ -115,7 +115,13 @@ impl Summary {
         } else {
             0
         };
-        if self.count(Status::Error) + self.count(Status::Changed) + unverified > 0 {
+        let trouble = [
+            Status::Error,
+            Status::Changed,
+            Status::Conflict,
+            Status::Missing,
+        ];
+        if trouble.iter().map(|&s| self.count(s)).sum::<u64>() + unverified > 0 {
             exit = exit.merge(Exit::Trouble);
         }
         exit
@@ -183,8 +189,8 @@ impl<W: Write, E: Write> Reporter<W, E> {
         }
         if let Some(e) = &r.error {
             writeln!(self.out, "{status:<8} {path}: {e}")
-        } else if let Some(why) = &r.changed {
-            writeln!(self.out, "{status} {path}: {why}")
+        } else if let Some(why) = &r.detail {
+            writeln!(self.out, "{status:<8} {path}: {why}")
         } else if let Some(why) = r.skip {
             writeln!(self.out, "{status:<8} {path}: {why}")
         } else if self.verb == Verb::Strip {
@@ -210,10 +216,18 @@ impl<W: Write, E: Write> Reporter<W, E> {
         let s = r.status;
         match self.verbosity {
             Verbosity::Verbose => true,
-            Verbosity::Quiet => s.is_damage() || matches!(s, Status::Error | Status::Changed),
+            Verbosity::Quiet => {
+                s.is_damage()
+                    || matches!(
+                        s,
+                        Status::Error | Status::Changed | Status::Conflict | Status::Missing
+                    )
+            }
             Verbosity::Normal => match self.verb {
                 Verb::Show => true,
                 Verb::Strip => s == Status::Error,
+                Verb::Export => !matches!(s, Status::Ok | Status::Skipped),
+                Verb::Import => !matches!(s, Status::Ok | Status::Skipped),
                 Verb::Tag => !matches!(
                     s,
                     Status::Ok | Status::New | Status::Tagged | Status::Skipped | Status::Touched
@@ -373,7 +387,7 @@ struct JsonFile<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     error_kind: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    changed: Option<&'a str>,
+    detail: Option<&'a str>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     warnings: Vec<String>,
 }
@@ -399,7 +413,7 @@ impl<'a> From<&'a FileReport> for JsonFile<'a> {
             skip: r.skip,
             error: r.error.as_ref().map(|e| e.to_string()),
             error_kind: r.error.as_ref().map(|e| e.kind()),
-            changed: r.changed.as_deref(),
+            detail: r.detail.as_deref(),
             warnings: r
                 .malformed
                 .iter()

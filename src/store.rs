@@ -8,7 +8,8 @@ use std::io;
 
 use rustix::fs::{XattrFlags, fgetxattr, fgetxattr_query, flistxattr, flistxattr_query};
 
-use crate::tag::{self, Malformed, Tag, names};
+use crate::digest::{Algo, Digest};
+use crate::tag::{self, Format, Malformed, Tag, Timestamp, names};
 
 /// Every tag found on one file.
 #[derive(Clone, Debug, Default)]
@@ -27,8 +28,65 @@ impl Stored {
 
     /// intact's own tag, if present and valid.
     pub fn intact(&self) -> Option<&Tag> {
-        self.tags.iter().find(|t| t.format == tag::Format::Intact)
+        self.of(Format::Intact)
     }
+
+    /// The valid tag of one format, if any.
+    pub fn of(&self, format: Format) -> Option<&Tag> {
+        self.tags.iter().find(|t| t.format == format)
+    }
+
+    /// Whether the compat tag of `format` already says exactly what writing it would.
+    pub fn compat_current(&self, format: Format, sha256: &Digest, mtime: Timestamp) -> bool {
+        self.of(format).is_some_and(|t| {
+            &t.digest == sha256 && (format != Format::Shatag || t.mtime == Some(mtime))
+        })
+    }
+}
+
+/// Writes another tool's tag, for a SHA-256 `digest` of the data at `mtime`.
+///
+/// shatag: the hash first, then the timestamp (as cshatag does: a crash in between leaves a
+/// hash with a stale timestamp, which reads as modified, never as a false ok). Dintch: the
+/// 32 raw bytes under the plain name, and under the `#S` spelling too if the file already
+/// carries that one (it goes back to a Mac, where `#S` means "syncable").
+pub fn write_compat(
+    file: &File,
+    format: Format,
+    digest: &Digest,
+    mtime: Timestamp,
+) -> io::Result<()> {
+    assert_eq!(digest.algo, Algo::Sha256, "compat tags hold SHA-256");
+    let set =
+        |name: &str, value: &[u8]| rustix::fs::fsetxattr(file, name, value, XattrFlags::empty());
+    match format {
+        Format::Shatag => {
+            set(names::SHATAG_SHA256, digest.hex().as_bytes())?;
+            set(names::SHATAG_TS, tag::encode_shatag_ts(mtime).as_bytes())?;
+        }
+        Format::Dintch => {
+            set(names::DINTCH_HASH, &digest.bytes)?;
+            if get(file, names::DINTCH_HASH_S)?.is_some() {
+                set(names::DINTCH_HASH_S, &digest.bytes)?;
+            }
+        }
+        Format::Intact | Format::Manifest => unreachable!("not a compat tag"),
+    }
+    Ok(())
+}
+
+/// Removes another tool's tag (all its attributes); `Ok(false)` if there was none.
+pub fn remove_compat(file: &File, format: Format) -> io::Result<bool> {
+    let attrs: &[&str] = match format {
+        Format::Shatag => &[names::SHATAG_SHA256, names::SHATAG_TS],
+        Format::Dintch => &[names::DINTCH_HASH, names::DINTCH_HASH_S, names::DINTCH_TIME],
+        Format::Intact | Format::Manifest => unreachable!("not a compat tag"),
+    };
+    let mut removed = false;
+    for attr in attrs {
+        removed |= remove(file, attr)?;
+    }
+    Ok(removed)
 }
 
 /// Reads intact's, shatag's and Dintch's tags from `file`.
@@ -116,7 +174,11 @@ pub fn write_intact(file: &File, value: &str) -> io::Result<()> {
 
 /// Removes intact's tag; `Ok(false)` if there was none.
 pub fn remove_intact(file: &File) -> io::Result<bool> {
-    match rustix::fs::fremovexattr(file, names::INTACT) {
+    remove(file, names::INTACT)
+}
+
+fn remove(file: &File, name: &str) -> io::Result<bool> {
+    match rustix::fs::fremovexattr(file, name) {
         Ok(()) => Ok(true),
         Err(rustix::io::Errno::NODATA) => Ok(false),
         Err(e) => Err(e.into()),

@@ -98,6 +98,8 @@ pub enum Format {
     Shatag,
     /// Dintch family: SHA-256 only (and sometimes a tagging time).
     Dintch,
+    /// A line of a checksum manifest (sha256sum, b3sum ...): a digest, nothing else.
+    Manifest,
 }
 
 impl Format {
@@ -107,6 +109,7 @@ impl Format {
             Format::Intact => "intact",
             Format::Shatag => "shatag",
             Format::Dintch => "dintch",
+            Format::Manifest => "manifest",
         }
     }
 }
@@ -156,6 +159,11 @@ pub fn encode(digest: &Digest, size: u64, mtime: Timestamp, tagged: i64) -> Stri
         mtime,
         tagged
     )
+}
+
+/// cshatag's timestamp for `user.shatag.ts`: `%010d.%09d`.
+pub fn encode_shatag_ts(mtime: Timestamp) -> String {
+    format!("{:010}.{:09}", mtime.sec, mtime.nsec)
 }
 
 /// Parses intact's own tag. Fields are `key=value` separated by single spaces; the first is

@@ -115,7 +115,7 @@ fn a_file_growing_while_hashed_is_never_tagged() {
         let j = run.expect_code(3).json();
         assert_eq!(j.status("growing.log"), "changed-while-read");
         assert!(
-            j.file("growing.log")["changed"]
+            j.file("growing.log")["detail"]
                 .as_str()
                 .unwrap()
                 .contains("while being read")

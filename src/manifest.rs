@@ -1,0 +1,410 @@
+//! Checksum manifests, for media that cannot hold xattrs and for stock tools: the line
+//! formats of sha256sum and b3sum (both directions), their BSD `--tag` form, rhash's, and
+//! hashdeep's CSV. Pure functions over bytes: names are bytes on Unix, and a manifest may
+//! come from anywhere.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fmt;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use crate::digest::{Algo, Digest};
+use crate::tag::{Format, Tag};
+
+/// One line of a manifest: a digest and the path it belongs to (as written, unescaped).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// The digest the manifest claims.
+    pub digest: Digest,
+    /// The path bytes, relative to the manifest's root unless absolute.
+    pub path: Vec<u8>,
+}
+
+/// A line that could not be read, with its 1-based number.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadLine {
+    /// 1-based line number.
+    pub line: usize,
+    /// Why.
+    pub why: String,
+}
+
+impl fmt::Display for BadLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "line {}: {}", self.line, self.why)
+    }
+}
+
+/// A parsed manifest: entries in file order, lines that were not understood.
+#[derive(Clone, Debug, Default)]
+pub struct Parsed {
+    /// The entries, in the order written.
+    pub entries: Vec<Entry>,
+    /// Lines skipped as unreadable.
+    pub bad: Vec<BadLine>,
+}
+
+impl Parsed {
+    /// The entries by path (a later line for the same path wins, as in a re-run).
+    pub fn by_path(&self) -> HashMap<Vec<u8>, Digest> {
+        self.entries
+            .iter()
+            .map(|e| (e.path.clone(), e.digest))
+            .collect()
+    }
+}
+
+/// A manifest as the engine uses it: what each file under a root should hash to.
+#[derive(Debug)]
+pub struct Expected {
+    root: PathBuf,
+    order: Vec<PathBuf>,
+    by_key: HashMap<PathBuf, Digest>,
+    written: Option<i64>,
+}
+
+impl Expected {
+    /// Entries are relative to `root` (absolute ones stay as they are); `written` is when the
+    /// manifest was written (its mtime), which tells a later edit from damage.
+    pub fn new(root: &Path, parsed: &Parsed, written: Option<i64>) -> Self {
+        let mut order = Vec::new();
+        let mut by_key = HashMap::new();
+        for e in &parsed.entries {
+            let key = normalize(Path::new(OsStr::from_bytes(&e.path)));
+            if by_key.insert(key.clone(), e.digest).is_none() {
+                order.push(key);
+            }
+        }
+        Expected {
+            root: root.to_path_buf(),
+            order,
+            by_key,
+            written,
+        }
+    }
+
+    /// The key of a walked path: relative to the root.
+    pub fn key(&self, path: &Path) -> PathBuf {
+        normalize(path.strip_prefix(&self.root).unwrap_or(path))
+    }
+
+    /// The tag the manifest implies for a walked path.
+    pub fn tag(&self, path: &Path) -> Option<Tag> {
+        self.by_key.get(&self.key(path)).map(|&digest| Tag {
+            format: Format::Manifest,
+            digest,
+            size: None,
+            mtime: None,
+            mtime_slack_ns: 0,
+            tagged: self.written,
+        })
+    }
+
+    /// Every listed entry in manifest order, as (key, path under the root).
+    pub fn listed(&self) -> impl Iterator<Item = (&PathBuf, PathBuf)> {
+        self.order.iter().map(|k| (k, self.root.join(k)))
+    }
+}
+
+/// `./a//b` → `a/b`: the same file however a tool spelled it.
+fn normalize(p: &Path) -> PathBuf {
+    p.components().filter(|c| *c != Component::CurDir).collect()
+}
+
+/// Writes one line as sha256sum/b3sum do: `HEX  NAME`, with a leading backslash and `\\`,
+/// `\n` escapes when the name holds a backslash or a newline (sha256sum also escapes a
+/// carriage return; b3sum 1.x does not unescape one, so it is left raw for BLAKE3).
+pub fn format_line(digest: &Digest, path: &[u8]) -> Vec<u8> {
+    let cr = digest.algo == Algo::Sha256;
+    let needs = path
+        .iter()
+        .any(|&b| b == b'\\' || b == b'\n' || (cr && b == b'\r'));
+    let mut out = Vec::with_capacity(path.len() + 70);
+    if needs {
+        out.push(b'\\');
+    }
+    out.extend_from_slice(digest.hex().as_bytes());
+    out.extend_from_slice(b"  ");
+    for &b in path {
+        match b {
+            b'\\' if needs => out.extend_from_slice(b"\\\\"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' if cr => out.extend_from_slice(b"\\r"),
+            b => out.push(b),
+        }
+    }
+    out.push(b'\n');
+    out
+}
+
+/// Reads a manifest in any of the formats intact knows. `algo` says which algorithm 64-hex
+/// digests are (sha256sum and b3sum lines look alike); BSD lines and hashdeep headers name
+/// their own.
+pub fn parse(data: &[u8], algo: Algo) -> Parsed {
+    let mut out = Parsed::default();
+    let mut hashdeep: Option<HashdeepColumns> = None;
+    for (i, raw) in data.split(|&b| b == b'\n').enumerate() {
+        let line = raw.strip_suffix(b"\r").unwrap_or(raw);
+        if line.is_empty() {
+            continue;
+        }
+        let result = if line.starts_with(b"%%%% ") {
+            match HashdeepColumns::from_header(&line[5..]) {
+                Some(cols) => {
+                    hashdeep = Some(cols);
+                    continue;
+                }
+                None if line.starts_with(b"%%%% HASHDEEP") => continue,
+                None => Err("hashdeep header without a sha256 column".to_string()),
+            }
+        } else if line.starts_with(b"#") || line.starts_with(b";") {
+            // Comments: hashdeep's `##` lines, rhash's and SFV's `;`.
+            continue;
+        } else if let Some(cols) = &hashdeep {
+            cols.parse(line)
+        } else {
+            parse_line(line, algo)
+        };
+        match result {
+            Ok(entry) => out.entries.push(entry),
+            Err(why) => out.bad.push(BadLine { line: i + 1, why }),
+        }
+    }
+    out
+}
+
+/// `HEX  NAME`, `HEX *NAME` (binary mode), or BSD `ALGO (NAME) = HEX`; an escaped line
+/// starts with a backslash.
+fn parse_line(line: &[u8], algo: Algo) -> Result<Entry, String> {
+    let (escaped, line) = match line.strip_prefix(b"\\") {
+        Some(rest) => (true, rest),
+        None => (false, line),
+    };
+    if let Some(entry) = parse_bsd(line, escaped)? {
+        return Ok(entry);
+    }
+    if line.len() < 66 {
+        return Err("too short for a digest and a name".into());
+    }
+    let (hex, rest) = line.split_at(64);
+    let digest = hex_digest(algo, hex)?;
+    let name = match rest {
+        [b' ', b' ' | b'*', name @ ..] if !name.is_empty() => name,
+        _ => return Err("expected two characters (\"  \" or \" *\") after the digest".into()),
+    };
+    Ok(Entry {
+        digest,
+        path: if escaped {
+            unescape(name)?
+        } else {
+            name.to_vec()
+        },
+    })
+}
+
+/// `SHA256 (name) = hex` as `sha256sum --tag`, `b3sum`-style tools and `rhash --bsd` write.
+fn parse_bsd(line: &[u8], escaped: bool) -> Result<Option<Entry>, String> {
+    let Some(open) = line.iter().position(|&b| b == b'(') else {
+        return Ok(None);
+    };
+    let algo = match &line[..open] {
+        b"SHA256 " | b"SHA-256 " => Algo::Sha256,
+        b"BLAKE3 " => Algo::Blake3,
+        _ => return Ok(None),
+    };
+    let Some(close) = line.windows(4).rposition(|w| w == b") = ") else {
+        return Err("BSD line without \") = \"".into());
+    };
+    if close < open + 1 {
+        return Err("BSD line with an empty name".into());
+    }
+    let name = &line[open + 1..close];
+    let digest = hex_digest(algo, &line[close + 4..])?;
+    Ok(Some(Entry {
+        digest,
+        path: if escaped {
+            unescape(name)?
+        } else {
+            name.to_vec()
+        },
+    }))
+}
+
+fn hex_digest(algo: Algo, hex: &[u8]) -> Result<Digest, String> {
+    let mut bytes = [0u8; 32];
+    if hex.len() != 64 || hex::decode_to_slice(hex, &mut bytes).is_err() {
+        return Err("not a 64-digit hex digest".into());
+    }
+    Ok(Digest { algo, bytes })
+}
+
+/// Reverses coreutils' escaping: `\\` → `\`, `\n` → newline, `\r` → carriage return.
+fn unescape(name: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(name.len());
+    let mut it = name.iter();
+    while let Some(&b) = it.next() {
+        if b != b'\\' {
+            out.push(b);
+            continue;
+        }
+        match it.next() {
+            Some(b'\\') => out.push(b'\\'),
+            Some(b'n') => out.push(b'\n'),
+            Some(b'r') => out.push(b'\r'),
+            _ => return Err("bad escape in name".into()),
+        }
+    }
+    Ok(out)
+}
+
+/// Where hashdeep put the digest and the name, from its `%%%% size,md5,sha256,filename` line.
+struct HashdeepColumns {
+    digest: usize,
+    count: usize,
+}
+
+impl HashdeepColumns {
+    fn from_header(cols: &[u8]) -> Option<Self> {
+        let names: Vec<&[u8]> = cols.split(|&b| b == b',').collect();
+        if names.last() != Some(&&b"filename"[..]) {
+            return None;
+        }
+        let digest = names.iter().position(|&n| n == b"sha256")?;
+        Some(HashdeepColumns {
+            digest,
+            count: names.len(),
+        })
+    }
+
+    fn parse(&self, line: &[u8]) -> Result<Entry, String> {
+        // The name is the last column and may itself hold commas.
+        let fields: Vec<&[u8]> = line.splitn(self.count, |&b| b == b',').collect();
+        if fields.len() != self.count {
+            return Err(format!(
+                "{} columns instead of {}",
+                fields.len(),
+                self.count
+            ));
+        }
+        Ok(Entry {
+            digest: hex_digest(Algo::Sha256, fields[self.digest])?,
+            path: fields[self.count - 1].to_vec(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::digest::digest_bytes;
+
+    fn d(algo: Algo) -> Digest {
+        digest_bytes(algo, b"x")
+    }
+
+    #[test]
+    fn plain_names_are_written_as_sha256sum_does() {
+        let line = format_line(&d(Algo::Sha256), b"dir/a b.txt");
+        assert_eq!(
+            line,
+            format!("{}  dir/a b.txt\n", d(Algo::Sha256).hex()).into_bytes()
+        );
+    }
+
+    #[test]
+    fn odd_names_are_escaped_and_read_back() {
+        for algo in [Algo::Sha256, Algo::Blake3] {
+            for name in [
+                &b"back\\slash"[..],
+                b"new\nline",
+                b"cr\rret",
+                b"bad\xe9",
+                b"sp ace",
+                b"*star",
+            ] {
+                let line = format_line(&d(algo), name);
+                assert_eq!(line.iter().filter(|&&b| b == b'\n').count(), 1, "{line:?}");
+                let parsed = parse(&line, algo);
+                assert_eq!(parsed.bad, vec![]);
+                assert_eq!(
+                    parsed.entries,
+                    vec![Entry {
+                        digest: d(algo),
+                        path: name.to_vec()
+                    }]
+                );
+            }
+        }
+        let hex = d(Algo::Sha256).hex();
+        assert_eq!(
+            format_line(&d(Algo::Sha256), b"a\\b"),
+            format!("\\{hex}  a\\\\b\n").into_bytes()
+        );
+        assert_eq!(
+            format_line(&d(Algo::Sha256), b"a\rb"),
+            format!("\\{hex}  a\\rb\n").into_bytes()
+        );
+        let b3 = d(Algo::Blake3).hex();
+        assert_eq!(
+            format_line(&d(Algo::Blake3), b"a\rb"),
+            format!("{b3}  a\rb\n").into_bytes()
+        );
+    }
+
+    #[test]
+    fn reads_binary_mode_bsd_and_hashdeep() {
+        let hex = d(Algo::Sha256).hex();
+        let text = format!(
+            "{hex} *bin.dat\nSHA256 (tag (1).txt) = {hex}\n\\SHA256 (back\\\\slash) = {hex}\nBLAKE3 (b3) = {}\n",
+            d(Algo::Blake3).hex()
+        );
+        let p = parse(text.as_bytes(), Algo::Sha256);
+        assert_eq!(p.bad, vec![]);
+        let paths: Vec<&[u8]> = p.entries.iter().map(|e| e.path.as_slice()).collect();
+        assert_eq!(
+            paths,
+            [&b"bin.dat"[..], b"tag (1).txt", b"back\\slash", b"b3"]
+        );
+        assert_eq!(p.entries[3].digest.algo, Algo::Blake3);
+
+        let hashdeep = format!(
+            "%%%% HASHDEEP-1.0\n%%%% size,md5,sha256,filename\n## Invoked from: /x\n## $ hashdeep\n## \n\
+             1,00112233445566778899aabbccddeeff,{hex},/x/a,b.txt\n"
+        );
+        let p = parse(hashdeep.as_bytes(), Algo::Sha256);
+        assert_eq!(p.bad, vec![]);
+        assert_eq!(
+            p.entries,
+            vec![Entry {
+                digest: d(Algo::Sha256),
+                path: b"/x/a,b.txt".to_vec()
+            }]
+        );
+    }
+
+    #[test]
+    fn garbage_is_reported_by_line_and_never_panics() {
+        let hex = d(Algo::Sha256).hex();
+        let text = format!(
+            "nonsense\n{hex}\n{}  short-digest\n\\{hex}  bad\\escape\n{hex}  good\n",
+            &hex[..60]
+        );
+        let p = parse(text.as_bytes(), Algo::Sha256);
+        assert_eq!(p.entries.len(), 1);
+        assert_eq!(
+            p.bad.iter().map(|b| b.line).collect::<Vec<_>>(),
+            [1, 2, 3, 4]
+        );
+        for junk in [
+            &b"SHA256 ("[..],
+            b"SHA256 () = ",
+            b"%%%% ,",
+            b"\\",
+            b"\xff\xfe",
+            b"%%%% filename\n1",
+        ] {
+            let _ = parse(junk, Algo::Blake3);
+        }
+    }
+}
