@@ -1,0 +1,458 @@
+//! Meeting other tools where they are: their tags written and read back byte for byte,
+//! manifests round-tripped through sha256sum, b3sum, rhash and hashdeep.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use sha2::Digest as _;
+
+fn sha256(data: &[u8]) -> [u8; 32] {
+    sha2::Sha256::digest(data).into()
+}
+
+/// A tree with the names that break naive manifests.
+fn odd_tree(with_invalid_utf8: bool) -> (Tree, Vec<PathBuf>) {
+    let t = Tree::new();
+    let mut files = vec![
+        t.write("plain.txt", b"plain"),
+        t.write("with space.txt", b"space"),
+        t.write("back\\slash.txt", b"backslash"),
+        t.write("new\nline.txt", b"newline"),
+        t.write("sub/dir/deep.bin", data(300_000, 5)),
+    ];
+    if with_invalid_utf8 {
+        let p = t.root().join(OsStr::from_bytes(b"caf\xe9.txt"));
+        fs::write(&p, b"latin-1").unwrap();
+        files.push(p);
+    }
+    (t, files)
+}
+
+/// Runs a stock tool in `dir`; returns (exit code, stdout+stderr).
+fn stock(dir: &Path, program: &str, args: &[&str]) -> (i32, String) {
+    let out = Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{program} is needed for this test (.ci/run installs it): {e}"));
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn export_passes_sha256sum_and_fails_after_damage() {
+    let (t, files) = odd_tree(true);
+    intact(["tag".as_ref(), t.root().as_os_str()]).expect_code(0);
+    let manifest = t.path("SHA256SUMS");
+    let r = intact([
+        "export".as_ref(),
+        "-o".as_ref(),
+        manifest.as_os_str(),
+        t.root().as_os_str(),
+    ])
+    .expect_code(0);
+    assert_eq!(r.stdout, "", "the manifest went to the file");
+    let text = fs::read(&manifest).unwrap();
+    assert_eq!(
+        text.split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .count(),
+        files.len()
+    );
+    assert!(
+        text.windows(2).any(|w| w == b"\\\\"),
+        "backslash not escaped"
+    );
+    assert!(
+        !text.windows(3).any(|w| w == b"\\SH"),
+        "manifest lists itself"
+    );
+
+    let (code, out) = stock(t.root(), "sha256sum", &["-c", "SHA256SUMS"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out.matches(": OK").count(), files.len(), "{out}");
+
+    flip_byte(&t.path("sub/dir/deep.bin"), 1000);
+    let (code, out) = stock(t.root(), "sha256sum", &["-c", "SHA256SUMS"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("sub/dir/deep.bin: FAILED"), "{out}");
+}
+
+#[test]
+fn export_blake3_passes_b3sum_and_fails_after_damage() {
+    // b3sum cannot check names that are not UTF-8, so none here.
+    let (t, files) = odd_tree(false);
+    intact([
+        "tag".as_ref(),
+        "--algo".as_ref(),
+        "blake3".as_ref(),
+        t.root().as_os_str(),
+    ])
+    .expect_code(0);
+    let r = intact([
+        "export".as_ref(),
+        "--algo".as_ref(),
+        "blake3".as_ref(),
+        t.root().as_os_str(),
+    ])
+    .expect_code(0);
+    fs::write(t.path("B3SUMS"), &r.stdout).unwrap();
+    let (code, out) = stock(t.root(), "b3sum", &["-c", "B3SUMS"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out.matches(": OK").count(), files.len(), "{out}");
+    flip_byte(&t.path("with space.txt"), 0);
+    let (code, out) = stock(t.root(), "b3sum", &["-c", "B3SUMS"]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("with space.txt: FAILED"), "{out}");
+}
+
+#[test]
+fn export_reads_no_data_and_leaves_out_stale_tags() {
+    let t = Tree::new();
+    t.write("same", b"unchanged");
+    let edited = t.write("edited", b"before");
+    intact(["tag".as_ref(), t.root().as_os_str()]).expect_code(0);
+    let (sec, nsec) = mtime(&edited);
+    fs::write(&edited, b"after").unwrap();
+    set_mtime(&edited, (sec + 5, nsec));
+    t.write("untagged", b"x");
+    let r = intact(["export".as_ref(), "--json".as_ref(), t.root().as_os_str()]);
+    // JSON and the manifest would share stdout: per-file reports go to stderr for export.
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [format!("{}  same", hex::encode(sha256(b"unchanged")))]
+    );
+    let reports: Vec<serde_json::Value> = r
+        .stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let summary = reports.last().unwrap();
+    assert_eq!(summary["bytes"], 0);
+    assert_eq!(summary["counts"]["modified"], 1);
+    assert_eq!(summary["counts"]["new"], 1);
+}
+
+#[test]
+fn import_manifests_from_stock_tools() {
+    let sha_tools: [(&str, &[&str]); 4] = [
+        (
+            "sha256sum",
+            &[
+                "sha256sum",
+                "plain.txt",
+                "with space.txt",
+                "back\\slash.txt",
+                "sub/dir/deep.bin",
+            ],
+        ),
+        (
+            "sha256sum --tag",
+            &[
+                "sha256sum",
+                "--tag",
+                "plain.txt",
+                "with space.txt",
+                "sub/dir/deep.bin",
+            ],
+        ),
+        // rhash takes a backslash for a path separator and neither it nor hashdeep escapes
+        // a newline, so their manifests cannot hold those names in the first place.
+        (
+            "rhash",
+            &[
+                "rhash",
+                "--sha256",
+                "plain.txt",
+                "with space.txt",
+                "sub/dir/deep.bin",
+            ],
+        ),
+        (
+            "hashdeep",
+            &[
+                "hashdeep",
+                "-c",
+                "md5,sha256",
+                "-l",
+                "plain.txt",
+                "with space.txt",
+                "sub/dir/deep.bin",
+            ],
+        ),
+    ];
+    for (name, cmd) in sha_tools {
+        let (t, _) = odd_tree(false);
+        let out = Command::new(cmd[0])
+            .args(&cmd[1..])
+            .current_dir(t.root())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let manifest = t.path("manifest.txt");
+        fs::write(&manifest, &out.stdout).unwrap();
+        flip_byte(&t.path("plain.txt"), 1);
+        let r = intact(["import".as_ref(), "--json".as_ref(), manifest.as_os_str()]).expect_code(1);
+        let j = r.json();
+        assert_eq!(j.status("plain.txt"), "mismatch", "{name}");
+        assert!(
+            getxattr(&t.path("plain.txt"), TAG).is_none(),
+            "{name}: tagged a mismatch"
+        );
+        assert_eq!(j.file("deep.bin")["action"], "tagged", "{name}");
+        assert_eq!(j.file("with space.txt")["action"], "tagged", "{name}");
+        // What was imported now checks out from the xattrs alone.
+        let c = intact([
+            "check".as_ref(),
+            "--json".as_ref(),
+            t.path("sub").as_os_str(),
+        ])
+        .expect_code(0)
+        .json();
+        assert_eq!(c.status("deep.bin"), "ok");
+    }
+    // b3sum manifests need --algo blake3: the lines look like sha256sum's.
+    let (t, _) = odd_tree(false);
+    let out = Command::new("b3sum")
+        .args(["plain.txt", "new\nline.txt", "back\\slash.txt"])
+        .current_dir(t.root())
+        .output()
+        .unwrap();
+    fs::write(t.path("B3SUMS"), &out.stdout).unwrap();
+    let j = intact([
+        "import".as_ref(),
+        "--algo".as_ref(),
+        "blake3".as_ref(),
+        "--json".as_ref(),
+        t.path("B3SUMS").as_os_str(),
+    ])
+    .expect_code(0)
+    .json();
+    assert_eq!(j.count("ok"), 3);
+    let tag = String::from_utf8(getxattr(&t.path("new\nline.txt"), TAG).unwrap()).unwrap();
+    assert!(tag.starts_with("v=1 blake3="), "{tag}");
+}
+
+#[test]
+fn check_against_a_manifest_without_xattrs() {
+    let (t, files) = odd_tree(true);
+    intact(["tag".as_ref(), t.root().as_os_str()]).expect_code(0);
+    let manifest = t.path("../manifest-for-check");
+    intact([
+        "export".as_ref(),
+        "-o".as_ref(),
+        manifest.as_os_str(),
+        t.root().as_os_str(),
+    ])
+    .expect_code(0);
+    // A copy on media without xattrs: strip them all.
+    intact(["strip".as_ref(), t.root().as_os_str()]).expect_code(0);
+    let check = |code| {
+        intact([
+            "check".as_ref(),
+            "--manifest".as_ref(),
+            manifest.as_os_str(),
+            "--json".as_ref(),
+            t.root().as_os_str(),
+        ])
+        .expect_code(code)
+        .json()
+    };
+    let j = check(0);
+    assert_eq!(j.count("ok"), files.len() as u64);
+    assert_eq!(j.file("plain.txt")["format"], "manifest");
+
+    flip_byte(&t.path("with space.txt"), 0);
+    fs::remove_file(t.path("plain.txt")).unwrap();
+    t.write("extra.txt", b"not listed");
+    let j = check(1);
+    assert_eq!(j.status("with space.txt"), "mismatch");
+    assert_eq!(j.status("plain.txt"), "missing");
+    assert_eq!(j.status("extra.txt"), "new");
+    // A later edit (mtime after the manifest was written) is an edit, not damage.
+    let later = fs::metadata(&manifest).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    set_mtime(&t.path("with space.txt"), (later.mtime() + 100, 0));
+    let j = check(3);
+    assert_eq!(j.status("with space.txt"), "modified");
+    assert_eq!(j.count("missing"), 1);
+    let _ = fs::remove_file(manifest);
+}
+
+#[test]
+fn compat_tags_are_written_byte_exact_and_stripped() {
+    let t = Tree::new();
+    let body = b"interoperable".as_slice();
+    let p = t.write("f", body);
+    set_mtime(&p, (1_600_000_000, 42));
+    intact([
+        "tag".as_ref(),
+        "--compat".as_ref(),
+        "shatag,dintch".as_ref(),
+        t.root().as_os_str(),
+    ])
+    .expect_code(0);
+    let digest = sha256(body);
+    assert_eq!(
+        getxattr(&p, "user.shatag.sha256").unwrap(),
+        hex::encode(digest).into_bytes()
+    );
+    assert_eq!(
+        getxattr(&p, "user.shatag.ts").unwrap(),
+        b"1600000000.000000042"
+    );
+    assert_eq!(
+        getxattr(&p, "user.co.eclecticlight.dintch.hash").unwrap(),
+        digest
+    );
+    assert!(getxattr(&p, "user.co.eclecticlight.dintch.hash#S").is_none());
+    assert_eq!(mtime(&p), (1_600_000_000, 42), "tagging moved the mtime");
+
+    // Each tag on its own checks the file: remove intact's and the others still work.
+    intact(["strip".as_ref(), t.root().as_os_str()]).expect_code(0);
+    let j = intact(["check".as_ref(), "--json".as_ref(), t.root().as_os_str()])
+        .expect_code(0)
+        .json();
+    assert_eq!(j.file("f")["format"], "shatag");
+
+    let r = intact([
+        "strip".as_ref(),
+        "--compat".as_ref(),
+        "shatag,dintch".as_ref(),
+        "--json".as_ref(),
+        t.root().as_os_str(),
+    ]);
+    assert_eq!(r.expect_code(0).json().file("f")["action"], "removed");
+    for attr in [
+        "user.shatag.sha256",
+        "user.shatag.ts",
+        "user.co.eclecticlight.dintch.hash",
+    ] {
+        assert!(getxattr(&p, attr).is_none(), "{attr} left behind");
+    }
+}
+
+#[test]
+fn compat_tags_for_tagged_files_need_no_read_and_blake3_files_get_sha256() {
+    let t = Tree::new();
+    let a = t.write("a", data(2_000_000, 7));
+    let b = t.write("b", b"blake3 tagged");
+    intact(["tag".as_ref(), a.as_os_str()]).expect_code(0);
+    intact([
+        "tag".as_ref(),
+        "--algo".as_ref(),
+        "blake3".as_ref(),
+        b.as_os_str(),
+    ])
+    .expect_code(0);
+    let j = intact([
+        "tag".as_ref(),
+        "--compat".as_ref(),
+        "shatag".as_ref(),
+        "--json".as_ref(),
+        a.as_os_str(),
+    ])
+    .expect_code(0)
+    .json();
+    assert_eq!(j.summary["bytes"], 0);
+    assert_eq!(j.file("a")["action"], "tagged");
+    assert_eq!(
+        getxattr(&a, "user.shatag.sha256").unwrap(),
+        hex::encode(sha256(&data(2_000_000, 7))).into_bytes()
+    );
+    // A BLAKE3-tagged file needs its SHA-256 computed: update reads it once for both.
+    let j = intact([
+        "update".as_ref(),
+        "--compat".as_ref(),
+        "dintch".as_ref(),
+        "--json".as_ref(),
+        b.as_os_str(),
+    ])
+    .expect_code(0)
+    .json();
+    assert_eq!(j.file("b")["action"], "tagged");
+    assert_eq!(
+        getxattr(&b, "user.co.eclecticlight.dintch.hash").unwrap(),
+        sha256(b"blake3 tagged")
+    );
+    let tag = String::from_utf8(getxattr(&b, TAG).unwrap()).unwrap();
+    assert!(
+        tag.starts_with("v=1 blake3="),
+        "intact's own tag changed: {tag}"
+    );
+    // The compat variable sets the default.
+    let c = t.write("c", b"env");
+    let out = Command::new(bin())
+        .env("INTACT_COMPAT", "shatag")
+        .arg("tag")
+        .arg(&c)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(getxattr(&c, "user.shatag.sha256").is_some());
+}
+
+#[test]
+fn disagreeing_tags_are_a_conflict_until_settled() {
+    let t = Tree::new();
+    let p = t.write("f", b"current data");
+    intact(["tag".as_ref(), p.as_os_str()]).expect_code(0);
+    // An old shatag from before an edit, still on the file.
+    setxattr(
+        &p,
+        "user.shatag.sha256",
+        hex::encode(sha256(b"older data")).as_bytes(),
+    );
+    let (sec, nsec) = mtime(&p);
+    setxattr(
+        &p,
+        "user.shatag.ts",
+        format!("{sec:010}.{nsec:09}").as_bytes(),
+    );
+
+    let r = intact(["check".as_ref(), p.as_os_str()]).expect_code(3);
+    assert!(r.stdout.starts_with("conflict "), "{}", r.stdout);
+    assert!(
+        r.stdout
+            .contains("the intact tag matches the data, the shatag tag does not agree"),
+        "{}",
+        r.stdout
+    );
+
+    // Damage wins over a conflict: flip a byte and it is corrupt, exit 1.
+    flip_byte(&p, 0);
+    let j = intact(["check".as_ref(), "--json".as_ref(), p.as_os_str()])
+        .expect_code(1)
+        .json();
+    assert_eq!(j.status("f"), "corrupt");
+    flip_byte(&p, 0);
+
+    // update alone cannot settle it, and says how.
+    let r = intact(["update".as_ref(), p.as_os_str()]).expect_code(3);
+    assert!(r.stdout.contains("--compat shatag"), "{}", r.stdout);
+    // update --compat shatag rewrites the stale tag; then all is well.
+    intact([
+        "update".as_ref(),
+        "--compat".as_ref(),
+        "shatag".as_ref(),
+        p.as_os_str(),
+    ])
+    .expect_code(0);
+    assert_eq!(
+        getxattr(&p, "user.shatag.sha256").unwrap(),
+        hex::encode(sha256(b"current data")).into_bytes()
+    );
+    intact(["check".as_ref(), p.as_os_str()]).expect_code(0);
+}
