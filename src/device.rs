@@ -11,16 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use crossbeam_channel::{Receiver, Sender, bounded};
 
-/// Whether the block device `dev` rotates, as the kernel reports it
-/// (`/sys/dev/block/MAJOR:MINOR/queue/rotational`, or the parent disk's for a partition).
-/// `None` when it cannot tell (network and RAM file systems, no sysfs).
-pub fn is_rotational(dev: u64) -> Option<bool> {
-    let base = format!("/sys/dev/block/{}:{}", libc::major(dev), libc::minor(dev));
-    ["queue/rotational", "../queue/rotational"]
-        .iter()
-        .find_map(|rel| std::fs::read_to_string(format!("{base}/{rel}")).ok())
-        .map(|s| s.trim() == "1")
-}
+use crate::sys;
 
 /// A one-at-a-time pass for a device's uncached reads. Unlike a `MutexGuard`, a [`Pass`] may
 /// be taken on one thread and returned on another (the overlapped reader's).
@@ -72,7 +63,9 @@ impl Gates {
     pub fn for_dev(&self, dev: u64) -> Option<Arc<Gate>> {
         let mut map = self.by_dev.lock().unwrap_or_else(|e| e.into_inner());
         map.entry(dev)
-            .or_insert_with(|| (is_rotational(dev) == Some(true)).then(|| Arc::new(Gate::new())))
+            .or_insert_with(|| {
+                (sys::is_rotational(dev) == Some(true)).then(|| Arc::new(Gate::new()))
+            })
             .clone()
     }
 }

@@ -8,7 +8,6 @@ use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::fmt;
 use std::fs::File;
 use std::io;
-use std::os::fd::AsFd;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -16,6 +15,7 @@ use sha2::Digest as _;
 
 use crate::device::{Gate, Pass};
 use crate::mapped::{self, Map};
+use crate::sys;
 
 /// A digest algorithm intact can tag with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -213,7 +213,7 @@ pub fn hash_file(
 ) -> Result<(Vec<Digest>, u64), HashError> {
     let mut hashers: Vec<Hasher> = algos.iter().map(|&a| Hasher::new(a)).collect();
     if opts.drop_cache {
-        let _ = rustix::fs::fadvise(file.as_fd(), 0, None, rustix::fs::Advice::Sequential);
+        sys::advise_sequential(file);
     }
     let mut reader = ChunkReader {
         file,
@@ -334,16 +334,10 @@ impl ChunkReader<'_, '_> {
                 return Err(HashError::Interrupted);
             }
             if let (Some(gate), None) = (self.opts.gate, &self.pass) {
-                let mut slices = [io::IoSliceMut::new(buf)];
-                match rustix::io::preadv2(
-                    self.file,
-                    &mut slices,
-                    self.total,
-                    rustix::io::ReadWriteFlags::NOWAIT,
-                ) {
-                    Ok(n) if n > 0 || self.total >= self.size => return Ok(self.advance(n)),
-                    Err(rustix::io::Errno::INTR) => continue,
-                    // Not cached (or no RWF_NOWAIT here): from now on, this file holds the disk.
+                match sys::read_cached(self.file, buf, self.total) {
+                    Some(Ok(n)) if n > 0 || self.total >= self.size => return Ok(self.advance(n)),
+                    Some(Err(e)) => return Err(HashError::Io(e)),
+                    // Not cached: from now on, this file holds the disk.
                     _ => self.pass = Some(gate.enter()),
                 }
             }
@@ -372,20 +366,9 @@ impl ChunkReader<'_, '_> {
 
     fn drop_read_pages(&mut self) {
         if self.opts.drop_cache {
-            drop_pages(self.file, self.dropped, self.total - self.dropped);
+            sys::drop_pages(self.file, self.dropped, self.total - self.dropped);
             self.dropped = self.total;
         }
-    }
-}
-
-fn drop_pages(file: &File, offset: u64, len: u64) {
-    if let Some(len) = std::num::NonZeroU64::new(len) {
-        let _ = rustix::fs::fadvise(
-            file.as_fd(),
-            offset,
-            Some(len),
-            rustix::fs::Advice::DontNeed,
-        );
     }
 }
 

@@ -406,8 +406,8 @@ impl Meta {
         let regular =
             rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile;
         let meta = Meta {
-            dev: st.st_dev,
-            ino: st.st_ino,
+            dev: st.st_dev as u64,
+            ino: st.st_ino as u64,
             size: st.st_size as u64,
             mtime: Timestamp {
                 sec: st.st_mtime,
@@ -906,7 +906,7 @@ fn open(path: &Path) -> io::Result<File> {
     // O_NONBLOCK keeps a FIFO swapped in after the walk from blocking the open.
     let flags =
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
-    let fd = match rustix::fs::open(path, flags | OFlags::NOATIME, Mode::empty()) {
+    let fd = match rustix::fs::open(path, flags | crate::sys::noatime(), Mode::empty()) {
         // O_NOATIME is only for the file's owner (or root).
         Err(rustix::io::Errno::PERM) => rustix::fs::open(path, flags, Mode::empty())?,
         other => other?,

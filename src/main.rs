@@ -213,7 +213,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
     } = job;
     let verb = config.verb;
     if common.speed == Speed::Background {
-        for e in intact::priority::background() {
+        for e in intact::sys::lowest_priority() {
             eprintln!("intact: warning: could not lower priority: {e}");
         }
     }

@@ -14,6 +14,8 @@ use std::ptr;
 use std::sync::Once;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use crate::sys;
+
 /// How much of a file is mapped at a time: bounds address space and RSS per worker.
 pub const WINDOW: usize = 64 << 20;
 
@@ -119,7 +121,7 @@ impl Map {
                 len,
                 libc::PROT_READ,
                 if populate {
-                    libc::MAP_SHARED | libc::MAP_POPULATE
+                    libc::MAP_SHARED | sys::MAP_POPULATE
                 } else {
                     libc::MAP_SHARED
                 },
@@ -155,12 +157,10 @@ impl Map {
     /// quarter of the hashing, and a large file is rarely cached in patches finer than that.
     pub fn resident(&self) -> bool {
         const STRIDE: usize = 1 << 20;
-        (0..self.len).step_by(STRIDE).all(|off| {
-            let mut v = 0u8;
-            // SAFETY: one page inside the map, one byte of result.
-            let ok = unsafe { libc::mincore(self.addr.byte_add(off), 1, &mut v) } == 0;
-            ok && v & 1 == 1
-        })
+        // SAFETY: page-aligned offsets inside the live map.
+        (0..self.len)
+            .step_by(STRIDE)
+            .all(|off| unsafe { sys::page_resident(self.addr.byte_add(off)) })
     }
 }
 

@@ -1,0 +1,147 @@
+//! The few calls that differ between Linux and macOS, in one place. Linux gets the real
+//! thing; elsewhere each degrades to what is safe (no advice, no cache probe).
+
+use std::fs::File;
+use std::io;
+
+/// Tells the kernel the file will be read once, front to back.
+pub fn advise_sequential(file: &File) {
+    #[cfg(target_os = "linux")]
+    let _ = rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::Sequential);
+    #[cfg(not(target_os = "linux"))]
+    let _ = file;
+}
+
+/// Drops a range already read from the page cache.
+pub fn drop_pages(file: &File, offset: u64, len: u64) {
+    #[cfg(target_os = "linux")]
+    if let Some(len) = std::num::NonZeroU64::new(len) {
+        let _ = rustix::fs::fadvise(file, offset, Some(len), rustix::fs::Advice::DontNeed);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, offset, len);
+}
+
+/// Reads at `offset` only what the page cache holds (`preadv2` with `RWF_NOWAIT`):
+/// `Some(n)` bytes, or `None` when that would wait for the device or is not supported.
+pub fn read_cached(file: &File, buf: &mut [u8], offset: u64) -> Option<io::Result<usize>> {
+    #[cfg(target_os = "linux")]
+    loop {
+        let mut slices = [io::IoSliceMut::new(buf)];
+        let flags = rustix::io::ReadWriteFlags::NOWAIT;
+        match rustix::io::preadv2(file, &mut slices, offset, flags) {
+            Ok(n) => return Some(Ok(n)),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(
+                rustix::io::Errno::AGAIN | rustix::io::Errno::NOSYS | rustix::io::Errno::OPNOTSUPP,
+            ) => {
+                return None;
+            }
+            Err(e) => return Some(Err(e.into())),
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (file, buf, offset);
+        None
+    }
+}
+
+/// Extra open flags: do not update the access time (owner or root only; callers retry
+/// without on `EPERM`).
+pub fn noatime() -> rustix::fs::OFlags {
+    #[cfg(target_os = "linux")]
+    return rustix::fs::OFlags::NOATIME;
+    #[cfg(not(target_os = "linux"))]
+    return rustix::fs::OFlags::empty();
+}
+
+/// `mmap` flag that fills the page tables up front.
+#[cfg(target_os = "linux")]
+pub const MAP_POPULATE: libc::c_int = libc::MAP_POPULATE;
+/// `mmap` flag that fills the page tables up front (none here).
+#[cfg(not(target_os = "linux"))]
+pub const MAP_POPULATE: libc::c_int = 0;
+
+/// Whether the page at `addr` is in the page cache.
+///
+/// # Safety
+/// `addr` must be page-aligned and inside a live mapping.
+pub unsafe fn page_resident(addr: *mut libc::c_void) -> bool {
+    let mut v = 0;
+    // SAFETY: one page of a live mapping (the caller's promise), one byte of result.
+    let ok = unsafe { libc::mincore(addr as _, 1, &mut v) } == 0;
+    ok && v & 1 == 1
+}
+
+/// Whether the block device `dev` rotates, as Linux's sysfs says (for a partition, its disk's).
+/// `None` when it cannot tell (network and RAM file systems, no sysfs, not Linux).
+pub fn is_rotational(dev: u64) -> Option<bool> {
+    #[cfg(target_os = "linux")]
+    {
+        let base = format!("/sys/dev/block/{}:{}", libc::major(dev), libc::minor(dev));
+        ["queue/rotational", "../queue/rotational"]
+            .iter()
+            .find_map(|rel| std::fs::read_to_string(format!("{base}/{rel}")).ok())
+            .map(|s| s.trim() == "1")
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = dev;
+        None
+    }
+}
+
+/// Lowest CPU and I/O priority for this thread and those it starts later: nice 19 and, on
+/// Linux, `SCHED_IDLE` and the idle I/O class. Returns what could not be set.
+pub fn lowest_priority() -> Vec<io::Error> {
+    let mut failed = Vec::new();
+    // SAFETY: plain syscalls on the calling thread with valid arguments.
+    unsafe {
+        if libc::setpriority(libc::PRIO_PROCESS, 0, 19) != 0 {
+            failed.push(io::Error::last_os_error());
+        }
+        #[cfg(target_os = "linux")]
+        {
+            let param = libc::sched_param { sched_priority: 0 };
+            if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
+                failed.push(io::Error::last_os_error());
+            }
+            // ioprio_set(IOPRIO_WHO_PROCESS, 0, IOPRIO_PRIO_VALUE(IOPRIO_CLASS_IDLE, 0))
+            const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+            const IOPRIO_CLASS_IDLE: libc::c_int = 3;
+            const IOPRIO_CLASS_SHIFT: libc::c_int = 13;
+            let prio = IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT;
+            if libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, prio) != 0 {
+                failed.push(io::Error::last_os_error());
+            }
+        }
+    }
+    failed
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    #[test]
+    fn lowest_priority_is_inherited_by_later_threads() {
+        std::thread::spawn(|| {
+            assert!(super::lowest_priority().is_empty());
+            // SAFETY: plain queries of the calling thread.
+            let (nice, policy) = unsafe {
+                (
+                    libc::getpriority(libc::PRIO_PROCESS, 0),
+                    libc::sched_getscheduler(0),
+                )
+            };
+            assert_eq!(nice, 19);
+            assert_eq!(policy, libc::SCHED_IDLE);
+            // SAFETY: as above, in a thread started afterwards.
+            let child = std::thread::spawn(|| unsafe { libc::sched_getscheduler(0) })
+                .join()
+                .unwrap();
+            assert_eq!(child, libc::SCHED_IDLE);
+        })
+        .join()
+        .unwrap();
+    }
+}
