@@ -89,8 +89,10 @@ pub enum Command {
         paths: Paths,
         #[command(flatten)]
         common: Common,
-        #[command(flatten)]
-        compat: Compat,
+        /// Also remove these tools' tags: shatag, dintch (INTACT_COMPAT does not apply here:
+        /// removing is never a default)
+        #[arg(long, value_enum, value_delimiter = ',', value_name = "FORMATS")]
+        compat: Vec<CompatArg>,
     },
     /// Print each file's stored tag and what a check would expect, without reading data
     Show {

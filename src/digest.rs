@@ -268,11 +268,33 @@ fn mapped(
         };
         feed(map.bytes());
         if map.faulted() {
-            return Ok(true);
+            drop(map);
+            return match first_read_error(reader.file, reader.total, len) {
+                // The device could not deliver a page: that is an I/O error, not a change.
+                Some(e) => Err(HashError::Io(e)),
+                // The pages went with a truncation: the short count reports the change.
+                None => Ok(true),
+            };
         }
         reader.total += len as u64;
     }
     Ok(true)
+}
+
+/// Reads a window that faulted through its map again with `pread`, to tell a device error
+/// (which the map also signals with SIGBUS) from a truncation.
+fn first_read_error(file: &File, offset: u64, len: usize) -> Option<io::Error> {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut at = offset;
+    while at < offset + len as u64 {
+        match rustix::io::pread(file, &mut buf[..], at) {
+            Ok(0) => return None,
+            Ok(n) => at += n as u64,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Some(e.into()),
+        }
+    }
+    None
 }
 
 /// Double buffering: a scoped reader thread fills one buffer while the caller hashes the

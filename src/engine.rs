@@ -394,7 +394,6 @@ pub fn run(
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct Meta {
     dev: u64,
-    ino: u64,
     size: u64,
     mtime: Timestamp,
     ctime: Timestamp,
@@ -407,7 +406,6 @@ impl Meta {
             rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile;
         let meta = Meta {
             dev: st.st_dev as u64,
-            ino: st.st_ino as u64,
             size: st.st_size as u64,
             mtime: Timestamp {
                 sec: st.st_mtime,
@@ -423,9 +421,7 @@ impl Meta {
 
     /// Describes how `self` (after reading) differs from `before`, if it does.
     fn changes_since(&self, before: &Meta, bytes_read: u64) -> Option<String> {
-        if self.ino != before.ino {
-            Some("replaced while being read".into())
-        } else if self.size != before.size || bytes_read != before.size {
+        if self.size != before.size || bytes_read != before.size {
             Some(format!(
                 "size changed while being read ({} bytes before, {} read, {} after)",
                 before.size, bytes_read, self.size
@@ -726,7 +722,7 @@ impl Worker<'_> {
         };
         // intact's tag now describes the data; another tool's that was not rewritten and
         // describes other data is a conflict the user should settle.
-        if report.status != Status::Error {
+        if report.status != Status::Error && !report.status.is_damage() {
             let stale: Vec<&str> = stored
                 .tags
                 .iter()
@@ -750,25 +746,55 @@ impl Worker<'_> {
         let Some(expected) = report.tag.clone() else {
             return Some(report);
         };
-        let new_algo = self.config.algo.unwrap_or(expected.digest.algo);
+        // The file's own tags: compat tags already right need no write, and an intact tag that
+        // finds the data damaged must survive a manifest made after the damage.
+        let stored = store::read(file).unwrap_or_default();
+        let own = stored.intact().cloned();
+        let new_algo = self
+            .config
+            .algo
+            .or(own.as_ref().map(|t| t.digest.algo))
+            .unwrap_or(expected.digest.algo);
         let algos = unique(
             [expected.digest.algo, new_algo]
                 .into_iter()
+                .chain(own.as_ref().map(|t| t.digest.algo))
                 .chain(self.compat_algo()),
         );
         let digests = match self.hash(&mut report, file, meta, &algos) {
             Ok(d) => d,
             Err(e) => return e.report(report),
         };
+        let window = self.config.mtime_window_ns;
         let fresh = of(&digests, expected.digest.algo);
         report.digest = Some(fresh);
-        report.status =
-            classify::classify(&expected, meta.mtime, &fresh, self.config.mtime_window_ns);
+        report.status = classify::classify(&expected, meta.mtime, &fresh, window);
         if report.status != Status::Ok {
             return Some(report);
         }
-        // The file's own xattrs matter now: compat tags already right need no write.
-        let stored = store::read(file).unwrap_or_default();
+        if let Some(own) = own {
+            let verdict =
+                classify::classify(&own, meta.mtime, &of(&digests, own.digest.algo), window);
+            if verdict.is_damage() {
+                report.status = verdict;
+                report.digest = Some(of(&digests, own.digest.algo));
+                report.tag = Some(own);
+                report.action = Some(Action::Kept);
+                report.detail = Some(
+                    "matches the manifest but not its own tag, under the same mtime: the manifest \
+                     was made after the damage? Its tag is kept"
+                        .into(),
+                );
+                return Some(report);
+            }
+            if verdict == Status::Ok && own.digest.algo == new_algo {
+                let sha = self.compat_algo().map(|a| of(&digests, a));
+                return Some(match sha {
+                    Some(sha) => self.write_compat(report, file, &stored, &sha, meta.mtime),
+                    None => report,
+                });
+            }
+        }
         Some(self.write(
             report,
             file,
@@ -894,8 +920,12 @@ fn of(digests: &[Digest], algo: Algo) -> Digest {
         .expect("the algorithm was hashed")
 }
 
+/// Attaches an error. A damage verdict already reached stays the status: the error (say, a
+/// re-tag that could not be written) must not hide the corruption.
 fn fail(mut report: FileReport, error: FileError) -> FileReport {
-    report.status = Status::Error;
+    if !report.status.is_damage() {
+        report.status = Status::Error;
+    }
     report.action = None;
     report.error = Some(error);
     report

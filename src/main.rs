@@ -5,7 +5,6 @@ mod cli;
 
 use std::io::{IsTerminal, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -53,18 +52,19 @@ fn job(cli: Cli) -> anyhow::Result<Result<Job, Exit>> {
         AlgoArg::Sha256 => Algo::Sha256,
         AlgoArg::Blake3 => Algo::Blake3,
     };
-    let compat = |c: cli::Compat| {
+    let formats = |c: &[CompatArg]| {
         let mut formats: Vec<Format> = c
-            .compat
             .iter()
             .map(|c| match c {
                 CompatArg::Shatag => Format::Shatag,
                 CompatArg::Dintch => Format::Dintch,
             })
             .collect();
+        formats.sort();
         formats.dedup();
         formats
     };
+    let compat = |c: cli::Compat| formats(&c.compat);
     let mut bad = false;
     let (config, roots, common, export) = match cli.command {
         Command::Tag {
@@ -122,7 +122,7 @@ fn job(cli: Cli) -> anyhow::Result<Result<Job, Exit>> {
             compat: c,
         } => {
             let config = Config {
-                compat: compat(c),
+                compat: formats(&c),
                 ..Config::new(Verb::Strip)
             };
             (config, paths.paths, common, None)
@@ -192,9 +192,8 @@ fn load_manifest(file: &Path, root: &Path, algo: Algo) -> anyhow::Result<(Arc<Ex
     for bad in &parsed.bad {
         eprintln!("intact: warning: {}: {bad}", intact::report::escape(file));
     }
-    let written = std::fs::metadata(file).ok().map(|m| m.mtime());
     Ok((
-        Arc::new(Expected::new(root, &parsed, written)),
+        Arc::new(Expected::new(root, &parsed)),
         !parsed.bad.is_empty(),
     ))
 }
@@ -282,18 +281,30 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
 
     reporter.summary.elapsed = start.elapsed();
     reporter.summary.interrupted = INTERRUPTED.load(Ordering::SeqCst);
+    // From here on, a failure is trouble on top of what the files said (damage still wins),
+    // not a usage error.
+    let mut trouble: Option<anyhow::Error> = None;
     if let Some(e) = io_error {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             return Ok(reporter.summary.exit(verb));
         }
-        return Err(e).context("writing output");
+        trouble = Some(anyhow::Error::new(e).context("writing output"));
     }
     if let Some(listing) = listing
         && !reporter.summary.interrupted
+        && trouble.is_none()
+        && let Err(e) = listing.finish()
     {
-        listing.finish().context("writing the manifest")?;
+        trouble = Some(anyhow::Error::new(e).context("writing the manifest"));
     }
-    let mut exit = reporter.finish()?;
+    let mut exit = reporter.finish().unwrap_or_else(|e| {
+        trouble.get_or_insert(anyhow::Error::new(e).context("writing output"));
+        reporter.summary.exit(verb)
+    });
+    if let Some(e) = trouble {
+        eprintln!("intact: error: {e:#}");
+        exit = exit.merge(Exit::Trouble);
+    }
     if bad_manifest_lines {
         exit = exit.merge(Exit::Trouble);
     }

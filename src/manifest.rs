@@ -61,17 +61,26 @@ pub struct Expected {
     root: PathBuf,
     order: Vec<PathBuf>,
     by_key: HashMap<PathBuf, Digest>,
-    written: Option<i64>,
 }
 
 impl Expected {
-    /// Entries are relative to `root` (absolute ones stay as they are); `written` is when the
-    /// manifest was written (its mtime), which tells a later edit from damage.
-    pub fn new(root: &Path, parsed: &Parsed, written: Option<i64>) -> Self {
+    /// Entries are relative to `root` (absolute ones under it are made relative). A manifest
+    /// has no mtimes, and its own mtime says little (copying it, or the files, moves it), so
+    /// every difference is a `mismatch`: a false alarm is preferred to a false pass.
+    pub fn new(root: &Path, parsed: &Parsed) -> Self {
         let mut order = Vec::new();
         let mut by_key = HashMap::new();
+        // hashdeep and others write absolute paths: those under the root become relative.
+        let absolute_root = std::fs::canonicalize(root).ok();
         for e in &parsed.entries {
-            let key = normalize(Path::new(OsStr::from_bytes(&e.path)));
+            let path = Path::new(OsStr::from_bytes(&e.path));
+            let under = |r: &Path| path.strip_prefix(r).ok().map(Path::to_path_buf);
+            let path = match path.is_absolute() {
+                true => under(root).or_else(|| absolute_root.as_deref().and_then(under)),
+                false => None,
+            }
+            .unwrap_or_else(|| path.to_path_buf());
+            let key = normalize(&path);
             if by_key.insert(key.clone(), e.digest).is_none() {
                 order.push(key);
             }
@@ -80,7 +89,6 @@ impl Expected {
             root: root.to_path_buf(),
             order,
             by_key,
-            written,
         }
     }
 
@@ -97,7 +105,7 @@ impl Expected {
             size: None,
             mtime: None,
             mtime_slack_ns: 0,
-            tagged: self.written,
+            tagged: None,
         })
     }
 
@@ -144,8 +152,18 @@ pub fn format_line(digest: &Digest, path: &[u8]) -> Vec<u8> {
 pub fn parse(data: &[u8], algo: Algo) -> Parsed {
     let mut out = Parsed::default();
     let mut hashdeep: Option<HashdeepColumns> = None;
+    // A manifest written on Windows ends every line with CR LF. Otherwise a CR at the end
+    // belongs to the name (b3sum does not escape it).
+    let crlf = data
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .all(|l| l.ends_with(b"\r"));
     for (i, raw) in data.split(|&b| b == b'\n').enumerate() {
-        let line = raw.strip_suffix(b"\r").unwrap_or(raw);
+        let line = if crlf {
+            raw.strip_suffix(b"\r").unwrap_or(raw)
+        } else {
+            raw
+        };
         if line.is_empty() {
             continue;
         }
@@ -381,6 +399,14 @@ mod tests {
                 path: b"/x/a,b.txt".to_vec()
             }]
         );
+    }
+
+    #[test]
+    fn windows_line_ends_are_read() {
+        let hex = d(Algo::Sha256).hex();
+        let p = parse(format!("{hex}  a\r\n{hex}  b\r\n").as_bytes(), Algo::Sha256);
+        let paths: Vec<&[u8]> = p.entries.iter().map(|e| e.path.as_slice()).collect();
+        assert_eq!(paths, [b"a", b"b"]);
     }
 
     #[test]

@@ -40,6 +40,28 @@ fn no_xattr_support_is_a_clear_error_and_the_run_goes_on() {
 }
 
 #[test]
+fn a_corrupt_file_whose_retag_fails_is_still_reported_corrupt() {
+    require_root!();
+    let t = Tree::new();
+    t.open_to_all();
+    let p = t.write("rotten", b"original bytes");
+    rustix::fs::chown(&p, Some(rustix::process::Uid::from_raw(65534)), None).unwrap();
+    intact(["tag".as_ref(), p.as_os_str()]).expect_code(0);
+    flip_byte(&p, 3);
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o444)).unwrap();
+    // nobody owns the file but may not write its xattrs: the accepted re-tag fails.
+    let r = intact_as_nobody([
+        "update".as_ref(),
+        "--accept-corrupt".as_ref(),
+        "--json".as_ref(),
+        p.as_os_str(),
+    ]);
+    let j = r.expect_code(1).json();
+    assert_eq!(j.status("rotten"), "corrupt");
+    assert_eq!(j.file("rotten")["error_kind"], "permission-denied");
+}
+
+#[test]
 fn unreadable_and_read_only_files_as_a_normal_user() {
     require_root!();
     let t = Tree::new();
