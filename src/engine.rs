@@ -195,6 +195,7 @@ fn cause(e: &io::Error) -> String {
         Some(libc::EDQUOT) => "disk quota exceeded",
         Some(libc::EROFS) => "read-only file system",
         Some(libc::EIO) => "input/output error (the device could not read it: a failing disk?)",
+        Some(libc::ELOOP) => "a directory on its path is now a symbolic link (not followed)",
         _ => return e.to_string(),
     };
     format!("{hint} ({e})")
@@ -292,6 +293,7 @@ pub fn run(
     let (done_tx, done_rx) = bounded::<(u64, Vec<Option<FileReport>>)>(WINDOW);
     let (token_tx, token_rx) = bounded::<()>(WINDOW);
     let gates = &Gates::default();
+    let anchors = &roots.iter().map(|r| Anchor::new(r)).collect::<Vec<_>>();
 
     std::thread::scope(|s| {
         let walker = s.spawn(move || {
@@ -310,7 +312,7 @@ pub fn run(
                 ControlFlow::Continue(())
             };
             let walked = walk::walk(roots, &config.walk, |entry| {
-                if let Entry::File(_, size) = &entry {
+                if let Entry::File { size, .. } = &entry {
                     bytes += size;
                 }
                 batch.push(entry);
@@ -342,7 +344,7 @@ pub fn run(
                     let reports = batch
                         .into_iter()
                         .map(|entry| match entry {
-                            Entry::File(path, _) => worker.process(path),
+                            Entry::File { path, root, .. } => worker.process(path, &anchors[root]),
                             Entry::Skip(path, reason) => Some(FileReport::skipped(path, reason)),
                             Entry::Error(path, e) => {
                                 Some(FileReport::error(path, FileError::Walk(e)))
@@ -467,14 +469,15 @@ impl NoDigest {
 }
 
 impl Worker<'_> {
-    /// Processes one regular file; `None` if the run was interrupted meanwhile.
-    fn process(&mut self, path: PathBuf) -> Option<FileReport> {
+    /// Processes one regular file found under `anchor`'s root; `None` if the run was
+    /// interrupted meanwhile.
+    fn process(&mut self, path: PathBuf, anchor: &Anchor) -> Option<FileReport> {
         if let Ok(mut current) = self.progress.current.lock() {
             current.clone_from(&path);
         }
-        let file = match open(&path) {
+        let file = match anchor.open(&path) {
             Ok(f) => f,
-            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) && is_symlink(&path) => {
                 return Some(FileReport::skipped(path, SkipReason::Symlink));
             }
             Err(e) => return Some(FileReport::error(path, FileError::Open(e))),
@@ -931,15 +934,74 @@ fn fail(mut report: FileReport, error: FileError) -> FileReport {
     report
 }
 
-/// Opens without following a symlink and without updating the access time where allowed.
-fn open(path: &Path) -> io::Result<File> {
-    // O_NONBLOCK keeps a FIFO swapped in after the walk from blocking the open.
-    let flags =
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
-    let fd = match rustix::fs::open(path, flags | crate::sys::noatime(), Mode::empty()) {
-        // O_NOATIME is only for the file's owner (or root).
-        Err(rustix::io::Errno::PERM) => rustix::fs::open(path, flags, Mode::empty())?,
-        other => other?,
-    };
-    Ok(File::from(fd))
+/// A walk root held open, so that files under it are opened relative to it and can never be
+/// reached through a symlink, not even one swapped in for a directory after the walk saw it.
+struct Anchor {
+    root: PathBuf,
+    dir: Option<rustix::fd::OwnedFd>,
+}
+
+impl Anchor {
+    fn new(root: &Path) -> Self {
+        Anchor {
+            root: root.to_path_buf(),
+            dir: crate::sys::open_anchor(root),
+        }
+    }
+
+    /// Opens a file read-only, without following any symlink below the root and without
+    /// updating its access time where allowed. O_NONBLOCK keeps a FIFO swapped in after the
+    /// walk from blocking the open.
+    fn open(&self, path: &Path) -> io::Result<File> {
+        let flags =
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
+        let beneath = match (&self.dir, path.strip_prefix(&self.root)) {
+            (Some(dir), Ok(rel)) if !rel.as_os_str().is_empty() => Some((dir, rel)),
+            _ => None,
+        };
+        let attempt = |flags: OFlags| match beneath
+            .and_then(|(dir, rel)| crate::sys::open_beneath(dir, rel, flags))
+        {
+            Some(result) => result,
+            None => rustix::fs::open(path, flags, Mode::empty()).map_err(io::Error::from),
+        };
+        let fd = match attempt(flags | crate::sys::noatime()) {
+            // O_NOATIME is only for the file's owner (or root).
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => attempt(flags)?,
+            other => other?,
+        };
+        Ok(File::from(fd))
+    }
+}
+
+fn is_symlink(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_open_only_beneath_their_root_without_symlinks() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("real")).unwrap();
+        std::fs::write(root.join("real/f"), b"inside").unwrap();
+        std::fs::write(dir.path().join("outside"), b"outside").unwrap();
+        // As if, after the walk, a directory had been replaced by a symlink to elsewhere.
+        std::os::unix::fs::symlink(dir.path(), root.join("swapped")).unwrap();
+        std::os::unix::fs::symlink("real", root.join("alias")).unwrap();
+        let anchor = Anchor::new(&root);
+        assert!(anchor.open(&root.join("real/f")).is_ok());
+        for sneaky in ["swapped/outside", "alias/f"] {
+            let err = anchor.open(&root.join(sneaky)).unwrap_err();
+            assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{sneaky}");
+            // A plain open would have followed it.
+            assert!(std::fs::File::open(root.join(sneaky)).is_ok());
+        }
+        // A root that is a file is opened as itself.
+        let file_root = root.join("real/f");
+        assert!(Anchor::new(&file_root).open(&file_root).is_ok());
+    }
 }

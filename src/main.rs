@@ -412,7 +412,7 @@ fn progress_bar<'s>(
     let counter = bar.clone();
     s.spawn(move || {
         let _ = walk::walk(roots, walk_opts, |entry| {
-            if let Entry::File(_, size) = entry {
+            if let Entry::File { size, .. } = entry {
                 counter.inc_length(size);
             }
             if counter.is_finished() {

@@ -56,6 +56,57 @@ pub fn noatime() -> rustix::fs::OFlags {
     return rustix::fs::OFlags::empty();
 }
 
+/// A handle on a root directory for [`open_beneath`] (`O_PATH`: no read permission needed).
+/// `None` for a root that is a file, or where `open_beneath` does not exist.
+pub fn open_anchor(root: &std::path::Path) -> Option<rustix::fd::OwnedFd> {
+    #[cfg(target_os = "linux")]
+    {
+        use rustix::fs::OFlags;
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        rustix::fs::open(root, flags, rustix::fs::Mode::empty()).ok()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = root;
+        None
+    }
+}
+
+/// Opens `rel` under the directory `dir` without following any symlink and without leaving
+/// it (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`). `None` where that call does not
+/// exist (Linux before 5.6, other systems): the caller opens by path instead.
+pub fn open_beneath(
+    dir: &rustix::fd::OwnedFd,
+    rel: &std::path::Path,
+    flags: rustix::fs::OFlags,
+) -> Option<io::Result<rustix::fd::OwnedFd>> {
+    #[cfg(target_os = "linux")]
+    {
+        use rustix::fs::ResolveFlags;
+        let resolve =
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+        loop {
+            match rustix::fs::openat2(dir, rel, flags, rustix::fs::Mode::empty(), resolve) {
+                Err(rustix::io::Errno::NOSYS) => return None,
+                // openat2 may ask for a retry when a rename raced with the lookup.
+                Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => continue,
+                // Leaving the root through ".." (a directory moved away meanwhile).
+                Err(rustix::io::Errno::XDEV) => {
+                    return Some(Err(io::Error::other(
+                        "the file moved out of the tree during the run",
+                    )));
+                }
+                other => return Some(other.map_err(io::Error::from)),
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (dir, rel, flags);
+        None
+    }
+}
+
 /// `mmap` flag that fills the page tables up front.
 #[cfg(target_os = "linux")]
 pub const MAP_POPULATE: libc::c_int = libc::MAP_POPULATE;

@@ -51,8 +51,15 @@ impl fmt::Display for SkipReason {
 /// One thing the walk found.
 #[derive(Debug)]
 pub enum Entry {
-    /// A regular file to process, with its size when walked.
-    File(PathBuf, u64),
+    /// A regular file to process.
+    File {
+        /// Its path, starting with its root's.
+        path: PathBuf,
+        /// Its size when walked.
+        size: u64,
+        /// The index of the root it was found under.
+        root: usize,
+    },
     /// Something deliberately not processed.
     Skip(PathBuf, SkipReason),
     /// A path that could not be examined (unreadable directory, vanished root ...).
@@ -76,8 +83,8 @@ pub fn walk(
     mut visit: impl FnMut(Entry) -> ControlFlow<()>,
 ) -> Result<(), ignore::Error> {
     let mut links = HashSet::new();
-    for root in roots {
-        if walk_root(root, opts, &mut links, &mut visit)?.is_break() {
+    for (index, root) in roots.iter().enumerate() {
+        if walk_root(index, root, opts, &mut links, &mut visit)?.is_break() {
             break;
         }
     }
@@ -85,6 +92,7 @@ pub fn walk(
 }
 
 fn walk_root(
+    index: usize,
     root: &Path,
     opts: &WalkOptions,
     links: &mut HashSet<(u64, u64)>,
@@ -141,7 +149,11 @@ fn walk_root(
                 Ok(m) if m.nlink() > 1 && !links.insert((m.dev(), m.ino())) => {
                     Entry::Skip(path, SkipReason::HardLink)
                 }
-                Ok(m) => Entry::File(path, m.len()),
+                Ok(m) => Entry::File {
+                    path,
+                    size: m.len(),
+                    root: index,
+                },
             }
         };
         if visit(found).is_break() {
@@ -182,7 +194,7 @@ mod tests {
         let mut out = Vec::new();
         walk(roots, opts, |e| {
             out.push(match e {
-                Entry::File(p, _) => format!("file {}", p.display()),
+                Entry::File { path, .. } => format!("file {}", path.display()),
                 Entry::Skip(p, r) => format!("skip {} {r:?}", p.display()),
                 Entry::Error(p, _) => format!("error {}", p.display()),
             });
