@@ -832,6 +832,18 @@ impl Worker<'_> {
             drop_cache: self.config.drop_cache,
             gate: gate.as_deref(),
         };
+        // A write in the same clock tick as a file's last change would not move its ctime.
+        // So a file changed moments ago is left until that tick has passed, then looked at
+        // again: from there on, any write shows in the ctime.
+        let ctime_ago = Timestamp::now().nanos() - before.ctime.nanos();
+        if ctime_ago < RACY_NS {
+            let wait = (RACY_NS - ctime_ago.max(0)) as u64;
+            std::thread::sleep(std::time::Duration::from_nanos(wait));
+            let (now, _) = Meta::of(file).map_err(|e| NoDigest::Failed(FileError::Read(e)))?;
+            if let Some(change) = now.changes_since(before, before.size) {
+                return Err(NoDigest::Changed(change));
+            }
+        }
         let (digests, n) = digest::hash_file(
             file,
             algos,
@@ -933,6 +945,11 @@ fn fail(mut report: FileReport, error: FileError) -> FileReport {
     report.error = Some(error);
     report
 }
+
+/// How coarse file timestamps can be: kernels before 6.13 stamp files from a clock that
+/// moves in ticks of up to 10 ms ("racy" files, as git calls them, changed less than this
+/// before being read, are waited for).
+const RACY_NS: i128 = 20_000_000;
 
 /// A walk root held open, so that files under it are opened relative to it and can never be
 /// reached through a symlink, not even one swapped in for a directory after the walk saw it.
