@@ -49,7 +49,8 @@ impl Stored {
 /// shatag: the hash first, then the timestamp (as cshatag does: a crash in between leaves a
 /// hash with a stale timestamp, which reads as modified, never as a false ok). Dintch: the
 /// 32 raw bytes under the plain name, and under the `#S` spelling too if the file already
-/// carries that one (it goes back to a Mac, where `#S` means "syncable").
+/// carries that one (it goes back to a Mac, where `#S` means "syncable"); an old Dintch
+/// tagging time is removed.
 pub fn write_compat(
     file: &File,
     format: Format,
@@ -69,6 +70,8 @@ pub fn write_compat(
             if get(file, names::DINTCH_HASH_S)?.is_some() {
                 set(names::DINTCH_HASH_S, &digest.bytes)?;
             }
+            // A tagging time left from an older hash could later excuse a mismatch as an edit.
+            remove(file, names::DINTCH_TIME)?;
         }
         Format::Intact | Format::Manifest => unreachable!("not a compat tag"),
     }

@@ -471,4 +471,58 @@ mod tests {
         let unix = parse_dintch(&d.bytes, Some(b"1560331425")).unwrap();
         assert_eq!(unix.tagged, Some(1560331425));
     }
+
+    /// Mutations of valid tags (flipped, dropped, inserted, truncated bytes) never panic a
+    /// parser, and whatever parse_intact accepts encodes back to an equivalent tag.
+    #[test]
+    fn mutated_tags_never_panic_and_accepted_ones_round_trip() {
+        let (d, m) = sample();
+        let seeds: Vec<Vec<u8>> = vec![
+            encode(&d, 42, m, 1_800_000_000).into_bytes(),
+            encode(
+                &digest_bytes(Algo::Blake3, b"y"),
+                0,
+                Timestamp { sec: -5, nsec: 9 },
+                0,
+            )
+            .into_bytes(),
+            d.hex().into_bytes(),
+            b"1560177334.020775".to_vec(),
+            d.bytes.to_vec(),
+        ];
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n.max(1) as u64) as usize
+        };
+        for round in 0..20_000 {
+            let mut v = seeds[round % seeds.len()].clone();
+            for _ in 0..1 + next(4) {
+                let at = next(v.len() + 1);
+                match next(4) {
+                    0 if at < v.len() => v[at] ^= 1 << next(8),
+                    1 if at < v.len() => drop(v.remove(at)),
+                    2 => v.insert(at, [b' ', b'=', b'.', b'-', b'0', b'a', 0, 0xff][next(8)]),
+                    _ => v.truncate(at),
+                }
+            }
+            if let Ok(tag) = parse_intact(&v) {
+                let again = encode(
+                    &tag.digest,
+                    tag.size.unwrap(),
+                    tag.mtime.unwrap(),
+                    tag.tagged.unwrap_or(0),
+                );
+                let back = parse_intact(again.as_bytes()).unwrap();
+                assert_eq!(
+                    (back.digest, back.size, back.mtime),
+                    (tag.digest, tag.size, tag.mtime)
+                );
+            }
+            let _ = parse_shatag(&v, Some(&v));
+            let _ = parse_dintch(&v, Some(&v));
+        }
+    }
 }
