@@ -251,34 +251,65 @@ fn mapped(
     reader: &mut ChunkReader<'_, '_>,
     feed: &mut impl FnMut(&[u8]),
 ) -> Result<bool, HashError> {
-    while reader.total < reader.size {
-        let len = (reader.size - reader.total).min(mapped::WINDOW as u64) as usize;
-        if reader.cancel.load(Ordering::Relaxed) {
-            return Err(HashError::Interrupted);
-        }
-        // Behind a gate, residency must be seen before populating reads the data in.
-        if let (Some(gate), None) = (reader.opts.gate, &reader.pass) {
-            let probe = Map::new(reader.file, reader.total, len, false);
-            if !probe.is_some_and(|p| p.resident()) {
-                reader.pass = Some(gate.enter());
-            }
-        }
-        let Some(map) = Map::new(reader.file, reader.total, len, true) else {
-            return Ok(false);
+    let (file, size, gated) = (reader.file, reader.size, reader.opts.gate.is_some());
+    let window = |offset: u64| (size - offset).min(mapped::WINDOW as u64) as usize;
+    // The next window is mapped and populated by a helper thread while this one is hashed:
+    // filling page tables is one thread's work, which would otherwise leave the hashing
+    // cores idle between windows.
+    std::thread::scope(|s| {
+        let ahead = |offset: u64, holding: bool| {
+            s.spawn(move || prepare(file, offset, window(offset), gated && !holding))
         };
-        feed(map.bytes());
-        if map.faulted() {
-            drop(map);
-            return match first_read_error(reader.file, reader.total, len) {
-                // The device could not deliver a page: that is an I/O error, not a change.
-                Some(e) => Err(HashError::Io(e)),
-                // The pages went with a truncation: the short count reports the change.
-                None => Ok(true),
+        let mut next = (reader.total < size).then(|| ahead(reader.total, reader.pass.is_some()));
+        while let Some(handle) = next.take() {
+            let len = window(reader.total);
+            let map = match handle.join().expect("mapping thread panicked") {
+                Prepared::Ready(map) => map,
+                Prepared::Uncached => {
+                    reader.pass = reader.opts.gate.map(Gate::enter);
+                    Map::new(file, reader.total, len, true)
+                }
             };
+            let Some(map) = map else {
+                return Ok(false);
+            };
+            if reader.cancel.load(Ordering::Relaxed) {
+                return Err(HashError::Interrupted);
+            }
+            let after = reader.total + len as u64;
+            if after < size {
+                next = Some(ahead(after, reader.pass.is_some()));
+            }
+            feed(map.bytes());
+            if map.faulted() {
+                drop(map);
+                return match first_read_error(file, reader.total, len) {
+                    // The device could not deliver a page: that is an I/O error, not a change.
+                    Some(e) => Err(HashError::Io(e)),
+                    // The pages went with a truncation: the short count reports the change.
+                    None => Ok(true),
+                };
+            }
+            reader.total = after;
         }
-        reader.total += len as u64;
+        Ok(true)
+    })
+}
+
+/// A window made ready for hashing, or the news that its data is not cached and the disk's
+/// gate must be taken before reading it in.
+enum Prepared {
+    Ready(Option<Map>),
+    Uncached,
+}
+
+/// Maps and populates one window; behind a gate not yet held, only if its data is cached
+/// (populating would otherwise read from the disk outside the gate).
+fn prepare(file: &File, offset: u64, len: usize, check_cached: bool) -> Prepared {
+    if check_cached && !Map::new(file, offset, len, false).is_some_and(|probe| probe.resident()) {
+        return Prepared::Uncached;
     }
-    Ok(true)
+    Prepared::Ready(Map::new(file, offset, len, true))
 }
 
 /// Reads a window that faulted through its map again with `pread`, to tell a device error
