@@ -468,6 +468,33 @@ impl NoDigest {
     }
 }
 
+/// One open regular file and what was known of it before its data was read.
+struct Subject<'f> {
+    file: &'f File,
+    meta: Meta,
+    stored: Stored,
+}
+
+/// The digests one read produced.
+struct Digests(Vec<Digest>);
+
+impl Digests {
+    /// The digest for `algo` (every caller asked for it).
+    fn of(&self, algo: Algo) -> Digest {
+        *self
+            .0
+            .iter()
+            .find(|d| d.algo == algo)
+            .expect("the algorithm was hashed")
+    }
+}
+
+/// A verb's result for a file: its report, or, having stopped early, the report to give
+/// instead (`None` when the run was interrupted).
+type Outcome = Result<FileReport, Option<FileReport>>;
+
+// Both sides of an Outcome carry a report: boxing the error side would only add an allocation.
+#[allow(clippy::result_large_err)]
 impl Worker<'_> {
     /// Processes one regular file found under `anchor`'s root; `None` if the run was
     /// interrupted meanwhile.
@@ -498,45 +525,55 @@ impl Worker<'_> {
                 Err(e) => return Some(FileReport::error(path, FileError::ReadTags(e))),
             },
         };
-        let mut report = FileReport {
+        let report = FileReport {
             size: Some(meta.size),
             tag: stored.best().cloned(),
             malformed: stored.malformed.clone(),
             ..FileReport::new(path, Status::New)
         };
-        let window = self.config.mtime_window_ns;
-        match self.config.verb {
-            Verb::Show => {
-                if let Some(t) = &report.tag {
-                    report.status = classify::expect(t, meta.size, meta.mtime, window);
-                }
-                Some(report)
-            }
-            Verb::Export => {
-                // The richest tag of the manifest's algorithm; untouched since it was written.
-                let algo = self.config.new_algo();
-                report.tag = stored.tags.iter().find(|t| t.digest.algo == algo).cloned();
-                if let Some(t) = &report.tag {
-                    report.status = classify::expect(t, meta.size, meta.mtime, window);
-                }
-                Some(report)
-            }
-            Verb::Strip => Some(self.strip(report, &file)),
-            Verb::Check => self.check(report, &file, &meta, &stored),
-            Verb::Tag => self.tag(report, &file, &meta, &stored),
-            Verb::Update => self.update(report, &file, &meta, &stored),
-            Verb::Import => self.import(report, &file, &meta),
-        }
+        let s = Subject {
+            file: &file,
+            meta,
+            stored,
+        };
+        let outcome = match self.config.verb {
+            Verb::Show => Ok(self.show(report, &s, None)),
+            // The richest tag of the manifest's algorithm, untouched since it was written.
+            Verb::Export => Ok(self.show(report, &s, Some(self.config.new_algo()))),
+            Verb::Strip => Ok(self.strip(report, &s)),
+            Verb::Check => self.check(report, &s),
+            Verb::Tag => self.tag(report, &s),
+            Verb::Update => self.update(report, &s),
+            Verb::Import => self.import(report, &s),
+        };
+        outcome.map_or_else(|stopped| stopped, Some)
     }
 
-    fn strip(&self, mut report: FileReport, file: &File) -> FileReport {
+    /// What a check would expect from metadata alone, for the richest tag (of `algo`).
+    fn show(&self, mut report: FileReport, s: &Subject, algo: Option<Algo>) -> FileReport {
+        if let Some(algo) = algo {
+            report.tag = s
+                .stored
+                .tags
+                .iter()
+                .find(|t| t.digest.algo == algo)
+                .cloned();
+        }
+        if let Some(t) = &report.tag {
+            report.status =
+                classify::expect(t, s.meta.size, s.meta.mtime, self.config.mtime_window_ns);
+        }
+        report
+    }
+
+    fn strip(&self, mut report: FileReport, s: &Subject) -> FileReport {
         report.status = Status::Ok;
-        let mut removed = match store::remove_intact(file) {
+        let mut removed = match store::remove_intact(s.file) {
             Ok(r) => r,
             Err(e) => return fail(report, FileError::RemoveTag(e)),
         };
         for &format in &self.config.compat {
-            match store::remove_compat(file, format) {
+            match store::remove_compat(s.file, format) {
                 Ok(r) => removed |= r,
                 Err(e) => return fail(report, FileError::RemoveTag(e)),
             }
@@ -547,36 +584,25 @@ impl Worker<'_> {
         report
     }
 
-    fn check(
-        &mut self,
-        mut report: FileReport,
-        file: &File,
-        meta: &Meta,
-        stored: &Stored,
-    ) -> Option<FileReport> {
-        let Some(best) = stored.best() else {
-            return Some(report);
+    fn check(&mut self, report: FileReport, s: &Subject) -> Outcome {
+        let Some(best) = s.stored.best() else {
+            return Ok(report);
         };
         // Every tag present is verified, in one pass even if they use different algorithms.
-        let algos = unique(stored.tags.iter().map(|t| t.digest.algo));
-        let digests = match self.hash(&mut report, file, meta, &algos) {
-            Ok(d) => d,
-            Err(e) => return e.report(report),
-        };
-        let fresh = of(&digests, best.digest.algo);
-        report.digest = Some(fresh);
-        report.status = classify::classify(best, meta.mtime, &fresh, self.config.mtime_window_ns);
-        let truth = if best.digest == fresh {
-            "matches"
-        } else {
-            "does not match"
-        };
-        let odd: Vec<&str> = stored.tags[1..]
+        let (mut report, d) = self.read(report, s, s.stored.tags.iter().map(|t| t.digest.algo))?;
+        self.judge(&mut report, best, s, &d);
+        let matches = |t: &Tag| t.digest == d.of(t.digest.algo);
+        let odd: Vec<&str> = s.stored.tags[1..]
             .iter()
-            .filter(|t| (t.digest == of(&digests, t.digest.algo)) != (best.digest == fresh))
+            .filter(|&t| matches(t) != matches(best))
             .map(|t| t.format.name())
             .collect();
         if !odd.is_empty() {
+            let truth = if matches(best) {
+                "matches"
+            } else {
+                "does not match"
+            };
             report.detail = Some(format!(
                 "tags disagree: the {} tag {truth} the data, the {} tag does not agree",
                 best.format.name(),
@@ -586,151 +612,76 @@ impl Worker<'_> {
                 report.status = Status::Conflict;
             }
         }
-        Some(report)
+        Ok(report)
     }
 
-    fn tag(
-        &mut self,
-        mut report: FileReport,
-        file: &File,
-        meta: &Meta,
-        stored: &Stored,
-    ) -> Option<FileReport> {
-        if stored.best().is_some() && !self.config.force {
+    fn tag(&mut self, mut report: FileReport, s: &Subject) -> Outcome {
+        if s.stored.best().is_some() && !self.config.force {
             report.status = Status::Tagged;
             // Compat tags can be added without reading: from intact's SHA-256, while the file
             // is as it was when tagged.
-            if let Some(t) = stored.intact().filter(|t| {
-                t.digest.algo == Algo::Sha256
-                    && classify::expect(t, meta.size, meta.mtime, self.config.mtime_window_ns)
-                        == Status::Ok
-            }) {
-                let digest = t.digest;
-                return Some(self.write_compat(report, file, stored, &digest, meta.mtime));
-            }
-            return Some(report);
-        }
-        let new_algo = self.config.new_algo();
-        let algos = unique(
-            [new_algo]
-                .into_iter()
-                .chain(report.tag.as_ref().map(|t| t.digest.algo))
-                .chain(self.compat_algo()),
-        );
-        let digests = match self.hash(&mut report, file, meta, &algos) {
-            Ok(d) => d,
-            Err(e) => return e.report(report),
-        };
-        if let Some(t) = &report.tag {
-            report.status = classify::classify(
-                t,
-                meta.mtime,
-                &of(&digests, t.digest.algo),
-                self.config.mtime_window_ns,
+            let window = self.config.mtime_window_ns;
+            return Ok(
+                match s.stored.intact().filter(|t| {
+                    t.digest.algo == Algo::Sha256
+                        && classify::expect(t, s.meta.size, s.meta.mtime, window) == Status::Ok
+                }) {
+                    Some(t) => self.write_compat(report, s, &t.digest),
+                    None => report,
+                },
             );
         }
-        report.digest = Some(digests[0]);
-        Some(self.write(
+        let algo = self.config.new_algo();
+        let (mut report, d) = self.read(
             report,
-            file,
-            meta,
-            stored,
-            &digests,
-            new_algo,
-            Action::Tagged,
-        ))
+            s,
+            [algo]
+                .into_iter()
+                .chain(s.stored.best().map(|t| t.digest.algo)),
+        )?;
+        if let Some(t) = s.stored.best() {
+            self.judge(&mut report, t, s, &d);
+        }
+        report.digest = Some(d.of(algo));
+        Ok(self.write(report, s, &d, algo, Action::Tagged))
     }
 
-    fn update(
-        &mut self,
-        mut report: FileReport,
-        file: &File,
-        meta: &Meta,
-        stored: &Stored,
-    ) -> Option<FileReport> {
-        let Some(tag) = report.tag.clone() else {
-            let new_algo = self.config.new_algo();
-            let algos = unique([new_algo].into_iter().chain(self.compat_algo()));
-            let digests = match self.hash(&mut report, file, meta, &algos) {
-                Ok(d) => d,
-                Err(e) => return e.report(report),
-            };
-            report.digest = Some(digests[0]);
-            return Some(self.write(
-                report,
-                file,
-                meta,
-                stored,
-                &digests,
-                new_algo,
-                Action::Tagged,
-            ));
+    fn update(&mut self, report: FileReport, s: &Subject) -> Outcome {
+        let Some(tag) = s.stored.best() else {
+            let algo = self.config.new_algo();
+            let (mut report, d) = self.read(report, s, [algo])?;
+            report.digest = Some(d.of(algo));
+            return Ok(self.write(report, s, &d, algo, Action::Tagged));
         };
         // A re-tag keeps the tag's algorithm unless one was asked for; one pass computes all.
-        let new_algo = self.config.algo.unwrap_or(tag.digest.algo);
-        let algos = unique(
-            [tag.digest.algo, new_algo]
-                .into_iter()
-                .chain(stored.tags.iter().map(|t| t.digest.algo))
-                .chain(self.compat_algo()),
-        );
-        let digests = match self.hash(&mut report, file, meta, &algos) {
-            Ok(d) => d,
-            Err(e) => return e.report(report),
-        };
-        let fresh = of(&digests, tag.digest.algo);
-        report.digest = Some(fresh);
-        report.status = classify::classify(&tag, meta.mtime, &fresh, self.config.mtime_window_ns);
-        let upgrade = stored.intact().is_none() || new_algo != tag.digest.algo;
+        let algo = self.config.algo.unwrap_or(tag.digest.algo);
+        let all = s.stored.tags.iter().map(|t| t.digest.algo);
+        let (mut report, d) =
+            self.read(report, s, [tag.digest.algo, algo].into_iter().chain(all))?;
+        self.judge(&mut report, tag, s, &d);
+        let upgrade = s.stored.intact().is_none() || algo != tag.digest.algo;
         let mut report = match report.status {
-            Status::Ok if upgrade => self.write(
-                report,
-                file,
-                meta,
-                stored,
-                &digests,
-                new_algo,
-                Action::Tagged,
-            ),
-            Status::Ok => {
-                let sha = (!self.config.compat.is_empty()).then(|| of(&digests, Algo::Sha256));
-                match sha {
-                    Some(sha) => self.write_compat(report, file, stored, &sha, meta.mtime),
-                    None => report,
-                }
-            }
+            Status::Ok if upgrade => self.write(report, s, &d, algo, Action::Tagged),
+            Status::Ok => self.compat(report, s, &d),
             Status::Corrupt | Status::Mismatch if !self.config.accept_corrupt => {
                 report.action = Some(Action::Kept);
-                return Some(report);
+                return Ok(report);
             }
-            Status::Corrupt | Status::Mismatch | Status::Modified | Status::Older => self.write(
-                report,
-                file,
-                meta,
-                stored,
-                &digests,
-                new_algo,
-                Action::Tagged,
-            ),
-            Status::Touched => self.write(
-                report,
-                file,
-                meta,
-                stored,
-                &digests,
-                new_algo,
-                Action::Refreshed,
-            ),
+            Status::Corrupt | Status::Mismatch | Status::Modified | Status::Older => {
+                self.write(report, s, &d, algo, Action::Tagged)
+            }
+            Status::Touched => self.write(report, s, &d, algo, Action::Refreshed),
             _ => report,
         };
         // intact's tag now describes the data; another tool's that was not rewritten and
         // describes other data is a conflict the user should settle.
         if report.status != Status::Error && !report.status.is_damage() {
-            let stale: Vec<&str> = stored
+            let stale: Vec<&str> = s
+                .stored
                 .tags
                 .iter()
                 .filter(|t| t.format != Format::Intact && !self.config.compat.contains(&t.format))
-                .filter(|t| t.digest != of(&digests, t.digest.algo))
+                .filter(|t| t.digest != d.of(t.digest.algo))
                 .map(|t| t.format.name())
                 .collect();
             if !stale.is_empty() {
@@ -741,77 +692,85 @@ impl Worker<'_> {
                 ));
             }
         }
-        Some(report)
+        Ok(report)
     }
 
     /// Tags files whose data matches the manifest.
-    fn import(&mut self, mut report: FileReport, file: &File, meta: &Meta) -> Option<FileReport> {
-        let Some(expected) = report.tag.clone() else {
-            return Some(report);
+    fn import(&mut self, report: FileReport, s: &Subject) -> Outcome {
+        let Some(expected) = s.stored.best() else {
+            return Ok(report);
         };
         // The file's own tags: compat tags already right need no write, and an intact tag that
         // finds the data damaged must survive a manifest made after the damage.
-        let stored = store::read(file).unwrap_or_default();
-        let own = stored.intact().cloned();
-        let new_algo = self
+        let own = Subject {
+            file: s.file,
+            meta: s.meta,
+            stored: store::read(s.file).unwrap_or_default(),
+        };
+        let mine = own.stored.intact();
+        let algo = self
             .config
             .algo
-            .or(own.as_ref().map(|t| t.digest.algo))
+            .or(mine.map(|t| t.digest.algo))
             .unwrap_or(expected.digest.algo);
-        let algos = unique(
-            [expected.digest.algo, new_algo]
+        let (mut report, d) = self.read(
+            report,
+            s,
+            [expected.digest.algo, algo]
                 .into_iter()
-                .chain(own.as_ref().map(|t| t.digest.algo))
-                .chain(self.compat_algo()),
-        );
-        let digests = match self.hash(&mut report, file, meta, &algos) {
-            Ok(d) => d,
-            Err(e) => return e.report(report),
-        };
-        let window = self.config.mtime_window_ns;
-        let fresh = of(&digests, expected.digest.algo);
-        report.digest = Some(fresh);
-        report.status = classify::classify(&expected, meta.mtime, &fresh, window);
+                .chain(mine.map(|t| t.digest.algo)),
+        )?;
+        self.judge(&mut report, expected, s, &d);
         if report.status != Status::Ok {
-            return Some(report);
+            return Ok(report);
         }
-        if let Some(own) = own {
-            let verdict =
-                classify::classify(&own, meta.mtime, &of(&digests, own.digest.algo), window);
+        if let Some(mine) = mine {
+            let verdict = classify::classify(
+                mine,
+                s.meta.mtime,
+                &d.of(mine.digest.algo),
+                self.config.mtime_window_ns,
+            );
             if verdict.is_damage() {
                 report.status = verdict;
-                report.digest = Some(of(&digests, own.digest.algo));
-                report.tag = Some(own);
+                report.digest = Some(d.of(mine.digest.algo));
+                report.tag = Some(mine.clone());
                 report.action = Some(Action::Kept);
                 report.detail = Some(
                     "matches the manifest but not its own tag, under the same mtime: the manifest \
                      was made after the damage? Its tag is kept"
                         .into(),
                 );
-                return Some(report);
+                return Ok(report);
             }
-            if verdict == Status::Ok && own.digest.algo == new_algo {
-                let sha = self.compat_algo().map(|a| of(&digests, a));
-                return Some(match sha {
-                    Some(sha) => self.write_compat(report, file, &stored, &sha, meta.mtime),
-                    None => report,
-                });
+            if verdict == Status::Ok && mine.digest.algo == algo {
+                return Ok(self.compat(report, &own, &d));
             }
         }
-        Some(self.write(
-            report,
-            file,
-            meta,
-            &stored,
-            &digests,
-            new_algo,
-            Action::Tagged,
-        ))
+        Ok(self.write(report, &own, &d, algo, Action::Tagged))
     }
 
-    /// The extra algorithm compat tags need.
-    fn compat_algo(&self) -> Option<Algo> {
-        (!self.config.compat.is_empty()).then_some(Algo::Sha256)
+    /// Reads the file once for `algos` and whatever the compat tags need; on failure, the
+    /// report to give instead.
+    fn read(
+        &mut self,
+        mut report: FileReport,
+        s: &Subject,
+        algos: impl IntoIterator<Item = Algo>,
+    ) -> Result<(FileReport, Digests), Option<FileReport>> {
+        let compat = (!self.config.compat.is_empty()).then_some(Algo::Sha256);
+        let algos = unique(algos.into_iter().chain(compat));
+        match self.hash(&mut report, s.file, &s.meta, &algos) {
+            Ok(d) => Ok((report, Digests(d))),
+            Err(e) => Err(e.report(report)),
+        }
+    }
+
+    /// Classifies the file against `tag` with the digest just computed.
+    fn judge(&self, report: &mut FileReport, tag: &Tag, s: &Subject, d: &Digests) {
+        let fresh = d.of(tag.digest.algo);
+        report.digest = Some(fresh);
+        report.status = classify::classify(tag, s.meta.mtime, &fresh, self.config.mtime_window_ns);
     }
 
     /// Reads the whole file once, feeding each of `algos`, and makes sure it did not change
@@ -867,47 +826,37 @@ impl Worker<'_> {
 
     /// Writes intact's tag for the `algo` digest and the metadata read before hashing, then
     /// the requested compat tags.
-    #[allow(clippy::too_many_arguments)]
     fn write(
         &self,
         mut report: FileReport,
-        file: &File,
-        meta: &Meta,
-        stored: &Stored,
-        digests: &[Digest],
+        s: &Subject,
+        d: &Digests,
         algo: Algo,
         action: Action,
     ) -> FileReport {
-        let value = tag::encode(
-            &of(digests, algo),
-            meta.size,
-            meta.mtime,
-            Timestamp::now().sec,
-        );
-        if let Err(e) = store::write_intact(file, &value) {
+        let value = tag::encode(&d.of(algo), s.meta.size, s.meta.mtime, Timestamp::now().sec);
+        if let Err(e) = store::write_intact(s.file, &value) {
             return fail(report, FileError::WriteTag(e));
         }
         report.action = Some(action);
-        match self.compat_algo() {
-            Some(sha) => self.write_compat(report, file, stored, &of(digests, sha), meta.mtime),
-            None => report,
+        self.compat(report, s, d)
+    }
+
+    /// Writes the requested compat tags from the SHA-256 just computed.
+    fn compat(&self, report: FileReport, s: &Subject, d: &Digests) -> FileReport {
+        if self.config.compat.is_empty() {
+            return report;
         }
+        self.write_compat(report, s, &d.of(Algo::Sha256))
     }
 
     /// Writes each requested compat tag that does not already say the same.
-    fn write_compat(
-        &self,
-        mut report: FileReport,
-        file: &File,
-        stored: &Stored,
-        sha256: &Digest,
-        mtime: Timestamp,
-    ) -> FileReport {
+    fn write_compat(&self, mut report: FileReport, s: &Subject, sha256: &Digest) -> FileReport {
         for &format in &self.config.compat {
-            if stored.compat_current(format, sha256, mtime) {
+            if s.stored.compat_current(format, sha256, s.meta.mtime) {
                 continue;
             }
-            if let Err(e) = store::write_compat(file, format, sha256, mtime) {
+            if let Err(e) = store::write_compat(s.file, format, sha256, s.meta.mtime) {
                 return fail(report, FileError::WriteTag(e));
             }
             report.action.get_or_insert(Action::Tagged);
@@ -925,14 +874,6 @@ fn unique(algos: impl IntoIterator<Item = Algo>) -> Vec<Algo> {
         }
     }
     out
-}
-
-/// The digest computed for `algo` (every caller asked for it).
-fn of(digests: &[Digest], algo: Algo) -> Digest {
-    *digests
-        .iter()
-        .find(|d| d.algo == algo)
-        .expect("the algorithm was hashed")
 }
 
 /// Attaches an error. A damage verdict already reached stays the status: the error (say, a

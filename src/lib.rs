@@ -18,4 +18,6 @@ pub mod report;
 pub mod store;
 pub mod sys;
 pub mod tag;
+#[cfg(test)]
+mod testutil;
 pub mod walk;

@@ -448,27 +448,10 @@ mod tests {
              %%%% size,sha256,filename\n1,{hex},/x/g,h\n"
         )
         .into_bytes();
-        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-        let mut next = |n: usize| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % n.max(1) as u64) as usize
-        };
+        let mut rng = crate::testutil::Rng::new(0x2545_f491_4f6c_dd1d);
         for _ in 0..20_000 {
             let mut v = seed.clone();
-            for _ in 0..1 + next(6) {
-                let at = next(v.len() + 1);
-                match next(4) {
-                    0 if at < v.len() => v[at] ^= 1 << next(8),
-                    1 if at < v.len() => drop(v.remove(at)),
-                    2 => v.insert(
-                        at,
-                        [b'\\', b'\n', b'\r', b'(', b')', b',', b'%', b' '][next(8)],
-                    ),
-                    _ => v.truncate(at),
-                }
-            }
+            crate::testutil::mutate(&mut rng, &mut v, 6, b"\\\n\r(),% ");
             for e in parse(&v, Algo::Sha256).entries {
                 if e.digest.algo != Algo::Sha256 {
                     continue;

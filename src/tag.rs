@@ -490,24 +490,15 @@ mod tests {
             b"1560177334.020775".to_vec(),
             d.bytes.to_vec(),
         ];
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = |n: usize| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % n.max(1) as u64) as usize
-        };
+        let mut rng = crate::testutil::Rng::new(0x9e37_79b9_7f4a_7c15);
         for round in 0..20_000 {
             let mut v = seeds[round % seeds.len()].clone();
-            for _ in 0..1 + next(4) {
-                let at = next(v.len() + 1);
-                match next(4) {
-                    0 if at < v.len() => v[at] ^= 1 << next(8),
-                    1 if at < v.len() => drop(v.remove(at)),
-                    2 => v.insert(at, [b' ', b'=', b'.', b'-', b'0', b'a', 0, 0xff][next(8)]),
-                    _ => v.truncate(at),
-                }
-            }
+            crate::testutil::mutate(
+                &mut rng,
+                &mut v,
+                4,
+                &[b' ', b'=', b'.', b'-', b'0', b'a', 0, 0xff],
+            );
             if let Ok(tag) = parse_intact(&v) {
                 let again = encode(
                     &tag.digest,
