@@ -66,9 +66,12 @@ pub fn write_compat(
             set(names::SHATAG_TS, tag::encode_shatag_ts(mtime).as_bytes())?;
         }
         Format::Dintch => {
-            set(names::DINTCH_HASH, &digest.bytes)?;
-            if get(file, names::DINTCH_HASH_S)?.is_some() {
-                set(names::DINTCH_HASH_S, &digest.bytes)?;
+            set(names::DINTCH_WRITE, &digest.bytes)?;
+            // Keep both spellings in step when a file carries both.
+            for other in [names::DINTCH_HASH, names::DINTCH_HASH_S] {
+                if other != names::DINTCH_WRITE && get(file, other)?.is_some() {
+                    set(other, &digest.bytes)?;
+                }
             }
             // A tagging time left from an older hash could later excuse a mismatch as an edit.
             remove(file, names::DINTCH_TIME)?;

@@ -38,6 +38,9 @@ pub mod names {
         DINTCH_HASH = "user.co.eclecticlight.dintch.hash", "co.eclecticlight.dintch.hash";
         /// The same after an rsync from a Mac, which keeps the `#S` flag as literal text.
         DINTCH_HASH_S = "user.co.eclecticlight.dintch.hash#S", "co.eclecticlight.dintch.hash#S";
+        /// The Dintch name intact writes: plain on Linux; with the syncable flag on macOS, as
+        /// Dintch itself writes it there.
+        DINTCH_WRITE = "user.co.eclecticlight.dintch.hash", "co.eclecticlight.dintch.hash#S";
         /// Dintch: when the file was tagged.
         DINTCH_TIME = "user.co.eclecticlight.dintch.time", "co.eclecticlight.dintch.time";
     }

@@ -377,6 +377,37 @@ fn compat_tags_are_written_byte_exact_and_stripped() {
     assert!(getxattr(&p, "user.co.eclecticlight.dintch.hash#S").is_none());
     assert_eq!(mtime(&p), (1_600_000_000, 42), "tagging moved the mtime");
 
+    // A file back from a Mac carries the `#S` spelling too: both are kept in step.
+    setxattr(
+        &p,
+        "user.co.eclecticlight.dintch.hash#S",
+        &sha256(b"what it was on the Mac"),
+    );
+    let (sec, nsec) = mtime(&p);
+    fs::write(&p, b"edited since").unwrap();
+    set_mtime(&p, (sec + 10, nsec));
+    intact([
+        "update".as_ref(),
+        "--compat".as_ref(),
+        "shatag,dintch".as_ref(),
+        t.root().as_os_str(),
+    ])
+    .expect_code(0);
+    let body = b"edited since".as_slice();
+    let digest = sha256(body);
+    assert_eq!(
+        getxattr(&p, "user.co.eclecticlight.dintch.hash").unwrap(),
+        digest
+    );
+    assert_eq!(
+        getxattr(&p, "user.co.eclecticlight.dintch.hash#S").unwrap(),
+        digest
+    );
+    assert_eq!(
+        getxattr(&p, "user.shatag.sha256").unwrap(),
+        hex::encode(digest).into_bytes()
+    );
+
     // Each tag on its own checks the file: remove intact's and the others still work.
     intact(["strip".as_ref(), t.root().as_os_str()]).expect_code(0);
     let j = intact(["check".as_ref(), "--json".as_ref(), t.root().as_os_str()])
