@@ -183,7 +183,7 @@ pub struct Common {
 
     /// How hard to work: normal = all cores, but one uncached reader at a time per spinning
     /// disk; fast = all cores reading everywhere; background = one thread at idle CPU and I/O
-    /// priority that leaves the page cache as it found it
+    /// priority, reading around the page cache (O_DIRECT) so it leaves it as it found it
     #[arg(long, value_enum, default_value_t = Speed::Normal)]
     pub speed: Speed,
 

@@ -178,6 +178,9 @@ pub struct ReadOptions<'a> {
     /// Drop the file's pages from the page cache after reading them, so that a background
     /// scrub does not evict the user's working set.
     pub drop_cache: bool,
+    /// Hash large files through memory maps (no copy). Off for background scrubs, which must
+    /// not bring files into the page cache.
+    pub map: bool,
     /// The file is on a spinning disk: read what is cached freely, but take this gate
     /// before the first read that would have to wait for the disk.
     pub gate: Option<&'a Gate>,
@@ -235,7 +238,7 @@ pub fn hash_file(
         while let n @ 1.. = reader.next(buf)? {
             feed(&buf[..n]);
         }
-    } else if opts.drop_cache || !mapped(&mut reader, &mut feed)? {
+    } else if !opts.map || !mapped(&mut reader, &mut feed)? {
         overlapped(&mut reader, bufs, feed)?;
     }
     reader.finish();
@@ -482,6 +485,7 @@ mod tests {
             2 * BUF_SIZE as u64,
             ReadOptions {
                 drop_cache: false,
+                map: true,
                 gate: Some(&gate),
             },
             &AtomicBool::new(false),
@@ -527,6 +531,7 @@ mod tests {
                     size,
                     ReadOptions {
                         drop_cache,
+                        map: !drop_cache,
                         gate: None,
                     },
                     &AtomicBool::new(false),

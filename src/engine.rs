@@ -75,7 +75,9 @@ pub struct Config {
     pub mtime_window_ns: u64,
     /// Worker threads.
     pub threads: usize,
-    /// Drop read data from the page cache (background scrubs).
+    /// Leave the page cache as it was (background scrubs): read with O_DIRECT, which also
+    /// verifies what is on the medium rather than a cached copy; where the file system
+    /// refuses that, drop what was read.
     pub drop_cache: bool,
     /// One uncached reader at a time per spinning disk (cached data is read by all workers).
     pub gate_spinning: bool,
@@ -502,7 +504,11 @@ impl Worker<'_> {
         if let Ok(mut current) = self.progress.current.lock() {
             current.clone_from(&path);
         }
-        let file = match anchor.open(&path) {
+        let reads = matches!(
+            self.config.verb,
+            Verb::Tag | Verb::Check | Verb::Update | Verb::Import
+        );
+        let file = match anchor.open(&path, reads && self.config.drop_cache) {
             Ok(f) => f,
             Err(e) if e.raw_os_error() == Some(libc::ELOOP) && is_symlink(&path) => {
                 return Some(FileReport::skipped(path, SkipReason::Symlink));
@@ -788,7 +794,10 @@ impl Worker<'_> {
             .then(|| self.gates.for_dev(before.dev))
             .flatten();
         let opts = ReadOptions {
-            drop_cache: self.config.drop_cache,
+            // With O_DIRECT nothing enters the cache, and dropping would evict what the user
+            // had cached.
+            drop_cache: self.config.drop_cache && !crate::sys::is_direct(file),
+            map: !self.config.drop_cache,
             gate: gate.as_deref(),
         };
         // A write in the same clock tick as a file's last change would not move its ctime.
@@ -909,8 +918,9 @@ impl Anchor {
 
     /// Opens a file read-only, without following any symlink below the root and without
     /// updating its access time where allowed. O_NONBLOCK keeps a FIFO swapped in after the
-    /// walk from blocking the open.
-    fn open(&self, path: &Path) -> io::Result<File> {
+    /// walk from blocking the open. `direct` reads around the page cache (O_DIRECT) where the
+    /// file system allows it.
+    fn open(&self, path: &Path, direct: bool) -> io::Result<File> {
         let flags =
             OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
         let beneath = match (&self.dir, path.strip_prefix(&self.root)) {
@@ -923,12 +933,25 @@ impl Anchor {
             Some(result) => result,
             None => rustix::fs::open(path, flags, Mode::empty()).map_err(io::Error::from),
         };
-        let fd = match attempt(flags | crate::sys::noatime()) {
-            // O_NOATIME is only for the file's owner (or root).
-            Err(e) if e.raw_os_error() == Some(libc::EPERM) => attempt(flags)?,
-            other => other?,
-        };
-        Ok(File::from(fd))
+        let (noatime, o_direct) = (crate::sys::noatime(), crate::sys::direct());
+        let mut extra = noatime | if direct { o_direct } else { OFlags::empty() };
+        loop {
+            let err = match attempt(flags | extra) {
+                Ok(fd) => return Ok(File::from(fd)),
+                Err(e) => e,
+            };
+            match err.raw_os_error() {
+                // O_NOATIME is only for the file's owner (or root).
+                Some(libc::EPERM) if !noatime.is_empty() && extra.contains(noatime) => {
+                    extra.remove(noatime)
+                }
+                // Some file systems (tmpfs before 6.6, some FUSE) refuse O_DIRECT.
+                Some(libc::EINVAL) if !o_direct.is_empty() && extra.contains(o_direct) => {
+                    extra.remove(o_direct)
+                }
+                _ => return Err(err),
+            }
+        }
     }
 }
 
@@ -951,15 +974,16 @@ mod tests {
         std::os::unix::fs::symlink(dir.path(), root.join("swapped")).unwrap();
         std::os::unix::fs::symlink("real", root.join("alias")).unwrap();
         let anchor = Anchor::new(&root);
-        assert!(anchor.open(&root.join("real/f")).is_ok());
+        assert!(anchor.open(&root.join("real/f"), false).is_ok());
+        assert!(anchor.open(&root.join("real/f"), true).is_ok());
         for sneaky in ["swapped/outside", "alias/f"] {
-            let err = anchor.open(&root.join(sneaky)).unwrap_err();
+            let err = anchor.open(&root.join(sneaky), false).unwrap_err();
             assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{sneaky}");
             // A plain open would have followed it.
             assert!(std::fs::File::open(root.join(sneaky)).is_ok());
         }
         // A root that is a file is opened as itself.
         let file_root = root.join("real/f");
-        assert!(Anchor::new(&file_root).open(&file_root).is_ok());
+        assert!(Anchor::new(&file_root).open(&file_root, false).is_ok());
     }
 }

@@ -107,6 +107,20 @@ pub fn open_beneath(
     }
 }
 
+/// Open flag that reads around the page cache.
+pub fn direct() -> rustix::fs::OFlags {
+    #[cfg(target_os = "linux")]
+    return rustix::fs::OFlags::DIRECT;
+    #[cfg(not(target_os = "linux"))]
+    return rustix::fs::OFlags::empty();
+}
+
+/// Whether `file` was opened with O_DIRECT (the file system may have refused it).
+pub fn is_direct(file: &File) -> bool {
+    let d = direct();
+    !d.is_empty() && rustix::fs::fcntl_getfl(file).is_ok_and(|f| f.contains(d))
+}
+
 /// `mmap` flag that fills the page tables up front.
 #[cfg(target_os = "linux")]
 pub const MAP_POPULATE: libc::c_int = libc::MAP_POPULATE;

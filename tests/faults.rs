@@ -281,3 +281,52 @@ fn ctrl_c_stops_cleanly_without_a_tag() {
     assert_eq!(summary["interrupted"], true);
     assert_eq!(summary["files"], 0);
 }
+
+/// Resident bytes of a file in the page cache, as util-linux's fincore reports them.
+fn resident(path: &std::path::Path) -> u64 {
+    let out = Command::new("fincore")
+        .args(["--bytes", "--noheadings", "--output", "RES"])
+        .arg(path)
+        .output()
+        .expect("fincore (util-linux)");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn background_checks_leave_the_page_cache_as_they_found_it() {
+    let t = Tree::new();
+    let cached = t.write("cached", data(16 << 20, 1));
+    let cold = t.write("cold", data(16 << 20, 2));
+    intact(["tag".as_ref(), t.root().as_os_str()]).expect_code(0);
+    flip_byte(&cold, 5 << 20);
+    // One file in the cache (the user's working set), one out of it.
+    fs::read(&cached).unwrap();
+    let f = fs::File::open(&cold).unwrap();
+    f.sync_all().unwrap();
+    rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+    assert_eq!(resident(&cached), 16 << 20);
+    assert_eq!(resident(&cold), 0);
+
+    let j = intact([
+        "check".as_ref(),
+        "--speed".as_ref(),
+        "background".as_ref(),
+        "--json".as_ref(),
+        t.root().as_os_str(),
+    ])
+    .expect_code(1)
+    .json();
+    assert_eq!(j.status("cached"), "ok");
+    // Read from the disk, not from a cached copy, the damage is seen.
+    assert_eq!(j.status("cold"), "corrupt");
+    assert_eq!(
+        resident(&cached),
+        16 << 20,
+        "the scrub evicted the user's cached file"
+    );
+    assert_eq!(resident(&cold), 0, "the scrub filled the cache");
+}
