@@ -11,15 +11,17 @@ Exit codes:
   1    damage found: a file's data changed under an unchanged mtime (corrupt), or a tag
        without an mtime no longer matches (mismatch); wins over every other code
   2    usage error
-  3    some files could not be processed or verified (unreadable, vanished, no xattr
-       support, tag could not be written, changed while being read, malformed tag in check)
+  3    some files could not be processed or verified: unreadable, vanished, tag could not
+       be written (no xattr support, permission, no space), changed while being read, tags
+       in conflict, listed in a manifest but missing, unreadable manifest lines, malformed
+       tag in check, tagged with the other algorithm in export
   130  interrupted (Ctrl-C) before the end";
 
 #[derive(Parser, Debug)]
 #[command(
     name = "intact",
     version,
-    about = "Keep files intact: digests stored on the files themselves, checked and repaired",
+    about = "Keep files intact: digests stored on the files themselves, and checked",
     long_about = "intact stores a SHA-256 (or BLAKE3) digest of each file's data in an extended \
 attribute on the file itself (user.intact), so it follows the file through moves, renames and \
 xattr-preserving copies. `check` later proves the data still matches, and tells silent \

@@ -160,6 +160,9 @@ pub enum FileError {
     /// The walk could not look at this path.
     #[error("{}", cause(.0))]
     Walk(io::Error),
+    /// `export` was asked for one algorithm; the file is tagged with the other.
+    #[error("tagged with {0} only: `export --algo {0}` lists it")]
+    OtherAlgorithm(Algo),
 }
 
 impl FileError {
@@ -172,6 +175,7 @@ impl FileError {
             | FileError::WriteTag(e)
             | FileError::RemoveTag(e)
             | FileError::Walk(e) => e,
+            FileError::OtherAlgorithm(_) => return "other-algorithm",
         };
         match e.raw_os_error() {
             Some(libc::ENOTSUP) => "no-xattr-support",
@@ -564,6 +568,10 @@ impl Worker<'_> {
                 .iter()
                 .find(|t| t.digest.algo == algo)
                 .cloned();
+            // A manifest that silently left tagged files out would pass for complete.
+            if let (None, Some(other)) = (&report.tag, s.stored.best()) {
+                return fail(report, FileError::OtherAlgorithm(other.digest.algo));
+            }
         }
         if let Some(t) = &report.tag {
             report.status =
@@ -598,21 +606,21 @@ impl Worker<'_> {
         let (mut report, d) = self.read(report, s, s.stored.tags.iter().map(|t| t.digest.algo))?;
         self.judge(&mut report, best, s, &d);
         let matches = |t: &Tag| t.digest == d.of(t.digest.algo);
-        let odd: Vec<&str> = s.stored.tags[1..]
-            .iter()
-            .filter(|&t| matches(t) != matches(best))
-            .map(|t| t.format.name())
-            .collect();
-        if !odd.is_empty() {
-            let truth = if matches(best) {
-                "matches"
-            } else {
-                "does not match"
+        if s.stored.tags.iter().any(|t| matches(t) != matches(best)) {
+            let names = |m: bool| {
+                let n: Vec<&str> = s
+                    .stored
+                    .tags
+                    .iter()
+                    .filter(|&t| matches(t) == m)
+                    .map(|t| t.format.name())
+                    .collect();
+                n.join(" and ")
             };
             report.detail = Some(format!(
-                "tags disagree: the {} tag {truth} the data, the {} tag does not agree",
-                best.format.name(),
-                odd.join(" and ")
+                "tags disagree: the data matches the {} tag, not the {} tag",
+                names(true),
+                names(false)
             ));
             if !report.status.is_damage() {
                 report.status = Status::Conflict;
@@ -633,6 +641,14 @@ impl Worker<'_> {
                         && classify::expect(t, s.meta.size, s.meta.mtime, window) == Status::Ok
                 }) {
                     Some(t) => self.write_compat(report, s, &t.digest),
+                    None if !self.config.compat.is_empty() => {
+                        report.detail = Some(
+                            "no compat tags added: no SHA-256 to copy from an unchanged intact \
+                             tag; `update --compat` reads the file"
+                                .into(),
+                        );
+                        report
+                    }
                     None => report,
                 },
             );

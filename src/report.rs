@@ -228,10 +228,17 @@ impl<W: Write, E: Write> Reporter<W, E> {
                 Verb::Strip => s == Status::Error,
                 Verb::Export => !matches!(s, Status::Ok | Status::Skipped),
                 Verb::Import => !matches!(s, Status::Ok | Status::Skipped),
-                Verb::Tag => !matches!(
-                    s,
-                    Status::Ok | Status::New | Status::Tagged | Status::Skipped | Status::Touched
-                ),
+                Verb::Tag => {
+                    r.detail.is_some()
+                        || !matches!(
+                            s,
+                            Status::Ok
+                                | Status::New
+                                | Status::Tagged
+                                | Status::Skipped
+                                | Status::Touched
+                        )
+                }
                 Verb::Check | Verb::Update => {
                     !matches!(s, Status::Ok | Status::Skipped | Status::Touched)
                 }

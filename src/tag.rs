@@ -205,7 +205,12 @@ pub fn parse_intact(raw: &[u8]) -> Result<Tag, Malformed> {
             _ => false,
         };
         if dup {
-            return bad(format!("more than one {key}"));
+            let what = if matches!(key, "sha256" | "blake3") {
+                "digest"
+            } else {
+                key
+            };
+            return bad(format!("more than one {what}"));
         }
     }
     let Some(digest) = digest else {

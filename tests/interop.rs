@@ -114,6 +114,36 @@ fn export_blake3_passes_b3sum_and_fails_after_damage() {
 }
 
 #[test]
+fn export_never_passes_off_a_partial_manifest() {
+    let t = Tree::new();
+    t.write("b3", b"blake3 tagged");
+    intact([
+        "tag".as_ref(),
+        "--algo".as_ref(),
+        "blake3".as_ref(),
+        t.root().as_os_str(),
+    ])
+    .expect_code(0);
+    let r = intact(["export".as_ref(), t.root().as_os_str()]).expect_code(3);
+    assert_eq!(r.stdout, "");
+    assert!(
+        r.stderr
+            .contains("tagged with blake3 only: `export --algo blake3` lists it"),
+        "{}",
+        r.stderr
+    );
+    // And tag --compat says when it cannot copy a SHA-256 it does not have.
+    let r = intact([
+        "tag".as_ref(),
+        "--compat".as_ref(),
+        "shatag".as_ref(),
+        t.root().as_os_str(),
+    ])
+    .expect_code(0);
+    assert!(r.stdout.contains("no compat tags added"), "{}", r.stdout);
+}
+
+#[test]
 fn export_reads_no_data_and_leaves_out_stale_tags() {
     let t = Tree::new();
     t.write("same", b"unchanged");
@@ -514,7 +544,7 @@ fn disagreeing_tags_are_a_conflict_until_settled() {
     assert!(r.stdout.starts_with("conflict "), "{}", r.stdout);
     assert!(
         r.stdout
-            .contains("the intact tag matches the data, the shatag tag does not agree"),
+            .contains("tags disagree: the data matches the intact tag, not the shatag tag"),
         "{}",
         r.stdout
     );
