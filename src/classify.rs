@@ -60,7 +60,8 @@ impl Status {
         }
     }
 
-    /// Every status, in the order summaries list them.
+    /// Every status, in declaration order, which is the order summaries list them in (and
+    /// count them by: `status as usize`).
     pub const ALL: [Status; 13] = [
         Status::Ok,
         Status::Corrupt,
@@ -272,6 +273,16 @@ mod tests {
             classify(&untimed, at(2_000_000_000), &other(), 0),
             Status::Mismatch
         );
+    }
+
+    #[test]
+    fn all_is_in_declaration_order() {
+        for (i, s) in Status::ALL.iter().enumerate() {
+            assert_eq!(*s as usize, i, "{s:?}");
+        }
+        for (i, a) in crate::engine::Action::ALL.iter().enumerate() {
+            assert_eq!(*a as usize, i, "{a:?}");
+        }
     }
 
     #[test]

@@ -46,6 +46,11 @@ pub enum Verb {
 }
 
 impl Verb {
+    /// Whether the verb reads file data (the others only look at tags and metadata).
+    pub fn reads_data(self) -> bool {
+        matches!(self, Verb::Tag | Verb::Check | Verb::Update | Verb::Import)
+    }
+
     /// The verb's name.
     pub fn name(self) -> &'static str {
         match self {
@@ -128,6 +133,14 @@ pub enum Action {
 }
 
 impl Action {
+    /// Every action, in declaration order (summaries count by `action as usize`).
+    pub const ALL: [Action; 4] = [
+        Action::Tagged,
+        Action::Refreshed,
+        Action::Kept,
+        Action::Removed,
+    ];
+
     /// The word used in output.
     pub fn name(self) -> &'static str {
         match self {
@@ -508,11 +521,8 @@ impl Worker<'_> {
         if let Ok(mut current) = self.progress.current.lock() {
             current.clone_from(&path);
         }
-        let reads = matches!(
-            self.config.verb,
-            Verb::Tag | Verb::Check | Verb::Update | Verb::Import
-        );
-        let file = match anchor.open(&path, reads && self.config.drop_cache) {
+        let direct = self.config.verb.reads_data() && self.config.drop_cache;
+        let file = match anchor.open(&path, direct) {
             Ok(f) => f,
             Err(e) if e.raw_os_error() == Some(libc::ELOOP) && is_symlink(&path) => {
                 return Some(FileReport::skipped(path, SkipReason::Symlink));

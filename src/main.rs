@@ -247,9 +247,10 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
     };
     let mut reporter = Reporter::new(verb, common.json, verbosity, out, std::io::stderr());
     let progress = Progress::default();
-    let reads_data = matches!(verb, Verb::Tag | Verb::Check | Verb::Update | Verb::Import);
-    let show_bar =
-        reads_data && !common.quiet && !common.no_progress && std::io::stderr().is_terminal();
+    let show_bar = verb.reads_data()
+        && !common.quiet
+        && !common.no_progress
+        && std::io::stderr().is_terminal();
     let start = Instant::now();
     let mut io_error = None;
 

@@ -50,7 +50,7 @@ pub struct Summary {
     /// Files reported, per status.
     pub counts: [u64; Status::ALL.len()],
     /// Files written, refreshed, kept or stripped.
-    pub actions: [u64; 4],
+    pub actions: [u64; Action::ALL.len()],
     /// Bytes of file data read.
     pub bytes: u64,
     /// Tags that were present but unusable.
@@ -61,22 +61,12 @@ pub struct Summary {
     pub interrupted: bool,
 }
 
-const ACTIONS: [Action; 4] = [
-    Action::Tagged,
-    Action::Refreshed,
-    Action::Kept,
-    Action::Removed,
-];
-
 impl Summary {
     /// Counts one report.
     pub fn add(&mut self, r: &FileReport) {
-        self.counts[Status::ALL
-            .iter()
-            .position(|&s| s == r.status)
-            .expect("listed")] += 1;
+        self.counts[r.status as usize] += 1;
         if let Some(a) = r.action {
-            self.actions[ACTIONS.iter().position(|&x| x == a).expect("listed")] += 1;
+            self.actions[a as usize] += 1;
         }
         self.bytes += r.bytes_read;
         self.malformed += r.malformed.len() as u64;
@@ -84,15 +74,12 @@ impl Summary {
 
     /// Files reported with `status`.
     pub fn count(&self, status: Status) -> u64 {
-        self.counts[Status::ALL
-            .iter()
-            .position(|&s| s == status)
-            .expect("listed")]
+        self.counts[status as usize]
     }
 
     /// Files to which `action` was done.
     pub fn action(&self, action: Action) -> u64 {
-        self.actions[ACTIONS.iter().position(|&x| x == action).expect("listed")]
+        self.actions[action as usize]
     }
 
     /// Files reported in all.
@@ -281,7 +268,7 @@ pub fn human_summary(verb: Verb, s: &Summary) -> String {
         .map(|&st| format!("{} {}", group(s.count(st)), st.name()))
         .collect();
     parts.extend(
-        ACTIONS
+        Action::ALL
             .iter()
             .filter(|&&a| s.action(a) > 0)
             .map(|&a| format!("{} {}", group(s.action(a)), a.name())),
@@ -457,7 +444,10 @@ impl JsonSummary {
                 .iter()
                 .map(|&st| (st.name(), s.count(st)))
                 .collect(),
-            actions: ACTIONS.iter().map(|&a| (a.name(), s.action(a))).collect(),
+            actions: Action::ALL
+                .iter()
+                .map(|&a| (a.name(), s.action(a)))
+                .collect(),
             malformed_tags: s.malformed,
             interrupted: s.interrupted,
             exit_code: exit as i32,
@@ -481,17 +471,11 @@ mod tests {
     fn damage_wins_over_everything() {
         let mut s = Summary::default();
         assert_eq!(s.exit(Verb::Check), Exit::Clean);
-        s.counts[Status::ALL
-            .iter()
-            .position(|&x| x == Status::Error)
-            .unwrap()] = 1;
+        s.counts[Status::Error as usize] = 1;
         assert_eq!(s.exit(Verb::Check), Exit::Trouble);
         s.interrupted = true;
         assert_eq!(s.exit(Verb::Check), Exit::Interrupted);
-        s.counts[Status::ALL
-            .iter()
-            .position(|&x| x == Status::Corrupt)
-            .unwrap()] = 1;
+        s.counts[Status::Corrupt as usize] = 1;
         assert_eq!(s.exit(Verb::Check), Exit::Damage);
     }
 

@@ -72,17 +72,6 @@ impl Timestamp {
             Err(_) => Timestamp { sec: 0, nsec: 0 },
         }
     }
-
-    /// RFC 3339 in UTC with nanoseconds, for people.
-    pub fn rfc3339(self) -> String {
-        let t = if self.sec >= 0 {
-            std::time::UNIX_EPOCH + std::time::Duration::new(self.sec as u64, self.nsec)
-        } else {
-            std::time::UNIX_EPOCH - std::time::Duration::from_secs(self.sec.unsigned_abs())
-                + std::time::Duration::from_nanos(self.nsec as u64)
-        };
-        humantime::format_rfc3339_nanos(t).to_string()
-    }
 }
 
 impl fmt::Display for Timestamp {
