@@ -134,6 +134,32 @@ pub enum Command {
         #[command(flatten)]
         compat: Compat,
     },
+    /// Redundant compressed copies that carry their tags: create, verify, list
+    #[command(subcommand)]
+    Archive(ArchiveCommand),
+    /// Restore damaged files bit-exactly from archives or backup trees, verified first
+    #[command(after_help = REPAIR_HELP)]
+    Repair {
+        #[command(flatten)]
+        paths: Paths,
+        #[command(flatten)]
+        common: Common,
+        /// Where to look for good copies: archives made by `intact archive create`, or
+        /// directories of tagged files (a backup, a mirror). Searched in order, by digest
+        #[arg(long, short = 'f', required = true, value_name = "SOURCE")]
+        from: Vec<PathBuf>,
+        /// Find and verify good copies, and say what would be repaired from where; change
+        /// nothing
+        #[arg(long, short = 'n')]
+        dry_run: bool,
+        /// Keep damaged originals under DIR (at their path relative to PATH) instead of
+        /// beside the repaired file as NAME.damaged
+        #[arg(long, value_name = "DIR", conflicts_with = "discard_damaged")]
+        keep_damaged_in: Option<PathBuf>,
+        /// Do not keep the damaged originals
+        #[arg(long)]
+        discard_damaged: bool,
+    },
     /// Print the man page or a shell completion script
     Generate {
         /// What to generate
@@ -141,6 +167,72 @@ pub enum Command {
         what: Generated,
     },
 }
+
+pub const REPAIR_HELP: &str = "\
+A damaged file is one a check finds corrupt (or in mismatch): its tag says which bytes it
+should hold. Copies are found by that digest, so a file moved or renamed since it was copied
+is still found. A copy's bytes must hash to the tag before they replace anything; the new
+file gets the original's mode, owner, xattrs and mtime, and is renamed into place. A file
+with several hard links is rewritten in place, so every name sees the repair.
+
+Exit codes: 0 nothing damaged is left; 1 some damage could not be repaired (or --dry-run);
+3 errors; as for check otherwise.";
+
+#[derive(Subcommand, Debug)]
+pub enum ArchiveCommand {
+    /// Write a .tar.zst of the files under PATH, each with its tag and xattrs, after
+    /// verifying it; damaged files are left out
+    #[command(after_help = ARCHIVE_HELP)]
+    Create {
+        /// The archive to write (by convention NAME.tar.zst); replaced atomically
+        #[arg(value_name = "ARCHIVE")]
+        dest: PathBuf,
+        #[command(flatten)]
+        paths: Paths,
+        #[command(flatten)]
+        common: Common,
+        /// zstd compression level (1-19; higher is smaller and slower)
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=19))]
+        level: i32,
+        /// zstd compression threads [default: one per core]
+        #[arg(long, value_name = "N")]
+        compress_threads: Option<u32>,
+        /// Archive files found damaged too, marked as such (their members fail verify and
+        /// are never used by repair)
+        #[arg(long)]
+        include_damaged: bool,
+        /// Leave the files untouched: untagged files are archived without a tag instead of
+        /// being tagged first
+        #[arg(long)]
+        untagged: bool,
+        /// Digest algorithm for new tags [default: sha256]
+        #[arg(long, value_enum)]
+        algo: Option<AlgoArg>,
+    },
+    /// Re-hash every member against the tag it carries, and check the zstd checksums
+    Verify {
+        /// The archive
+        #[arg(value_name = "ARCHIVE")]
+        archive: PathBuf,
+        #[command(flatten)]
+        output: Output,
+    },
+    /// List members with mode, owner, size, mtime and digest, like `tar -tv`
+    List {
+        /// The archive
+        #[arg(value_name = "ARCHIVE")]
+        archive: PathBuf,
+    },
+}
+
+pub const ARCHIVE_HELP: &str = "\
+The archive is a PAX tar compressed with zstd: `tar --xattrs --xattrs-include='*' -I zstd -xf
+ARCHIVE` restores the files with their tags, modes, owners, nanosecond mtimes and sparse
+holes. Files are verified as they are archived (untagged ones are tagged first, like update);
+one that fails its check is reported and left out unless --include-damaged.
+
+Exit codes: 0 all archived; 1 damaged files found; 3 some files could not be archived
+(unreadable, changed while read) or the archive could not be written.";
 
 #[derive(Args, Debug)]
 pub struct Paths {
@@ -170,7 +262,7 @@ pub enum CompatArg {
 }
 
 #[derive(Args, Debug)]
-pub struct Common {
+pub struct Output {
     /// Print one JSON object per file and a final summary object (JSON Lines)
     #[arg(long)]
     pub json: bool,
@@ -182,6 +274,16 @@ pub struct Common {
     /// Print a line for every file, including those that are fine
     #[arg(short, long)]
     pub verbose: bool,
+
+    /// Never show a progress bar (it is only shown on a terminal anyway)
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct Common {
+    #[command(flatten)]
+    pub output: Output,
 
     /// How hard to work: normal = all cores, but one uncached reader at a time per spinning
     /// disk; fast = all cores reading everywhere; background = one thread at idle CPU and I/O
@@ -206,10 +308,6 @@ pub struct Common {
     /// like rsync's --modify-window) [default: 0, nanosecond precision]
     #[arg(long, value_name = "SECONDS", value_parser = parse_window)]
     pub mtime_window: Option<u64>,
-
-    /// Never show a progress bar (it is only shown on a terminal anyway)
-    #[arg(long)]
-    pub no_progress: bool,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

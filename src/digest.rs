@@ -159,7 +159,8 @@ impl AlignedBuf {
         AlignedBuf { ptr, layout }
     }
 
-    fn as_mut_slice(&mut self) -> &mut [u8] {
+    /// The whole buffer.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: ptr points to layout.size() initialised bytes owned by self.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
     }

@@ -43,12 +43,27 @@ pub enum Verb {
     Export,
     /// Tag files whose data matches a manifest.
     Import,
+    /// Update, then copy what is intact into an archive (the copying is the caller's).
+    Archive,
+    /// Check, then restore damaged files from good copies (the restoring is the caller's).
+    Repair,
+    /// Verify an archive's members (the reading is the archive module's, not the engine's).
+    Verify,
 }
 
 impl Verb {
     /// Whether the verb reads file data (the others only look at tags and metadata).
     pub fn reads_data(self) -> bool {
-        matches!(self, Verb::Tag | Verb::Check | Verb::Update | Verb::Import)
+        matches!(
+            self,
+            Verb::Tag
+                | Verb::Check
+                | Verb::Update
+                | Verb::Import
+                | Verb::Archive
+                | Verb::Repair
+                | Verb::Verify
+        )
     }
 
     /// The verb's name.
@@ -61,6 +76,9 @@ impl Verb {
             Verb::Show => "show",
             Verb::Export => "export",
             Verb::Import => "import",
+            Verb::Archive => "archive",
+            Verb::Repair => "repair",
+            Verb::Verify => "verify",
         }
     }
 }
@@ -93,6 +111,9 @@ pub struct Config {
     pub compat: Vec<Format>,
     /// Digests from a manifest, instead of xattrs (`check --manifest`, `import`).
     pub manifest: Option<Arc<Expected>>,
+    /// Whether tags may be written. Without, a writing verb still reads and judges every
+    /// file as it would, and reports what it would have written as not done.
+    pub write: bool,
 }
 
 impl Config {
@@ -110,6 +131,7 @@ impl Config {
             walk: WalkOptions::default(),
             compat: Vec::new(),
             manifest: None,
+            write: true,
         }
     }
 
@@ -130,15 +152,21 @@ pub enum Action {
     Kept,
     /// intact's tag was removed.
     Removed,
+    /// The file was copied into an archive.
+    Archived,
+    /// The file's data was restored from a verified copy.
+    Repaired,
 }
 
 impl Action {
     /// Every action, in declaration order (summaries count by `action as usize`).
-    pub const ALL: [Action; 4] = [
+    pub const ALL: [Action; 6] = [
         Action::Tagged,
         Action::Refreshed,
         Action::Kept,
         Action::Removed,
+        Action::Archived,
+        Action::Repaired,
     ];
 
     /// The word used in output.
@@ -148,6 +176,8 @@ impl Action {
             Action::Refreshed => "refreshed",
             Action::Kept => "kept",
             Action::Removed => "removed",
+            Action::Archived => "archived",
+            Action::Repaired => "repaired",
         }
     }
 }
@@ -173,6 +203,9 @@ pub enum FileError {
     /// The walk could not look at this path.
     #[error("{}", cause(.0))]
     Walk(io::Error),
+    /// Restoring the file's data failed; the file was left as it was.
+    #[error("cannot repair: {}; the file was left as it was", cause(.0))]
+    Repair(io::Error),
     /// `export` was asked for one algorithm; the file is tagged with the other.
     #[error("tagged with {0} only: `export --algo {0}` lists it")]
     OtherAlgorithm(Algo),
@@ -187,6 +220,7 @@ impl FileError {
             | FileError::ReadTags(e)
             | FileError::WriteTag(e)
             | FileError::RemoveTag(e)
+            | FileError::Repair(e)
             | FileError::Walk(e) => e,
             FileError::OtherAlgorithm(_) => return "other-algorithm",
         };
@@ -248,7 +282,8 @@ pub struct FileReport {
 }
 
 impl FileReport {
-    fn new(path: PathBuf, status: Status) -> Self {
+    /// A report with `status` and nothing else known yet.
+    pub fn new(path: PathBuf, status: Status) -> Self {
         FileReport {
             path,
             status,
@@ -561,9 +596,9 @@ impl Worker<'_> {
             // The richest tag of the manifest's algorithm, untouched since it was written.
             Verb::Export => Ok(self.show(report, &s, Some(self.config.new_algo()))),
             Verb::Strip => Ok(self.strip(report, &s)),
-            Verb::Check => self.check(report, &s),
+            Verb::Check | Verb::Repair | Verb::Verify => self.check(report, &s),
             Verb::Tag => self.tag(report, &s),
-            Verb::Update => self.update(report, &s),
+            Verb::Update | Verb::Archive => self.update(report, &s),
             Verb::Import => self.import(report, &s),
         };
         outcome.map_or_else(|stopped| stopped, Some)
@@ -869,6 +904,9 @@ impl Worker<'_> {
         algo: Algo,
         action: Action,
     ) -> FileReport {
+        if !self.config.write {
+            return report;
+        }
         let value = tag::encode(&d.of(algo), s.meta.size, s.meta.mtime, Timestamp::now().sec);
         if let Err(e) = store::write_intact(s.file, &value) {
             return fail(report, FileError::WriteTag(e));
@@ -887,6 +925,9 @@ impl Worker<'_> {
 
     /// Writes each requested compat tag that does not already say the same.
     fn write_compat(&self, mut report: FileReport, s: &Subject, sha256: &Digest) -> FileReport {
+        if !self.config.write {
+            return report;
+        }
         for &format in &self.config.compat {
             if s.stored.compat_current(format, sha256, s.meta.mtime) {
                 continue;
@@ -929,13 +970,13 @@ const RACY_NS: i128 = 20_000_000;
 
 /// A walk root held open, so that files under it are opened relative to it and can never be
 /// reached through a symlink, not even one swapped in for a directory after the walk saw it.
-struct Anchor {
+pub(crate) struct Anchor {
     root: PathBuf,
     dir: Option<rustix::fd::OwnedFd>,
 }
 
 impl Anchor {
-    fn new(root: &Path) -> Self {
+    pub(crate) fn new(root: &Path) -> Self {
         Anchor {
             root: root.to_path_buf(),
             dir: crate::sys::open_anchor(root),
@@ -946,7 +987,7 @@ impl Anchor {
     /// updating its access time where allowed. O_NONBLOCK keeps a FIFO swapped in after the
     /// walk from blocking the open. `direct` reads around the page cache (O_DIRECT) where the
     /// file system allows it.
-    fn open(&self, path: &Path, direct: bool) -> io::Result<File> {
+    pub(crate) fn open(&self, path: &Path, direct: bool) -> io::Result<File> {
         let flags =
             OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
         let beneath = match (&self.dir, path.strip_prefix(&self.root)) {
@@ -978,6 +1019,28 @@ impl Anchor {
                 _ => return Err(err),
             }
         }
+    }
+}
+
+impl Anchor {
+    /// Opens a directory under the root for `*at` calls, by the same rules as files. A root
+    /// that is a file has its parent opened by path: that is where the user pointed.
+    pub(crate) fn open_dir(&self, dir: &Path) -> io::Result<rustix::fd::OwnedFd> {
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        match (&self.dir, dir.strip_prefix(&self.root)) {
+            (Some(root), Ok(rel)) if !rel.as_os_str().is_empty() => {
+                if let Some(opened) = crate::sys::open_beneath(root, rel, flags) {
+                    return opened;
+                }
+            }
+            _ => {}
+        }
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        Ok(rustix::fs::open(dir, flags, Mode::empty())?)
     }
 }
 

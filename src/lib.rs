@@ -8,12 +8,14 @@
 
 #![deny(missing_docs)]
 
+pub mod archive;
 pub mod classify;
 pub mod device;
 pub mod digest;
 pub mod engine;
 pub mod manifest;
 pub mod mapped;
+pub mod repair;
 pub mod report;
 pub mod store;
 pub mod sys;

@@ -15,7 +15,9 @@ use anyhow::Context;
 use clap::{CommandFactory, Parser};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use cli::{AlgoArg, Cli, Command, Common, CompatArg, Generated, Speed};
+use cli::{AlgoArg, ArchiveCommand, Cli, Command, Common, CompatArg, Generated, Output, Speed};
+use intact::archive;
+use intact::repair::{self, Keep, Repairer, Source};
 use intact::classify::Status;
 use intact::digest::Algo;
 use intact::engine::{self, Config, FileReport, Progress, Verb};
@@ -43,8 +45,19 @@ struct Job {
     config: Config,
     roots: Vec<PathBuf>,
     common: Common,
-    export: Option<(PathBuf, Option<PathBuf>)>,
+    task: Task,
     bad_manifest_lines: bool,
+}
+
+/// What happens with the engine's reports besides reporting them.
+enum Task {
+    Report,
+    /// A manifest of PATH, to stdout or a file.
+    Export(PathBuf, Option<PathBuf>),
+    /// Verified files go into an archive.
+    Archive(PathBuf, archive::Options),
+    /// Damaged files are restored from sources.
+    Repair(Vec<Source>, repair::Options),
 }
 
 fn job(cli: Cli) -> anyhow::Result<Result<Job, Exit>> {
@@ -66,7 +79,7 @@ fn job(cli: Cli) -> anyhow::Result<Result<Job, Exit>> {
     };
     let compat = |c: cli::Compat| formats(&c.compat);
     let mut bad = false;
-    let (config, roots, common, export) = match cli.command {
+    let (config, roots, common, task) = match cli.command {
         Command::Tag {
             paths,
             common,
@@ -80,7 +93,7 @@ fn job(cli: Cli) -> anyhow::Result<Result<Job, Exit>> {
                 compat: compat(c),
                 ..Config::new(Verb::Tag)
             };
-            (config, paths.paths, common, None)
+            (config, paths.paths, common, Task::Report)
         }
         Command::Check {
             paths,
@@ -99,7 +112,7 @@ fn job(cli: Cli) -> anyhow::Result<Result<Job, Exit>> {
                 config.manifest = Some(expected);
                 bad = had_bad;
             }
-            (config, paths.paths, common, None)
+            (config, paths.paths, common, Task::Report)
         }
         Command::Update {
             paths,
@@ -114,7 +127,7 @@ fn job(cli: Cli) -> anyhow::Result<Result<Job, Exit>> {
                 compat: compat(c),
                 ..Config::new(Verb::Update)
             };
-            (config, paths.paths, common, None)
+            (config, paths.paths, common, Task::Report)
         }
         Command::Strip {
             paths,
@@ -125,9 +138,11 @@ fn job(cli: Cli) -> anyhow::Result<Result<Job, Exit>> {
                 compat: formats(&c),
                 ..Config::new(Verb::Strip)
             };
-            (config, paths.paths, common, None)
+            (config, paths.paths, common, Task::Report)
         }
-        Command::Show { paths, common } => (Config::new(Verb::Show), paths.paths, common, None),
+        Command::Show { paths, common } => {
+            (Config::new(Verb::Show), paths.paths, common, Task::Report)
+        }
         Command::Export {
             path,
             common,
@@ -138,7 +153,7 @@ fn job(cli: Cli) -> anyhow::Result<Result<Job, Exit>> {
                 algo: Some(algo(a)),
                 ..Config::new(Verb::Export)
             };
-            (config, vec![path.clone()], common, Some((path, output)))
+            (config, vec![path.clone()], common, Task::Export(path, output))
         }
         Command::Import {
             manifest,
@@ -159,7 +174,51 @@ fn job(cli: Cli) -> anyhow::Result<Result<Job, Exit>> {
                 manifest: Some(expected),
                 ..Config::new(Verb::Import)
             };
-            (config, roots, common, None)
+            (config, roots, common, Task::Report)
+        }
+        Command::Archive(ArchiveCommand::Create {
+            dest,
+            paths,
+            common,
+            level,
+            compress_threads,
+            include_damaged,
+            untagged,
+            algo: a,
+        }) => {
+            let config = Config {
+                algo: a.map(algo),
+                write: !untagged,
+                ..Config::new(Verb::Archive)
+            };
+            let opts = archive::Options {
+                level,
+                threads: compress_threads.unwrap_or(config.threads as u32),
+                include_damaged,
+            };
+            (config, paths.paths, common, Task::Archive(dest, opts))
+        }
+        Command::Archive(ArchiveCommand::Verify { archive, output }) => {
+            return verify(&archive, &output).map(Err);
+        }
+        Command::Archive(ArchiveCommand::List { archive }) => return list(&archive).map(Err),
+        Command::Repair {
+            paths,
+            common,
+            from,
+            dry_run,
+            keep_damaged_in,
+            discard_damaged,
+        } => {
+            let keep = match (keep_damaged_in, discard_damaged) {
+                (Some(dir), _) => Keep::In(dir),
+                (None, true) => Keep::Discard,
+                (None, false) => Keep::Beside,
+            };
+            let sources = from.into_iter().map(Source::new).collect();
+            let opts = repair::Options { dry_run, keep };
+            let config = Config::new(Verb::Repair);
+            (config, paths.paths, common, Task::Repair(sources, opts))
         }
         Command::Generate { what } => return generate(what).map(Err),
     };
@@ -179,7 +238,7 @@ fn job(cli: Cli) -> anyhow::Result<Result<Job, Exit>> {
         config,
         roots,
         common,
-        export,
+        task,
         bad_manifest_lines: bad,
     }))
 }
@@ -207,9 +266,10 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         config,
         roots,
         common,
-        export,
+        task,
         bad_manifest_lines,
     } = job;
+    let output = &common.output;
     let verb = config.verb;
     if common.speed == Speed::Background {
         for e in intact::sys::lowest_priority() {
@@ -225,46 +285,72 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
     })
     .context("installing the Ctrl-C handler")?;
 
-    let verbosity = if common.quiet {
-        Verbosity::Quiet
-    } else if common.verbose {
-        Verbosity::Verbose
-    } else {
-        Verbosity::Normal
-    };
     // An export's manifest owns stdout (or a temp file renamed at the end); its per-file
     // lines then go to stderr.
-    let mut listing = match &export {
-        Some((_, Some(file))) => Some(Listing::file(file)?),
-        Some((_, None)) => Some(Listing::Stdout(std::io::BufWriter::new(
+    let mut listing = match &task {
+        Task::Export(_, Some(file)) => Some(Listing::file(file)?),
+        Task::Export(_, None) => Some(Listing::Stdout(std::io::BufWriter::new(
             std::io::stdout().lock(),
         ))),
-        None => None,
+        _ => None,
     };
-    let out: Box<dyn Write> = match &export {
-        Some(_) => Box::new(std::io::stderr()),
-        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+    let out: Box<dyn Write> = match &task {
+        Task::Export(..) => Box::new(std::io::stderr()),
+        _ => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };
-    let mut reporter = Reporter::new(verb, common.json, verbosity, out, std::io::stderr());
+    let mut archiver = match &task {
+        Task::Archive(dest, opts) => Some(
+            archive::Writer::create(dest, &roots, opts.clone())
+                .with_context(|| format!("creating {}", dest.display()))?,
+        ),
+        _ => None,
+    };
+    let mut repairer = match &task {
+        Task::Repair(_, opts) => Some(Repairer::new(&roots, opts.clone())),
+        _ => None,
+    };
+    let mut reporter = Reporter::new(
+        verb,
+        output.json,
+        verbosity(output),
+        out,
+        std::io::stderr(),
+    );
     let progress = Progress::default();
     let show_bar = verb.reads_data()
-        && !common.quiet
-        && !common.no_progress
+        && !output.quiet
+        && !output.no_progress
         && std::io::stderr().is_terminal();
+    let mut archive_error = None;
     let start = Instant::now();
     let mut io_error = None;
 
     std::thread::scope(|s| -> anyhow::Result<()> {
         let bar = show_bar.then(|| progress_bar(s, &roots, &config.walk, &progress));
-        let result = engine::run(&config, &roots, &INTERRUPTED, &progress, |report| {
-            if io_error.is_some() {
+        let result = engine::run(&config, &roots, &INTERRUPTED, &progress, |mut report| {
+            if io_error.is_some() || archive_error.is_some() {
                 return;
             }
+            if let Some(w) = &mut archiver
+                && let Err(e) = w.add(&mut report)
+            {
+                // The archive itself cannot be written (disk full?): stop, leave nothing.
+                INTERRUPTED.store(true, Ordering::SeqCst);
+                archive_error = Some(e);
+                return;
+            }
+            let report = match &mut repairer {
+                Some(r) => match r.want(report) {
+                    Some(report) => report,
+                    None => return,
+                },
+                None => report,
+            };
             let mut result = match &bar {
                 Some(bar) if reporter.prints(&report) => bar.suspend(|| reporter.file(&report)),
                 _ => reporter.file(&report),
             };
-            if let (Some(listing), Some((root, _))) = (&mut listing, &export) {
+            if let (Some(listing), Task::Export(root, _)) = (&mut listing, &task) {
                 result = result.and_then(|()| listing.add(root, &report));
             }
             if let Err(e) = result {
@@ -279,6 +365,17 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         result.context("walking")?;
         Ok(())
     })?;
+    if let (Some(r), Task::Repair(sources, _)) = (repairer, &task)
+        && !INTERRUPTED.load(Ordering::SeqCst)
+    {
+        r.run(sources, &INTERRUPTED, |report| {
+            if io_error.is_none()
+                && let Err(e) = reporter.file(&report)
+            {
+                io_error = Some(e);
+            }
+        });
+    }
 
     reporter.summary.elapsed = start.elapsed();
     reporter.summary.interrupted = INTERRUPTED.load(Ordering::SeqCst);
@@ -290,6 +387,25 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             return Ok(reporter.summary.exit(verb));
         }
         trouble = Some(anyhow::Error::new(e).context("writing output"));
+    }
+    if let Some(e) = archive_error {
+        trouble = Some(anyhow::Error::new(e).context("writing the archive; nothing was left"));
+    } else if let Some(w) = archiver
+        && !reporter.summary.interrupted
+    {
+        match w.finish() {
+            Ok(stats) if !output.quiet && !output.json => eprintln!(
+                "archive: wrote {}: {} members, {} of data in {} compressed",
+                intact::report::escape(&task_dest(&task)),
+                stats.members,
+                intact::report::bytes(stats.bytes),
+                intact::report::bytes(stats.compressed),
+            ),
+            Ok(_) => {}
+            Err(e) => {
+                trouble = Some(anyhow::Error::new(e).context("finishing the archive"));
+            }
+        }
     }
     if let Some(listing) = listing
         && !reporter.summary.interrupted
@@ -310,6 +426,135 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         exit = exit.merge(Exit::Trouble);
     }
     Ok(exit)
+}
+
+fn task_dest(task: &Task) -> PathBuf {
+    match task {
+        Task::Archive(dest, _) => dest.clone(),
+        _ => PathBuf::new(),
+    }
+}
+
+fn verbosity(output: &Output) -> Verbosity {
+    if output.quiet {
+        Verbosity::Quiet
+    } else if output.verbose {
+        Verbosity::Verbose
+    } else {
+        Verbosity::Normal
+    }
+}
+
+/// `archive verify`: every member against its own tag, then the stream's checksums.
+fn verify(path: &Path, output: &Output) -> anyhow::Result<Exit> {
+    let out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut reporter = Reporter::new(
+        Verb::Verify,
+        output.json,
+        verbosity(output),
+        out,
+        std::io::stderr(),
+    );
+    let start = Instant::now();
+    let mut io_error = None;
+    let read = archive::read(path, |mut visit| {
+        let report = archive::verify_member(&mut visit);
+        match reporter.file(&report) {
+            Ok(()) => std::ops::ControlFlow::Continue(()),
+            Err(e) => {
+                io_error = Some(e);
+                std::ops::ControlFlow::Break(())
+            }
+        }
+    });
+    reporter.summary.elapsed = start.elapsed();
+    let mut exit = reporter.finish().context("writing output")?;
+    if let Some(e) = io_error
+        && e.kind() != std::io::ErrorKind::BrokenPipe
+    {
+        return Err(e).context("writing output");
+    }
+    if let Err(e) = read {
+        eprintln!(
+            "intact: error: {}: {e}",
+            intact::report::escape(path)
+        );
+        exit = exit.merge(if e.damaged { Exit::Damage } else { Exit::Trouble });
+    }
+    Ok(exit)
+}
+
+/// `archive list`: one line per member, like `tar -tv`, with the digest its tag holds.
+fn list(path: &Path) -> anyhow::Result<Exit> {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut io_error = None;
+    let read = archive::read(path, |visit| {
+        let m = visit.member;
+        let digest = m
+            .stored()
+            .best()
+            .map_or_else(|| "-".to_string(), |t| t.digest.to_string());
+        let kind = match &m.kind {
+            archive::Kind::File => '-',
+            archive::Kind::Link(_) => 'h',
+            archive::Kind::Symlink(_) => 'l',
+            archive::Kind::Other => '?',
+        };
+        let mtime = humantime::format_rfc3339_seconds(
+            std::time::UNIX_EPOCH + Duration::from_secs(m.mtime.sec.max(0) as u64),
+        );
+        let target = match &m.kind {
+            archive::Kind::Link(t) | archive::Kind::Symlink(t) => format!(
+                " -> {}",
+                intact::report::escape(Path::new(std::ffi::OsStr::from_bytes(t)))
+            ),
+            _ => String::new(),
+        };
+        let line = writeln!(
+            out,
+            "{kind}{} {}/{} {:>12} {mtime} {digest} {}{target}{}",
+            mode_string(m.mode),
+            m.uid,
+            m.gid,
+            m.size,
+            intact::report::escape(&m.path()),
+            m.damaged
+                .as_ref()
+                .map_or(String::new(), |v| format!("  [archived although {v}]"))
+        );
+        match line {
+            Ok(()) => std::ops::ControlFlow::Continue(()),
+            Err(e) => {
+                io_error = Some(e);
+                std::ops::ControlFlow::Break(())
+            }
+        }
+    });
+    out.flush().ok();
+    if let Some(e) = io_error
+        && e.kind() != std::io::ErrorKind::BrokenPipe
+    {
+        return Err(e).context("writing output");
+    }
+    match read {
+        Ok(()) => Ok(Exit::Clean),
+        Err(e) => {
+            eprintln!("intact: error: {}: {e}", intact::report::escape(path));
+            Ok(if e.damaged { Exit::Damage } else { Exit::Trouble })
+        }
+    }
+}
+
+/// `rwxr-xr-x` for permission bits.
+fn mode_string(mode: u32) -> String {
+    let mut s = String::with_capacity(9);
+    for shift in [6, 3, 0] {
+        let bits = mode >> shift;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        s.push(if bits & 1 != 0 { 'x' } else { '-' });
+    }
+    s
 }
 
 /// Where an export's manifest lines go.

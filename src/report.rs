@@ -97,7 +97,7 @@ impl Summary {
             exit = exit.merge(Exit::Interrupted);
         }
         // A malformed tag leaves a file unverifiable: trouble for check, repaired by the others.
-        let unverified = if verb == Verb::Check {
+        let unverified = if matches!(verb, Verb::Check | Verb::Repair | Verb::Verify) {
             self.malformed
         } else {
             0
@@ -168,7 +168,10 @@ impl<W: Write, E: Write> Reporter<W, E> {
             return Ok(());
         }
         let path = escape(&r.path);
-        let status = r.status.name();
+        let status = match r.action {
+            Some(Action::Repaired) => "repaired",
+            _ => r.status.name(),
+        };
         if self.verb == Verb::Show {
             let digest = r.tag.as_ref().map_or("-".into(), |t| t.digest.to_string());
             let format = r.tag.as_ref().map_or("-", |t| t.format.name());
@@ -226,8 +229,12 @@ impl<W: Write, E: Write> Reporter<W, E> {
                                 | Status::Touched
                         )
                 }
-                Verb::Check | Verb::Update => {
+                Verb::Check | Verb::Update | Verb::Archive | Verb::Verify => {
                     !matches!(s, Status::Ok | Status::Skipped | Status::Touched)
+                }
+                Verb::Repair => {
+                    r.action == Some(Action::Repaired)
+                        || !matches!(s, Status::Ok | Status::Skipped | Status::Touched)
                 }
             },
         }
@@ -306,8 +313,8 @@ fn group(n: u64) -> String {
     out
 }
 
-/// Decimal units, as disk makers and `dd` use them.
-fn bytes(n: u64) -> String {
+/// A byte count in decimal units, as disk makers and `dd` use them.
+pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["kB", "MB", "GB", "TB", "PB"];
     if n < 1000 {
         return format!("{n} B");

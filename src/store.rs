@@ -114,47 +114,84 @@ pub fn read(file: &File) -> io::Result<Stored> {
         Err(e) => return Err(e.into()),
     };
     let present = |name: &str| list.split(|&b| b == 0).any(|n| n == name.as_bytes());
-
-    let mut stored = Stored::default();
-    let mut keep = |attr: &'static str, parsed: Result<Tag, Malformed>| match parsed {
-        Ok(t) => stored.tags.push(t),
-        Err(m) => stored.malformed.push((attr, m)),
-    };
-    if present(names::INTACT) {
-        keep(
-            names::INTACT,
-            get(file, names::INTACT)?
-                .as_deref()
-                .map_or_else(gone, tag::parse_intact),
-        );
-    }
-    if present(names::SHATAG_SHA256) {
-        let hash = get(file, names::SHATAG_SHA256)?;
-        let ts = get(file, names::SHATAG_TS)?;
-        keep(
-            names::SHATAG_SHA256,
-            hash.as_deref()
-                .map_or_else(gone, |h| tag::parse_shatag(h, ts.as_deref())),
-        );
-    }
-    for attr in [names::DINTCH_HASH, names::DINTCH_HASH_S] {
-        if present(attr) {
-            let hash = get(file, attr)?;
-            let time = get(file, names::DINTCH_TIME)?;
-            keep(
-                attr,
-                hash.as_deref()
-                    .map_or_else(gone, |h| tag::parse_dintch(h, time.as_deref())),
-            );
-            break;
-        }
-    }
-    stored.tags.sort_by_key(|t| t.format);
-    Ok(stored)
+    Stored::from_attrs(|name| if present(name) { get(file, name) } else { Ok(None) })
 }
 
-fn gone() -> Result<Tag, Malformed> {
-    Err(Malformed("removed while being read".into()))
+impl Stored {
+    /// Parses every known tag out of a file's attributes, as `lookup` gives them (`None` for
+    /// an absent one): from the file system, or from an archive member's records.
+    pub fn from_attrs(
+        mut lookup: impl FnMut(&str) -> io::Result<Option<Vec<u8>>>,
+    ) -> io::Result<Stored> {
+        let mut stored = Stored::default();
+        let mut keep = |attr: &'static str, parsed: Result<Tag, Malformed>| match parsed {
+            Ok(t) => stored.tags.push(t),
+            Err(m) => stored.malformed.push((attr, m)),
+        };
+        if let Some(value) = lookup(names::INTACT)? {
+            keep(names::INTACT, tag::parse_intact(&value));
+        }
+        if let Some(hash) = lookup(names::SHATAG_SHA256)? {
+            let ts = lookup(names::SHATAG_TS)?;
+            keep(names::SHATAG_SHA256, tag::parse_shatag(&hash, ts.as_deref()));
+        }
+        for attr in [names::DINTCH_HASH, names::DINTCH_HASH_S] {
+            if let Some(hash) = lookup(attr)? {
+                let time = lookup(names::DINTCH_TIME)?;
+                keep(attr, tag::parse_dintch(&hash, time.as_deref()));
+                break;
+            }
+        }
+        stored.tags.sort_by_key(|t| t.format);
+        Ok(stored)
+    }
+}
+
+/// A file's own extended attributes (the `user.` namespace on Linux; all on macOS), names
+/// and values, as a copy or an archive member should carry them.
+pub fn read_all(file: &File) -> io::Result<Vec<(String, Vec<u8>)>> {
+    let list = match flistxattr_query(file) {
+        Ok(len) => {
+            let mut list = vec![0u8; len + 256];
+            let n = flistxattr(file, &mut list[..])?;
+            list.truncate(n);
+            list
+        }
+        Err(rustix::io::Errno::NOTSUP) => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let mut attrs = Vec::new();
+    for name in list.split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let Ok(name) = std::str::from_utf8(name) else {
+            continue;
+        };
+        if cfg!(not(target_os = "macos")) && !name.starts_with("user.") {
+            continue;
+        }
+        let mut value = vec![0u8; 256];
+        loop {
+            match fgetxattr(file, name, &mut value[..]) {
+                Ok(n) => {
+                    value.truncate(n);
+                    attrs.push((name.to_owned(), value));
+                    break;
+                }
+                Err(rustix::io::Errno::RANGE) => value.resize(fgetxattr_query(file, name)? + 256, 0),
+                // Removed since it was listed.
+                Err(rustix::io::Errno::NODATA) => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(attrs)
+}
+
+/// Sets each attribute on `file`.
+pub fn write_all(file: &File, attrs: &[(String, Vec<u8>)]) -> io::Result<()> {
+    for (name, value) in attrs {
+        rustix::fs::fsetxattr(file, name.as_str(), value, XattrFlags::empty())?;
+    }
+    Ok(())
 }
 
 /// One attribute's value, or `None` if absent. Values longer than any tag are cut to

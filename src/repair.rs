@@ -1,0 +1,630 @@
+//! Repair: damaged files get their original bytes back from good copies.
+//!
+//! A check finds the damaged files; each one's tag says which bytes it should hold. Sources
+//! are searched by digest, not by name, so a file moved or renamed since the copy was made
+//! is still found: archive members by the tags they carry, files in a backup tree by theirs.
+//! A candidate is only a lead: its bytes are hashed on their way into a temp file beside the
+//! damaged one, and only bytes that hash to the tag replace anything. The replacement is
+//! made durable and given the original's mode, owner, xattrs and mtime, then renamed over
+//! it; the damaged original is kept unless the user says otherwise.
+//!
+//! Every write happens in the damaged file's own directory, opened beneath the root given
+//! on the command line without following symlinks: no name found in a source ever decides
+//! where bytes go. A file with several hard links is rewritten in place (after the verified
+//! copy is durable beside it), so that every name sees the repaired data.
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io::{self, Read, Seek, Write};
+use std::ops::ControlFlow;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rustix::fs::{Mode, OFlags};
+
+use crate::archive::{self, Chunk};
+use crate::classify::Status;
+use crate::digest::{Digest, Hasher};
+use crate::engine::{Action, Anchor, FileReport};
+use crate::store;
+use crate::walk::{self, Entry, WalkOptions};
+
+/// Where good copies may be found.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// An archive made by `intact archive create`.
+    Archive(PathBuf),
+    /// A tree of tagged files: a backup, a mirror, another disk.
+    Tree(PathBuf),
+}
+
+impl Source {
+    /// A source for `path`: a directory is a tree, a file an archive.
+    pub fn new(path: PathBuf) -> Source {
+        if path.is_dir() {
+            Source::Tree(path)
+        } else {
+            Source::Archive(path)
+        }
+    }
+}
+
+/// What to do with the damaged original once it is replaced.
+#[derive(Clone, Debug)]
+pub enum Keep {
+    /// Keep it beside the repaired file, as `<name>.damaged`.
+    Beside,
+    /// Keep it in this directory, at its path relative to the root it was found under.
+    In(PathBuf),
+    /// Discard it.
+    Discard,
+}
+
+/// How to repair.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Find and verify good copies, but change nothing.
+    pub dry_run: bool,
+    /// What becomes of damaged originals.
+    pub keep: Keep,
+}
+
+/// A damaged file waiting for good bytes.
+struct Target {
+    report: FileReport,
+    root: usize,
+    /// The digest its tag holds, and the size it records.
+    want: (Digest, Option<u64>),
+    /// Copies tried and found damaged, for the report.
+    bad_copies: Vec<String>,
+    done: bool,
+}
+
+/// Collects damaged files from a check, then repairs them from the sources.
+pub struct Repairer {
+    roots: Vec<PathBuf>,
+    anchors: Vec<Anchor>,
+    opts: Options,
+    targets: Vec<Target>,
+}
+
+impl Repairer {
+    /// A repairer for files found under `roots`.
+    pub fn new(roots: &[PathBuf], opts: Options) -> Repairer {
+        Repairer {
+            roots: roots.to_vec(),
+            anchors: roots.iter().map(|r| Anchor::new(r)).collect(),
+            opts,
+            targets: Vec::new(),
+        }
+    }
+
+    /// Takes `report` if it is about a damaged file this can repair; otherwise gives it back.
+    pub fn want(&mut self, report: FileReport) -> Option<FileReport> {
+        let root = self.roots.iter().position(|r| report.path.starts_with(r));
+        let (true, Some(tag), Some(root)) = (report.status.is_damage(), &report.tag, root) else {
+            return Some(report);
+        };
+        let want = (tag.digest, tag.size);
+        self.targets.push(Target {
+            report,
+            root,
+            want,
+            bad_copies: Vec::new(),
+            done: false,
+        });
+        None
+    }
+
+    /// Whether any damaged file was found.
+    pub fn is_empty(&self) -> bool {
+        self.targets.is_empty()
+    }
+
+    /// Searches `sources` in order for the damaged files' bytes and restores each file from
+    /// the first copy that verifies; then hands each file's report to `sink`.
+    pub fn run(mut self, sources: &[Source], cancel: &AtomicBool, mut sink: impl FnMut(FileReport)) {
+        for source in sources {
+            if self.targets.iter().all(|t| t.done) || cancel.load(Ordering::Relaxed) {
+                break;
+            }
+            match source {
+                Source::Archive(path) => self.from_archive(path, cancel),
+                Source::Tree(path) => self.from_tree(path, cancel),
+            }
+        }
+        for mut t in self.targets {
+            if !t.done && t.report.error.is_none() {
+                t.report.detail = Some(if t.bad_copies.is_empty() {
+                    "no good copy found in the sources".into()
+                } else {
+                    format!(
+                        "no good copy found: copies also damaged in {}",
+                        t.bad_copies.join(", ")
+                    )
+                });
+            }
+            sink(t.report);
+        }
+    }
+
+    fn wanted(&self) -> HashMap<Digest, Vec<usize>> {
+        let mut map: HashMap<Digest, Vec<usize>> = HashMap::new();
+        for (i, t) in self.targets.iter().enumerate() {
+            if !t.done {
+                map.entry(t.want.0).or_default().push(i);
+            }
+        }
+        map
+    }
+
+    fn from_archive(&mut self, path: &Path, cancel: &AtomicBool) {
+        let wanted = self.wanted();
+        let shown = crate::report::escape(path);
+        let result = archive::read(path, |mut visit| {
+            if cancel.load(Ordering::Relaxed) {
+                return ControlFlow::Break(());
+            }
+            let m = visit.member;
+            if m.kind != archive::Kind::File {
+                return ControlFlow::Continue(());
+            }
+            let stored = m.stored();
+            let Some(indices) = stored.tags.iter().find_map(|t| wanted.get(&t.digest)) else {
+                return ControlFlow::Continue(());
+            };
+            let Some(&first) = indices.iter().find(|&&i| !self.targets[i].done) else {
+                return ControlFlow::Continue(());
+            };
+            let from = format!("{shown} ({})", crate::report::escape(&m.path()));
+            let outcome = self.restore(first, |sink| visit.data(sink));
+            if self.settle(first, outcome, &from) {
+                // The same bytes for every other file that wants them, from the one repaired.
+                let good = self.targets[first].report.path.clone();
+                for &i in indices {
+                    if !self.targets[i].done {
+                        let outcome = self.restore(i, |sink| read_file(&good, sink));
+                        self.settle(i, outcome, &from);
+                    }
+                }
+            }
+            if self.targets.iter().all(|t| t.done) {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        });
+        if let Err(e) = result {
+            for t in self.targets.iter_mut().filter(|t| !t.done) {
+                t.bad_copies.push(format!("{shown} (unreadable: {e})"));
+            }
+        }
+    }
+
+    fn from_tree(&mut self, tree: &Path, cancel: &AtomicBool) {
+        let wanted = self.wanted();
+        let mut candidates: HashMap<Digest, Vec<PathBuf>> = HashMap::new();
+        let roots = [tree.to_path_buf()];
+        let anchor = Anchor::new(tree);
+        let _ = walk::walk(&roots, &WalkOptions::default(), |entry| {
+            if cancel.load(Ordering::Relaxed) {
+                return ControlFlow::Break(());
+            }
+            if let Entry::File { path, .. } = entry
+                && let Ok(file) = anchor.open(&path, false)
+                && let Ok(stored) = store::read(&file)
+                && let Some(t) = stored.tags.iter().find(|t| wanted.contains_key(&t.digest))
+            {
+                candidates.entry(t.digest).or_default().push(path);
+            }
+            ControlFlow::Continue(())
+        });
+        let shown = crate::report::escape(tree);
+        for (digest, indices) in wanted {
+            let Some(found) = candidates.get(&digest) else {
+                continue;
+            };
+            for i in indices {
+                let rel = self.relative(i);
+                let mut found = found.clone();
+                // The copy at the same relative path first, then the closest names.
+                found.sort_by_key(|p| std::cmp::Reverse(common_suffix(&rel, p)));
+                for path in found {
+                    if self.targets[i].done || cancel.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    if same_file(&path, &self.targets[i].report.path) {
+                        continue;
+                    }
+                    let from = format!("{shown} ({})", crate::report::escape(&path));
+                    let outcome = self.restore(i, |sink| read_file(&path, sink));
+                    self.settle(i, outcome, &from);
+                }
+            }
+        }
+    }
+
+    fn relative(&self, i: usize) -> PathBuf {
+        let t = &self.targets[i];
+        t.report
+            .path
+            .strip_prefix(&self.roots[t.root])
+            .unwrap_or(&t.report.path)
+            .to_path_buf()
+    }
+
+    /// Records an attempt's outcome; true if the file is now repaired.
+    fn settle(&mut self, i: usize, outcome: Result<Restored, Failure>, from: &str) -> bool {
+        let t = &mut self.targets[i];
+        match outcome {
+            Ok(Restored { kept }) => {
+                t.done = true;
+                let was = t.report.status.name();
+                if self.opts.dry_run {
+                    t.report.detail = Some(format!("would be repaired from {from}"));
+                } else {
+                    t.report.status = Status::Ok;
+                    t.report.action = Some(Action::Repaired);
+                    t.report.detail = Some(match kept {
+                        Some(k) => format!(
+                            "was {was}; restored from {from}; damaged copy kept as {}",
+                            crate::report::escape(&k)
+                        ),
+                        None => format!("was {was}; restored from {from}"),
+                    });
+                }
+                true
+            }
+            Err(Failure::CopyDamaged) => {
+                t.bad_copies.push(from.to_owned());
+                false
+            }
+            Err(Failure::Source(e)) => {
+                t.bad_copies.push(format!("{from} (unreadable: {e})"));
+                false
+            }
+            Err(Failure::Target(e)) => {
+                // The file could not be written: trying other copies would fail the same way.
+                t.done = true;
+                t.report.error = Some(crate::engine::FileError::Repair(e));
+                false
+            }
+        }
+    }
+
+    /// Restores target `i` from the bytes `fill` streams: into a temp file beside it, hashed
+    /// on the way; only if they match the tag does the temp file replace the original.
+    fn restore(
+        &self,
+        i: usize,
+        fill: impl FnOnce(&mut dyn FnMut(Chunk<'_>) -> io::Result<()>) -> io::Result<()>,
+    ) -> Result<Restored, Failure> {
+        let t = &self.targets[i];
+        let path = &t.report.path;
+        let (dir_path, name) = match (path.parent(), path.file_name()) {
+            (Some(d), Some(n)) => (d, n),
+            _ => return Err(Failure::Target(io::Error::other("no file name"))),
+        };
+        let dir = self.anchors[t.root]
+            .open_dir(dir_path)
+            .map_err(Failure::Target)?;
+        let original = File::from(open_at(&dir, name, OFlags::RDONLY).map_err(Failure::Target)?);
+        let meta = original.metadata().map_err(Failure::Target)?;
+        if !meta.is_file() || Some(meta.len()) != t.report.size {
+            return Err(Failure::Target(io::Error::other(
+                "the file changed since it was checked; run repair again",
+            )));
+        }
+        let (digest, size) = t.want;
+        let mut temp = if self.opts.dry_run {
+            None
+        } else {
+            Some(Temp::create(&dir, name).map_err(Failure::Target)?)
+        };
+        let mut hasher = Hasher::new(digest.algo);
+        let mut len = 0u64;
+        let zeros = [0u8; 64 << 10];
+        // A failed write is the target's fault, not the copy's: remembered apart.
+        let mut write_err = None;
+        let filled = fill(&mut |chunk| {
+            let written = match chunk {
+                Chunk::Data(d) => {
+                    hasher.update(d);
+                    len += d.len() as u64;
+                    temp.as_mut().map_or(Ok(()), |t| t.file.write_all(d))
+                }
+                Chunk::Hole(n) => {
+                    let mut left = n;
+                    while left > 0 {
+                        let k = left.min(zeros.len() as u64) as usize;
+                        hasher.update(&zeros[..k]);
+                        left -= k as u64;
+                    }
+                    len += n;
+                    temp.as_mut().map_or(Ok(()), |t| {
+                        t.file.seek(io::SeekFrom::Current(n as i64)).map(drop)
+                    })
+                }
+            };
+            written.map_err(|e| {
+                let stop = io::Error::new(e.kind(), "write failed");
+                write_err = Some(e);
+                stop
+            })
+        });
+        if let Some(e) = write_err {
+            return Err(Failure::Target(e));
+        }
+        filled.map_err(Failure::Source)?;
+        if hasher.finalize() != digest || size.is_some_and(|s| s != len) {
+            return Err(Failure::CopyDamaged);
+        }
+        let Some(mut temp) = temp.take() else {
+            return Ok(Restored { kept: None });
+        };
+        let kept = temp
+            .finish(&dir, name, &original, &meta, len, self.keep_path(i, name))
+            .map_err(Failure::Target)?;
+        Ok(Restored { kept })
+    }
+
+    /// Where the damaged original of target `i` goes, if kept.
+    fn keep_path(&self, i: usize, name: &OsStr) -> Option<KeepAt> {
+        match &self.opts.keep {
+            Keep::Discard => None,
+            Keep::Beside => Some(KeepAt::Beside({
+                let mut k = name.to_os_string();
+                k.push(".damaged");
+                k
+            })),
+            Keep::In(dir) => Some(KeepAt::Elsewhere(dir.join(self.relative(i)))),
+        }
+    }
+}
+
+/// A successful restore.
+struct Restored {
+    /// Where the damaged original was kept.
+    kept: Option<PathBuf>,
+}
+
+/// Why a restore did not happen.
+enum Failure {
+    /// The copy's bytes do not hash to the tag.
+    CopyDamaged,
+    /// The copy could not be read.
+    Source(io::Error),
+    /// The damaged file or its directory could not be written: nothing was changed.
+    Target(io::Error),
+}
+
+enum KeepAt {
+    /// A name in the same directory.
+    Beside(OsString),
+    /// A path elsewhere.
+    Elsewhere(PathBuf),
+}
+
+/// A temp file beside the file it will replace; removed unless renamed into place.
+struct Temp<'d> {
+    dir: &'d OwnedFd,
+    name: OsString,
+    file: File,
+    placed: bool,
+}
+
+impl<'d> Temp<'d> {
+    fn create(dir: &'d OwnedFd, for_name: &OsStr) -> io::Result<Temp<'d>> {
+        let mut name = OsString::from(".");
+        name.push(for_name);
+        name.push(format!(".intact-repair-{}", std::process::id()));
+        let fd = rustix::fs::openat(
+            dir,
+            name.as_os_str(),
+            OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )?;
+        Ok(Temp {
+            dir,
+            name,
+            file: File::from(fd),
+            placed: false,
+        })
+    }
+
+    /// Makes the verified bytes durable, gives them the original's metadata, keeps the
+    /// original if asked, and puts the bytes in its place.
+    fn finish(
+        &mut self,
+        dir: &OwnedFd,
+        name: &OsStr,
+        original: &File,
+        meta: &std::fs::Metadata,
+        len: u64,
+        keep: Option<KeepAt>,
+    ) -> io::Result<Option<PathBuf>> {
+        self.file.set_len(len)?;
+        self.file.sync_all()?;
+        let kept = match keep {
+            None => None,
+            Some(KeepAt::Beside(k)) => Some(keep_beside(dir, name, &k, original, meta)?),
+            Some(KeepAt::Elsewhere(p)) => Some(keep_elsewhere(original, &p)?),
+        };
+        if meta.nlink() > 1 {
+            // Every name of the inode must see the repair: write the verified bytes into it.
+            self.file.seek(io::SeekFrom::Start(0))?;
+            let mut target = File::from(open_at(dir, name, OFlags::WRONLY)?);
+            io::copy(&mut self.file, &mut target)?;
+            target.set_len(len)?;
+            set_times(&target, meta)?;
+            target.sync_all()?;
+            return Ok(kept);
+        }
+        store::write_all(&self.file, &store::read_all(original)?)?;
+        let (uid, gid) = (meta.uid(), meta.gid());
+        if let Err(e) = rustix::fs::fchown(
+            &self.file,
+            Some(rustix::fs::Uid::from_raw(uid)),
+            Some(rustix::fs::Gid::from_raw(gid)),
+        ) && (uid, gid) != (rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw())
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("cannot give the repaired file its owner {uid}:{gid} ({e})"),
+            ));
+        }
+        rustix::fs::fchmod(&self.file, Mode::from_raw_mode(meta.mode() & 0o7777))?;
+        set_times(&self.file, meta)?;
+        self.file.sync_all()?;
+        rustix::fs::renameat(dir, self.name.as_os_str(), dir, name)?;
+        self.placed = true;
+        rustix::fs::fsync(dir)?;
+        if kept.is_some() {
+            // The damaged inode now lives on only under the kept name: without its tag, later
+            // checks do not report the same damage again (the good file carries the tag).
+            store::remove_intact(original)?;
+        }
+        Ok(kept)
+    }
+
+}
+
+impl Drop for Temp<'_> {
+    fn drop(&mut self) {
+        if !self.placed {
+            let _ = rustix::fs::unlinkat(self.dir, self.name.as_os_str(), rustix::fs::AtFlags::empty());
+        }
+    }
+}
+
+/// Opens `name` in `dir`, never through a symlink.
+fn open_at(dir: &OwnedFd, name: &OsStr, flags: OFlags) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat(
+        dir,
+        name,
+        flags | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        Mode::empty(),
+    )?)
+}
+
+/// The original's access and modification times, to the nanosecond.
+fn set_times(file: &File, meta: &std::fs::Metadata) -> io::Result<()> {
+    let ts = |sec: i64, nsec: i64| rustix::fs::Timespec {
+        tv_sec: sec,
+        tv_nsec: nsec as _,
+    };
+    rustix::fs::futimens(
+        file,
+        &rustix::fs::Timestamps {
+            last_access: ts(meta.atime(), meta.atime_nsec()),
+            last_modification: ts(meta.mtime(), meta.mtime_nsec()),
+        },
+    )?;
+    Ok(())
+}
+
+/// Keeps the damaged original in the same directory under a free name: as a second link
+/// to its inode, or, for an inode about to be rewritten in place, as a copy.
+fn keep_beside(
+    dir: &OwnedFd,
+    name: &OsStr,
+    keep: &OsStr,
+    original: &File,
+    meta: &std::fs::Metadata,
+) -> io::Result<PathBuf> {
+    for n in 0..1000 {
+        let mut k = keep.to_os_string();
+        if n > 0 {
+            k.push(format!(".{n}"));
+        }
+        let made = if meta.nlink() > 1 {
+            rustix::fs::openat(
+                dir,
+                k.as_os_str(),
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o600),
+            )
+            .map_err(io::Error::from)
+            .and_then(|fd| {
+                let mut out = File::from(fd);
+                io::copy(&mut &*original, &mut out)?;
+                out.sync_all()
+            })
+        } else {
+            rustix::fs::linkat(dir, name, dir, k.as_os_str(), rustix::fs::AtFlags::empty())
+                .map_err(io::Error::from)
+        };
+        match made {
+            Ok(()) => return Ok(PathBuf::from(k)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::other("no free name to keep the damaged copy under"))
+}
+
+/// Keeps a copy of the damaged original at `path` (which must not exist yet).
+fn keep_elsewhere(original: &File, path: &Path) -> io::Result<PathBuf> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)?;
+    io::copy(&mut (&*original).take(u64::MAX), &mut out)?;
+    out.sync_all()?;
+    Ok(path.to_path_buf())
+}
+
+/// Streams a file's bytes.
+fn read_file(path: &Path, sink: &mut dyn FnMut(Chunk<'_>) -> io::Result<()>) -> io::Result<()> {
+    let file = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        Mode::empty(),
+    )?;
+    let mut file = File::from(file);
+    crate::sys::advise_sequential(&file);
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => sink(Chunk::Data(&buf[..n]))?,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// How many trailing path components two paths share.
+fn common_suffix(a: &Path, b: &Path) -> usize {
+    a.components()
+        .rev()
+        .zip(b.components().rev())
+        .take_while(|(x, y)| x == y)
+        .count()
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::symlink_metadata(a), std::fs::symlink_metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn closest_names_share_the_longest_suffix() {
+        let p = Path::new;
+        assert_eq!(common_suffix(p("photos/2024/a.jpg"), p("/backup/photos/2024/a.jpg")), 3);
+        assert_eq!(common_suffix(p("photos/2024/a.jpg"), p("/backup/old/a.jpg")), 1);
+        assert_eq!(common_suffix(p("a.jpg"), p("/backup/b.jpg")), 0);
+    }
+}
