@@ -17,11 +17,11 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use cli::{AlgoArg, ArchiveCommand, Cli, Command, Common, CompatArg, Generated, Output, Speed};
 use intact::archive;
-use intact::repair::{self, Keep, Repairer, Source};
 use intact::classify::Status;
 use intact::digest::Algo;
 use intact::engine::{self, Config, FileReport, Progress, Verb};
 use intact::manifest::{self, Expected};
+use intact::repair::{self, Keep, Repairer, Source};
 use intact::report::{Exit, Reporter, Verbosity};
 use intact::tag::Format;
 use intact::walk::{self, Entry, WalkOptions};
@@ -153,7 +153,12 @@ fn job(cli: Cli) -> anyhow::Result<Result<Job, Exit>> {
                 algo: Some(algo(a)),
                 ..Config::new(Verb::Export)
             };
-            (config, vec![path.clone()], common, Task::Export(path, output))
+            (
+                config,
+                vec![path.clone()],
+                common,
+                Task::Export(path, output),
+            )
         }
         Command::Import {
             manifest,
@@ -309,13 +314,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         Task::Repair(_, opts) => Some(Repairer::new(&roots, opts.clone())),
         _ => None,
     };
-    let mut reporter = Reporter::new(
-        verb,
-        output.json,
-        verbosity(output),
-        out,
-        std::io::stderr(),
-    );
+    let mut reporter = Reporter::new(verb, output.json, verbosity(output), out, std::io::stderr());
     let progress = Progress::default();
     let show_bar = verb.reads_data()
         && !output.quiet
@@ -475,11 +474,12 @@ fn verify(path: &Path, output: &Output) -> anyhow::Result<Exit> {
         return Err(e).context("writing output");
     }
     if let Err(e) = read {
-        eprintln!(
-            "intact: error: {}: {e}",
-            intact::report::escape(path)
-        );
-        exit = exit.merge(if e.damaged { Exit::Damage } else { Exit::Trouble });
+        eprintln!("intact: error: {}: {e}", intact::report::escape(path));
+        exit = exit.merge(if e.damaged {
+            Exit::Damage
+        } else {
+            Exit::Trouble
+        });
     }
     Ok(exit)
 }
@@ -540,7 +540,11 @@ fn list(path: &Path) -> anyhow::Result<Exit> {
         Ok(()) => Ok(Exit::Clean),
         Err(e) => {
             eprintln!("intact: error: {}: {e}", intact::report::escape(path));
-            Ok(if e.damaged { Exit::Damage } else { Exit::Trouble })
+            Ok(if e.damaged {
+                Exit::Damage
+            } else {
+                Exit::Trouble
+            })
         }
     }
 }

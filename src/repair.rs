@@ -126,14 +126,19 @@ impl Repairer {
 
     /// Searches `sources` in order for the damaged files' bytes and restores each file from
     /// the first copy that verifies; then hands each file's report to `sink`.
-    pub fn run(mut self, sources: &[Source], cancel: &AtomicBool, mut sink: impl FnMut(FileReport)) {
+    pub fn run(
+        mut self,
+        sources: &[Source],
+        cancel: &AtomicBool,
+        mut sink: impl FnMut(FileReport),
+    ) {
         for source in sources {
             if self.targets.iter().all(|t| t.done) || cancel.load(Ordering::Relaxed) {
                 break;
             }
             match source {
-                Source::Archive(path) => self.from_archive(path, cancel),
-                Source::Tree(path) => self.from_tree(path, cancel),
+                Source::Archive(path) => self.search_archive(path, cancel),
+                Source::Tree(path) => self.search_tree(path, cancel),
             }
         }
         for mut t in self.targets {
@@ -161,7 +166,7 @@ impl Repairer {
         map
     }
 
-    fn from_archive(&mut self, path: &Path, cancel: &AtomicBool) {
+    fn search_archive(&mut self, path: &Path, cancel: &AtomicBool) {
         let wanted = self.wanted();
         let shown = crate::report::escape(path);
         let result = archive::read(path, |mut visit| {
@@ -204,7 +209,7 @@ impl Repairer {
         }
     }
 
-    fn from_tree(&mut self, tree: &Path, cancel: &AtomicBool) {
+    fn search_tree(&mut self, tree: &Path, cancel: &AtomicBool) {
         let wanted = self.wanted();
         let mut candidates: HashMap<Digest, Vec<PathBuf>> = HashMap::new();
         let roots = [tree.to_path_buf()];
@@ -469,7 +474,11 @@ impl<'d> Temp<'d> {
             &self.file,
             Some(rustix::fs::Uid::from_raw(uid)),
             Some(rustix::fs::Gid::from_raw(gid)),
-        ) && (uid, gid) != (rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw())
+        ) && (uid, gid)
+            != (
+                rustix::process::getuid().as_raw(),
+                rustix::process::getgid().as_raw(),
+            )
         {
             return Err(io::Error::new(
                 io::ErrorKind::PermissionDenied,
@@ -489,13 +498,16 @@ impl<'d> Temp<'d> {
         }
         Ok(kept)
     }
-
 }
 
 impl Drop for Temp<'_> {
     fn drop(&mut self) {
         if !self.placed {
-            let _ = rustix::fs::unlinkat(self.dir, self.name.as_os_str(), rustix::fs::AtFlags::empty());
+            let _ = rustix::fs::unlinkat(
+                self.dir,
+                self.name.as_os_str(),
+                rustix::fs::AtFlags::empty(),
+            );
         }
     }
 }
@@ -563,7 +575,9 @@ fn keep_beside(
             Err(e) => return Err(e),
         }
     }
-    Err(io::Error::other("no free name to keep the damaged copy under"))
+    Err(io::Error::other(
+        "no free name to keep the damaged copy under",
+    ))
 }
 
 /// Keeps a copy of the damaged original at `path` (which must not exist yet).
@@ -575,7 +589,7 @@ fn keep_elsewhere(original: &File, path: &Path) -> io::Result<PathBuf> {
         .write(true)
         .create_new(true)
         .open(path)?;
-    io::copy(&mut (&*original).take(u64::MAX), &mut out)?;
+    io::copy(&mut { original }, &mut out)?;
     out.sync_all()?;
     Ok(path.to_path_buf())
 }
@@ -623,8 +637,14 @@ mod tests {
     #[test]
     fn closest_names_share_the_longest_suffix() {
         let p = Path::new;
-        assert_eq!(common_suffix(p("photos/2024/a.jpg"), p("/backup/photos/2024/a.jpg")), 3);
-        assert_eq!(common_suffix(p("photos/2024/a.jpg"), p("/backup/old/a.jpg")), 1);
+        assert_eq!(
+            common_suffix(p("photos/2024/a.jpg"), p("/backup/photos/2024/a.jpg")),
+            3
+        );
+        assert_eq!(
+            common_suffix(p("photos/2024/a.jpg"), p("/backup/old/a.jpg")),
+            1
+        );
         assert_eq!(common_suffix(p("a.jpg"), p("/backup/b.jpg")), 0);
     }
 }

@@ -114,7 +114,13 @@ pub fn read(file: &File) -> io::Result<Stored> {
         Err(e) => return Err(e.into()),
     };
     let present = |name: &str| list.split(|&b| b == 0).any(|n| n == name.as_bytes());
-    Stored::from_attrs(|name| if present(name) { get(file, name) } else { Ok(None) })
+    Stored::from_attrs(|name| {
+        if present(name) {
+            get(file, name)
+        } else {
+            Ok(None)
+        }
+    })
 }
 
 impl Stored {
@@ -133,7 +139,10 @@ impl Stored {
         }
         if let Some(hash) = lookup(names::SHATAG_SHA256)? {
             let ts = lookup(names::SHATAG_TS)?;
-            keep(names::SHATAG_SHA256, tag::parse_shatag(&hash, ts.as_deref()));
+            keep(
+                names::SHATAG_SHA256,
+                tag::parse_shatag(&hash, ts.as_deref()),
+            );
         }
         for attr in [names::DINTCH_HASH, names::DINTCH_HASH_S] {
             if let Some(hash) = lookup(attr)? {
@@ -176,7 +185,9 @@ pub fn read_all(file: &File) -> io::Result<Vec<(String, Vec<u8>)>> {
                     attrs.push((name.to_owned(), value));
                     break;
                 }
-                Err(rustix::io::Errno::RANGE) => value.resize(fgetxattr_query(file, name)? + 256, 0),
+                Err(rustix::io::Errno::RANGE) => {
+                    value.resize(fgetxattr_query(file, name)? + 256, 0)
+                }
                 // Removed since it was listed.
                 Err(rustix::io::Errno::NODATA) => break,
                 Err(e) => return Err(e.into()),

@@ -1,0 +1,367 @@
+//! Archives: stock GNU tar restores them byte for byte with xattrs, sparse files and links;
+//! damaged files stay out; `archive verify` catches damage inside the archive.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+/// A tree with the awkward cases: a sparse file, xattrs, odd names, an empty file, hard and
+/// symbolic links.
+fn awkward_tree(t: &Tree) {
+    t.write("src/plain.txt", b"plain text\n");
+    t.write("src/with space.bin", data(300_000, 1));
+    t.write("src/empty", b"");
+    t.write(OsStr::from_bytes(b"src/new\nline"), b"newline in the name");
+    t.write(OsStr::from_bytes(b"src/latin1-\xe9t\xe9"), b"not UTF-8");
+    t.write("src/deep/er/file", data(5000, 2));
+    let sparse = t.path("src/sparse.img");
+    let f = fs::File::create(&sparse).unwrap();
+    f.set_len(16 << 20).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(b"island of data", 5 << 20).unwrap();
+    drop(f);
+    fs::hard_link(t.path("src/plain.txt"), t.path("src/hardlink")).unwrap();
+    std::os::unix::fs::symlink("plain.txt", t.path("src/symlink")).unwrap();
+    setxattr(
+        &t.path("src/plain.txt"),
+        "user.note",
+        b"a\nbinary\0value\xff",
+    );
+}
+
+fn tar_extract(archive: &Path, into: &Path) {
+    fs::create_dir_all(into).unwrap();
+    let out = Command::new("tar")
+        .args(["--xattrs", "--xattrs-include=*", "-I", "zstd", "-xf"])
+        .arg(archive)
+        .arg("-C")
+        .arg(into)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "tar warned: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn same_file(a: &Path, b: &Path) {
+    assert_eq!(
+        fs::read(a).unwrap(),
+        fs::read(b).unwrap(),
+        "{}",
+        b.display()
+    );
+    let (ma, mb) = (fs::metadata(a).unwrap(), fs::metadata(b).unwrap());
+    assert_eq!(ma.mode(), mb.mode(), "{}", b.display());
+    assert_eq!(mtime(a), mtime(b), "{}", b.display());
+    for name in [TAG, "user.note"] {
+        assert_eq!(
+            getxattr(a, name),
+            getxattr(b, name),
+            "{name} of {}",
+            b.display()
+        );
+    }
+}
+
+#[test]
+fn gnu_tar_restores_everything_byte_for_byte() {
+    for algo in ALGOS {
+        let t = Tree::new();
+        awkward_tree(&t);
+        let archive = t.path("a.tar.zst");
+        let r = intact(
+            ["archive", "create", "--algo", algo, "--json"]
+                .map(OsStr::new)
+                .into_iter()
+                .chain([archive.as_os_str(), t.path("src").as_os_str()]),
+        )
+        .expect_code(0)
+        .json();
+        // Untagged files were tagged first, then archived.
+        assert_eq!(r.summary["actions"]["archived"], 9, "{:?}", r.summary);
+        assert!(
+            getxattr(&t.path("src/plain.txt"), TAG)
+                .unwrap()
+                .starts_with(format!("v=1 {algo}=").as_bytes())
+        );
+        assert!(!t.path(".a.tar.zst.intact-tmp").exists());
+
+        let out = t.path("out");
+        tar_extract(&archive, &out);
+        for rel in [
+            &b"plain.txt"[..],
+            b"with space.bin",
+            b"empty",
+            b"new\nline",
+            b"latin1-\xe9t\xe9",
+            b"deep/er/file",
+            b"sparse.img",
+        ] {
+            let rel = Path::new(OsStr::from_bytes(rel));
+            same_file(&t.path("src").join(rel), &out.join("src").join(rel));
+        }
+        // Hard links stay links, symlinks stay symlinks.
+        let plain = fs::metadata(out.join("src/plain.txt")).unwrap();
+        assert_eq!(
+            fs::metadata(out.join("src/hardlink")).unwrap().ino(),
+            plain.ino()
+        );
+        assert_eq!(
+            fs::read_link(out.join("src/symlink")).unwrap(),
+            Path::new("plain.txt")
+        );
+        // The sparse file is still sparse: 16 MiB long, a few blocks on disk.
+        let sparse = fs::metadata(out.join("src/sparse.img")).unwrap();
+        assert_eq!(sparse.len(), 16 << 20);
+        assert!(
+            sparse.blocks() * 512 < 1 << 20,
+            "{} blocks",
+            sparse.blocks()
+        );
+        // And the restored tree checks clean against the tags it brought along.
+        intact(["check".as_ref(), out.as_os_str()]).expect_code(0);
+    }
+}
+
+#[test]
+fn owners_are_kept() {
+    require_root!();
+    let t = Tree::new();
+    let f = t.write("src/owned", b"someone else's");
+    rustix::fs::chown(
+        &f,
+        Some(rustix::fs::Uid::from_raw(1234)),
+        Some(rustix::fs::Gid::from_raw(5678)),
+    )
+    .unwrap();
+    let archive = t.path("a.tar.zst");
+    intact([
+        "archive".as_ref(),
+        "create".as_ref(),
+        archive.as_os_str(),
+        t.path("src").as_os_str(),
+    ])
+    .expect_code(0);
+    tar_extract(&archive, &t.path("out"));
+    let m = fs::metadata(t.path("out/src/owned")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (1234, 5678));
+}
+
+#[test]
+fn verify_and_list_read_every_member() {
+    let t = Tree::new();
+    awkward_tree(&t);
+    let archive = t.path("a.tar.zst");
+    intact([
+        "archive".as_ref(),
+        "create".as_ref(),
+        archive.as_os_str(),
+        t.path("src").as_os_str(),
+    ])
+    .expect_code(0);
+    let v = intact([
+        "archive".as_ref(),
+        "verify".as_ref(),
+        "--json".as_ref(),
+        archive.as_os_str(),
+    ])
+    .expect_code(0)
+    .json();
+    assert_eq!(v.count("ok"), 7);
+    assert_eq!(v.status("sparse.img"), "ok");
+    assert_eq!(v.status("new\\nline"), "ok");
+
+    let list = intact(["archive".as_ref(), "list".as_ref(), archive.as_os_str()]).expect_code(0);
+    // Walk order is by name: the inode goes in as `hardlink`, `plain.txt` links to it.
+    let plain = format!(
+        "{} src/hardlink",
+        String::from_utf8(getxattr(&t.path("src/plain.txt"), TAG).unwrap())
+            .unwrap()
+            .split(' ')
+            .nth(1)
+            .unwrap()
+            .replace('=', ":")
+    );
+    assert!(list.stdout.contains(&plain), "{plain} in\n{}", list.stdout);
+    assert!(list.stdout.contains(" 16777216 "), "{}", list.stdout);
+    assert!(
+        list.stdout.contains("src/latin1-\\xe9t\\xe9"),
+        "{}",
+        list.stdout
+    );
+    assert!(
+        list.stdout.contains("src/symlink -> plain.txt"),
+        "{}",
+        list.stdout
+    );
+    assert!(
+        list.stdout.contains("src/plain.txt -> src/hardlink"),
+        "{}",
+        list.stdout
+    );
+}
+
+#[test]
+fn damaged_files_stay_out_unless_asked_and_then_are_marked() {
+    let t = Tree::new();
+    let good = t.write("src/good", data(10_000, 3));
+    let bad = t.write("src/bad", data(10_000, 4));
+    intact(["tag".as_ref(), t.path("src").as_os_str()]).expect_code(0);
+    flip_byte(&bad, 5000);
+    let archive = t.path("a.tar.zst");
+    let r = intact([
+        "archive".as_ref(),
+        "create".as_ref(),
+        archive.as_os_str(),
+        t.path("src").as_os_str(),
+    ])
+    .expect_code(1);
+    assert!(
+        r.stdout.contains("corrupt  ") && r.stdout.contains("src/bad: not archived"),
+        "{}",
+        r.stdout
+    );
+    // The damaged file kept its tag: the evidence.
+    let list = intact(["archive".as_ref(), "list".as_ref(), archive.as_os_str()]).expect_code(0);
+    assert!(
+        list.stdout.contains("src/good") && !list.stdout.contains("src/bad"),
+        "{}",
+        list.stdout
+    );
+
+    intact([
+        "archive".as_ref(),
+        "create".as_ref(),
+        "--include-damaged".as_ref(),
+        archive.as_os_str(),
+        t.path("src").as_os_str(),
+    ])
+    .expect_code(1);
+    let list = intact(["archive".as_ref(), "list".as_ref(), archive.as_os_str()]).expect_code(0);
+    assert!(
+        list.stdout.contains("src/bad  [archived although corrupt]"),
+        "{}",
+        list.stdout
+    );
+    let v = intact([
+        "archive".as_ref(),
+        "verify".as_ref(),
+        "--json".as_ref(),
+        archive.as_os_str(),
+    ])
+    .expect_code(1)
+    .json();
+    assert_eq!(v.status("bad"), "corrupt");
+    assert_eq!(v.status("good"), "ok");
+    let _ = good;
+}
+
+#[test]
+fn untagged_leaves_the_files_alone() {
+    let t = Tree::new();
+    let f = t.write("src/f", b"never tagged");
+    let archive = t.path("a.tar.zst");
+    intact([
+        "archive".as_ref(),
+        "create".as_ref(),
+        "--untagged".as_ref(),
+        archive.as_os_str(),
+        t.path("src").as_os_str(),
+    ])
+    .expect_code(0);
+    assert_eq!(getxattr(&f, TAG), None);
+    let v = intact([
+        "archive".as_ref(),
+        "verify".as_ref(),
+        "--json".as_ref(),
+        archive.as_os_str(),
+    ])
+    .expect_code(0)
+    .json();
+    assert_eq!(v.status("f"), "new");
+}
+
+#[test]
+fn damage_inside_the_archive_is_found() {
+    let t = Tree::new();
+    t.write("src/a", data(2 << 20, 5));
+    t.write("src/b", b"after the damage".repeat(1000));
+    let archive = t.path("a.tar.zst");
+    intact([
+        "archive".as_ref(),
+        "create".as_ref(),
+        archive.as_os_str(),
+        t.path("src").as_os_str(),
+    ])
+    .expect_code(0);
+    // Random data is stored raw by zstd: a flip in the middle lands in member data, which
+    // only the member's own digest (and the frame checksum at the end) can catch.
+    let len = fs::metadata(&archive).unwrap().len();
+    flip_byte(&archive, len / 2);
+    let v = intact(["archive".as_ref(), "verify".as_ref(), archive.as_os_str()]).expect_code(1);
+    assert!(
+        v.stdout.contains("corrupt  src/a"),
+        "{}{}",
+        v.stdout,
+        v.stderr
+    );
+    // A flip in the zstd frame header is damage too, not a usage error.
+    flip_byte(&archive, 5);
+    let v = intact(["archive".as_ref(), "verify".as_ref(), archive.as_os_str()]).expect_code(1);
+    assert!(v.stderr.contains("intact: error:"), "{}", v.stderr);
+}
+
+#[test]
+fn not_an_archive_is_trouble_not_damage() {
+    let t = Tree::new();
+    let f = t.write("plain.txt", b"hello");
+    let v = intact(["archive".as_ref(), "verify".as_ref(), f.as_os_str()]).expect_code(3);
+    assert!(
+        v.stderr.contains("not a zstd-compressed archive"),
+        "{}",
+        v.stderr
+    );
+    intact([
+        "archive".as_ref(),
+        "verify".as_ref(),
+        t.path("missing").as_os_str(),
+    ])
+    .expect_code(3);
+}
+
+#[test]
+fn a_failed_archive_leaves_nothing_behind() {
+    require_root!();
+    let t = Tree::new();
+    t.write("src/big", data(3 << 20, 6));
+    let m = Mount::new("tmpfs", "size=1m", t.path("small"));
+    let archive = m.0.join("a.tar.zst");
+    let r = intact([
+        "archive".as_ref(),
+        "create".as_ref(),
+        archive.as_os_str(),
+        t.path("src").as_os_str(),
+    ])
+    .expect_code(3);
+    assert!(r.stderr.contains("No space left"), "{}", r.stderr);
+    assert_eq!(
+        fs::read_dir(&m.0).unwrap().count(),
+        0,
+        "left behind in {}",
+        m.0.display()
+    );
+}

@@ -1,0 +1,356 @@
+//! Repair: damaged files get their bytes back from archives and backup trees, found by
+//! digest, verified before anything is replaced, and nothing is written outside the tree.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+
+fn run(args: &[&OsStr]) -> Run {
+    intact(args.iter().copied())
+}
+
+fn archive(t: &Tree, src: &Path) -> PathBuf {
+    let a = t.path("copy.tar.zst");
+    run(&[
+        "archive".as_ref(),
+        "create".as_ref(),
+        a.as_os_str(),
+        src.as_os_str(),
+    ])
+    .expect_code(0);
+    a
+}
+
+/// Files in `dir` whose names say intact left them behind.
+fn leftovers(dir: &Path) -> Vec<String> {
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".intact-"))
+        .collect()
+}
+
+#[test]
+fn from_an_archive_bit_exact_with_metadata_even_after_a_rename() {
+    for algo in ALGOS {
+        let t = Tree::new();
+        let photo = t.write("src/photos/photo.jpg", data(700_000, 1));
+        let doc = t.write("src/doc.txt", data(5_000, 2));
+        let moved_before = t.write("src/old-name.bin", data(100_000, 3));
+        fs::set_permissions(&photo, fs::Permissions::from_mode(0o640)).unwrap();
+        setxattr(&photo, "user.note", b"keep me");
+        run(&[
+            "tag".as_ref(),
+            "--algo".as_ref(),
+            algo.as_ref(),
+            t.path("src").as_os_str(),
+        ])
+        .expect_code(0);
+        let a = archive(&t, &t.path("src"));
+
+        let moved = t.path("src/photos/new-name.bin");
+        fs::rename(&moved_before, &moved).unwrap();
+        let (good_photo, good_moved) = (fs::read(&photo).unwrap(), fs::read(&moved).unwrap());
+        let before = (mtime(&photo), getxattr(&photo, TAG));
+        flip_byte(&photo, 123_456);
+        flip_byte(&moved, 7);
+        run(&["check".as_ref(), t.path("src").as_os_str()]).expect_code(1);
+
+        let r = run(&[
+            "repair".as_ref(),
+            "--json".as_ref(),
+            t.path("src").as_os_str(),
+            "--from".as_ref(),
+            a.as_os_str(),
+        ])
+        .expect_code(0)
+        .json();
+        assert_eq!(r.file("photo.jpg")["action"], "repaired");
+        assert_eq!(r.file("new-name.bin")["action"], "repaired");
+        assert_eq!(r.summary["actions"]["repaired"], 2);
+
+        assert_eq!(fs::read(&photo).unwrap(), good_photo);
+        assert_eq!(fs::read(&moved).unwrap(), good_moved);
+        assert_eq!((mtime(&photo), getxattr(&photo, TAG)), before);
+        assert_eq!(getxattr(&photo, "user.note").unwrap(), b"keep me");
+        assert_eq!(fs::metadata(&photo).unwrap().mode() & 0o7777, 0o640);
+        // The damaged originals are kept beside, untagged so they are not reported again.
+        let kept = t.path("src/photos/photo.jpg.damaged");
+        assert_ne!(fs::read(&kept).unwrap(), good_photo);
+        assert_eq!(getxattr(&kept, TAG), None);
+        assert!(leftovers(&t.path("src/photos")).is_empty());
+        run(&["check".as_ref(), t.path("src").as_os_str()]).expect_code(0);
+        let _ = doc;
+    }
+}
+
+#[test]
+fn dry_run_says_from_where_and_changes_nothing() {
+    let t = Tree::new();
+    let f = t.write("src/f", data(50_000, 4));
+    let a = archive(&t, &t.path("src"));
+    flip_byte(&f, 10);
+    let damaged = fs::read(&f).unwrap();
+    let r = run(&[
+        "repair".as_ref(),
+        "-n".as_ref(),
+        t.path("src").as_os_str(),
+        "--from".as_ref(),
+        a.as_os_str(),
+    ])
+    .expect_code(1);
+    assert!(
+        r.stdout.contains("src/f: would be repaired from"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("copy.tar.zst (src/f)"), "{}", r.stdout);
+    assert_eq!(fs::read(&f).unwrap(), damaged);
+    assert_eq!(fs::read_dir(t.path("src")).unwrap().count(), 1);
+}
+
+#[test]
+fn from_a_backup_tree_skipping_a_backup_copy_that_is_itself_corrupt() {
+    let t = Tree::new();
+    let a = t.write("src/a.bin", data(200_000, 5));
+    let b = t.write("src/sub/b.bin", data(200_000, 6));
+    run(&["tag".as_ref(), t.path("src").as_os_str()]).expect_code(0);
+    for (tool, args) in [("cp", &["-a"][..]), ("rsync", &["-aX"][..])] {
+        let backup = t.path(format!("backup-{tool}"));
+        let mut cmd = Command::new(tool);
+        cmd.args(args);
+        if tool == "rsync" {
+            cmd.arg(format!("{}/", t.path("src").display()));
+        } else {
+            cmd.arg(t.path("src"));
+        }
+        let status = cmd.arg(&backup).status().unwrap();
+        assert!(status.success(), "{tool}");
+    }
+    let good_a = fs::read(&a).unwrap();
+    flip_byte(&a, 1000);
+    flip_byte(&b, 2000);
+    // The cp copy of b is rotten too; the rsync copy is good.
+    flip_byte(&t.path("backup-cp/sub/b.bin"), 3000);
+    let good_b = fs::read(t.path("backup-rsync/sub/b.bin")).unwrap();
+
+    // From the cp copy alone: a is repaired, b's only copy is damaged.
+    let r = run(&[
+        "repair".as_ref(),
+        t.path("src").as_os_str(),
+        "--from".as_ref(),
+        t.path("backup-cp").as_os_str(),
+    ])
+    .expect_code(1);
+    assert!(r.stdout.contains("repaired "), "{}", r.stdout);
+    assert!(
+        r.stdout
+            .contains("src/sub/b.bin: no good copy found: copies also damaged in"),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(fs::read(&a).unwrap(), good_a);
+    // With the rsync copy as a second source, b is repaired from it.
+    let r = run(&[
+        "repair".as_ref(),
+        t.path("src").as_os_str(),
+        "--from".as_ref(),
+        t.path("backup-cp").as_os_str(),
+        "--from".as_ref(),
+        t.path("backup-rsync").as_os_str(),
+    ])
+    .expect_code(0);
+    assert!(r.stdout.contains("backup-rsync ("), "{}", r.stdout);
+    assert_eq!(fs::read(&b).unwrap(), good_b);
+}
+
+#[test]
+fn a_damaged_copy_in_the_archive_is_refused() {
+    let t = Tree::new();
+    let f = t.write("src/f", data(1 << 20, 7));
+    let a = archive(&t, &t.path("src"));
+    flip_byte(&f, 100);
+    let damaged = fs::read(&f).unwrap();
+    // Random data is stored raw: this flip lands in the member's bytes.
+    flip_byte(&a, fs::metadata(&a).unwrap().len() / 2);
+    let r = run(&[
+        "repair".as_ref(),
+        t.path("src").as_os_str(),
+        "--from".as_ref(),
+        a.as_os_str(),
+    ])
+    .expect_code(1);
+    assert!(r.stdout.contains("corrupt  "), "{}", r.stdout);
+    assert!(
+        r.stdout
+            .contains("no good copy found: copies also damaged in"),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(fs::read(&f).unwrap(), damaged);
+    assert!(leftovers(&t.path("src")).is_empty());
+}
+
+#[test]
+fn hostile_member_names_never_decide_where_bytes_go() {
+    let t = Tree::new();
+    let f = t.write("root/sub/f", data(10_000, 8));
+    run(&["tag".as_ref(), t.path("root").as_os_str()]).expect_code(0);
+    let good = fs::read(&f).unwrap();
+    let tag = getxattr(&f, TAG).unwrap();
+    // A hand-made archive whose members, carrying the right bytes and tag, are named to
+    // escape: upwards, absolute, and through a symlink planted in the tree.
+    std::os::unix::fs::symlink(t.path("outside"), t.path("root/sub/link")).unwrap();
+    let mut builder = tar::Builder::new(Vec::new());
+    for name in [
+        "../../escape",
+        "/tmp/intact-absolute-escape",
+        "sub/link/escape",
+    ] {
+        builder
+            .append_pax_extensions([
+                ("path", name.as_bytes()),
+                ("SCHILY.xattr.user.intact", &tag[..]),
+            ])
+            .unwrap();
+        let mut h = tar::Header::new_ustar();
+        h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+        h.set_size(good.len() as u64);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_cksum();
+        builder.append(&h, &good[..]).unwrap();
+    }
+    let tar = builder.into_inner().unwrap();
+    let a = t.path("hostile.tar.zst");
+    fs::File::create(&a)
+        .unwrap()
+        .write_all(&zstd::encode_all(&tar[..], 3).unwrap())
+        .unwrap();
+    flip_byte(&f, 0);
+    run(&[
+        "repair".as_ref(),
+        t.path("root").as_os_str(),
+        "--from".as_ref(),
+        a.as_os_str(),
+    ])
+    .expect_code(0);
+    assert_eq!(fs::read(&f).unwrap(), good);
+    assert!(!t.path("escape").exists());
+    assert!(!t.path("outside").exists());
+    assert!(!Path::new("/tmp/intact-absolute-escape").exists());
+    assert!(!t.root().parent().unwrap().join("escape").exists());
+}
+
+#[test]
+fn a_full_disk_leaves_the_original_untouched() {
+    require_root!();
+    let t = Tree::new();
+    let m = Mount::new("tmpfs", "size=1m", t.path("small"));
+    let f = m.0.join("f");
+    fs::write(&f, data(600_000, 9)).unwrap();
+    run(&["tag".as_ref(), m.0.as_os_str()]).expect_code(0);
+    let a = t.path("copy.tar.zst");
+    run(&[
+        "archive".as_ref(),
+        "create".as_ref(),
+        a.as_os_str(),
+        m.0.as_os_str(),
+    ])
+    .expect_code(0);
+    flip_byte(&f, 300_000);
+    let damaged = fs::read(&f).unwrap();
+    let r = run(&[
+        "repair".as_ref(),
+        m.0.as_os_str(),
+        "--from".as_ref(),
+        a.as_os_str(),
+    ])
+    .expect_code(1);
+    assert!(
+        r.stdout.contains("cannot repair: no space left"),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(fs::read(&f).unwrap(), damaged);
+    assert!(getxattr(&f, TAG).is_some());
+    assert!(leftovers(&m.0).is_empty(), "{:?}", leftovers(&m.0));
+}
+
+#[test]
+fn hard_links_are_repaired_in_place_so_every_name_sees_it() {
+    let t = Tree::new();
+    let f = t.write("src/one", data(300_000, 10));
+    fs::hard_link(&f, t.path("src/two")).unwrap();
+    let a = archive(&t, &t.path("src"));
+    let good = fs::read(&f).unwrap();
+    let ino = fs::metadata(&f).unwrap().ino();
+    flip_byte(&f, 299_999);
+    let when = mtime(&f);
+    run(&[
+        "repair".as_ref(),
+        t.path("src").as_os_str(),
+        "--from".as_ref(),
+        a.as_os_str(),
+    ])
+    .expect_code(0);
+    assert_eq!(fs::metadata(&f).unwrap().ino(), ino);
+    assert_eq!(fs::read(t.path("src/two")).unwrap(), good);
+    assert_eq!(mtime(&f), when);
+    assert_ne!(fs::read(t.path("src/one.damaged")).unwrap(), good);
+}
+
+#[test]
+fn damaged_originals_can_be_kept_elsewhere_or_discarded() {
+    let t = Tree::new();
+    let f = t.write("src/d/f", data(20_000, 11));
+    let a = archive(&t, &t.path("src"));
+    flip_byte(&f, 1);
+    let damaged = fs::read(&f).unwrap();
+    let keep = t.path("quarantine");
+    run(&[
+        "repair".as_ref(),
+        t.path("src").as_os_str(),
+        "--from".as_ref(),
+        a.as_os_str(),
+        "--keep-damaged-in".as_ref(),
+        keep.as_os_str(),
+    ])
+    .expect_code(0);
+    assert_eq!(fs::read(keep.join("d/f")).unwrap(), damaged);
+    assert_eq!(fs::read_dir(t.path("src/d")).unwrap().count(), 1);
+
+    flip_byte(&f, 1);
+    run(&[
+        "repair".as_ref(),
+        t.path("src").as_os_str(),
+        "--from".as_ref(),
+        a.as_os_str(),
+        "--discard-damaged".as_ref(),
+    ])
+    .expect_code(0);
+    assert_eq!(fs::read_dir(t.path("src/d")).unwrap().count(), 1);
+    run(&["check".as_ref(), t.path("src").as_os_str()]).expect_code(0);
+}
+
+#[test]
+fn nothing_damaged_means_nothing_to_do() {
+    let t = Tree::new();
+    t.write("src/f", b"fine");
+    let a = archive(&t, &t.path("src"));
+    let r = run(&[
+        "repair".as_ref(),
+        t.path("src").as_os_str(),
+        "--from".as_ref(),
+        a.as_os_str(),
+    ])
+    .expect_code(0);
+    assert!(!r.stdout.contains("repaired"), "{}", r.stdout);
+}
