@@ -373,6 +373,14 @@ impl Repairer {
         let kept = temp
             .finish(&dir, name, &original, &meta, len, self.keep_path(i, name))
             .map_err(Failure::Target)?;
+        // A name kept beside is shown with the directory it is in.
+        let kept = kept.map(|k| {
+            if k.parent() == Some(Path::new("")) {
+                dir_path.join(k)
+            } else {
+                k
+            }
+        });
         Ok(Restored { kept })
     }
 

@@ -159,16 +159,18 @@ impl Stored {
 /// A file's own extended attributes (the `user.` namespace on Linux; all on macOS), names
 /// and values, as a copy or an archive member should carry them.
 pub fn read_all(file: &File) -> io::Result<Vec<(String, Vec<u8>)>> {
-    let list = match flistxattr_query(file) {
-        Ok(len) => {
-            let mut list = vec![0u8; len + 256];
-            let n = flistxattr(file, &mut list[..])?;
-            list.truncate(n);
-            list
+    let mut list = vec![0u8; 1024];
+    loop {
+        match flistxattr(file, &mut list[..]) {
+            Ok(n) => {
+                list.truncate(n);
+                break;
+            }
+            Err(rustix::io::Errno::RANGE) => list.resize(flistxattr_query(file)? + 256, 0),
+            Err(rustix::io::Errno::NOTSUP) => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
         }
-        Err(rustix::io::Errno::NOTSUP) => return Ok(Vec::new()),
-        Err(e) => return Err(e.into()),
-    };
+    }
     let mut attrs = Vec::new();
     for name in list.split(|&b| b == 0).filter(|n| !n.is_empty()) {
         let Ok(name) = std::str::from_utf8(name) else {
