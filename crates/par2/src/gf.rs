@@ -1,0 +1,371 @@
+//! GF(2^16) with PAR2's generator polynomial 0x1100B, and the multiply-accumulate over whole
+//! slices that all of PAR2's work comes down to.
+//!
+//! A slice is a run of little-endian 16-bit words. `mul_add(dst, src, c)` computes
+//! `dst ^= c * src` word by word. On x86-64 it uses split nibble tables and byte shuffles
+//! (AVX2, else SSSE3): each word's product is the XOR of four table lookups, one per nibble,
+//! done 32 or 16 bytes at a time with `pshufb`. Elsewhere, two 256-entry tables per constant.
+
+use std::sync::OnceLock;
+
+/// The field's generator polynomial, x^16 + x^12 + x^3 + x + 1.
+pub const POLY: u32 = 0x1100B;
+const ORDER: usize = 65535;
+
+struct Tables {
+    /// exp[i] = 2^i, for i in 0..2*ORDER (doubled so that log a + log b needs no modulo).
+    exp: Vec<u16>,
+    /// log[a] for a != 0.
+    log: Vec<u16>,
+}
+
+fn tables() -> &'static Tables {
+    static T: OnceLock<Tables> = OnceLock::new();
+    T.get_or_init(|| {
+        let mut exp = vec![0u16; 2 * ORDER];
+        let mut log = vec![0u16; ORDER + 1];
+        let mut x: u32 = 1;
+        for (i, e) in exp.iter_mut().take(ORDER).enumerate() {
+            *e = x as u16;
+            log[x as usize] = i as u16;
+            x <<= 1;
+            if x & 0x10000 != 0 {
+                x ^= POLY;
+            }
+        }
+        for i in ORDER..2 * ORDER {
+            exp[i] = exp[i - ORDER];
+        }
+        Tables { exp, log }
+    })
+}
+
+/// a * b.
+pub fn mul(a: u16, b: u16) -> u16 {
+    if a == 0 || b == 0 {
+        return 0;
+    }
+    let t = tables();
+    t.exp[t.log[a as usize] as usize + t.log[b as usize] as usize]
+}
+
+/// 1 / a (a != 0).
+pub fn inv(a: u16) -> u16 {
+    assert!(a != 0, "zero has no inverse");
+    let t = tables();
+    t.exp[(ORDER - t.log[a as usize] as usize) % ORDER]
+}
+
+/// 2^n.
+pub fn exp2(n: u64) -> u16 {
+    tables().exp[(n % ORDER as u64) as usize]
+}
+
+/// a^n.
+pub fn pow(a: u16, n: u64) -> u16 {
+    if a == 0 {
+        return if n == 0 { 1 } else { 0 };
+    }
+    let t = tables();
+    let l = t.log[a as usize] as u64;
+    t.exp[((l * (n % ORDER as u64)) % ORDER as u64) as usize]
+}
+
+/// The PAR2 constants of the first `count` input slices: 2^n for the successive n (from 1)
+/// that share no factor with 65535, so that every constant has full order.
+pub fn input_constants(count: usize) -> Vec<u16> {
+    let mut out = Vec::with_capacity(count);
+    let mut n: u64 = 0;
+    while out.len() < count {
+        n += 1;
+        if !n.is_multiple_of(3)
+            && !n.is_multiple_of(5)
+            && !n.is_multiple_of(17)
+            && !n.is_multiple_of(257)
+        {
+            out.push(exp2(n));
+        }
+    }
+    out
+}
+
+/// The most input slices a set can have: the constants run out after this many.
+pub const MAX_INPUT_SLICES: usize = 32768;
+
+/// `dst ^= c * src`, word by word; both the same length, a multiple of 2.
+pub fn mul_add(dst: &mut [u8], src: &[u8], c: u16) {
+    assert_eq!(dst.len(), src.len());
+    assert!(dst.len().is_multiple_of(2), "slices are whole words");
+    if c == 0 {
+        return;
+    }
+    if c == 1 {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d ^= s;
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is present (checked just above).
+            let done = unsafe { x86::mul_add_avx2(dst, src, c) };
+            return portable(&mut dst[done..], &src[done..], c);
+        }
+        if std::arch::is_x86_feature_detected!("ssse3") {
+            // SAFETY: SSSE3 is present (checked just above).
+            let done = unsafe { x86::mul_add_ssse3(dst, src, c) };
+            return portable(&mut dst[done..], &src[done..], c);
+        }
+    }
+    portable(dst, src, c)
+}
+
+/// Which multiply-accumulate this CPU runs.
+pub fn simd() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return "avx2";
+        }
+        if std::arch::is_x86_feature_detected!("ssse3") {
+            return "ssse3";
+        }
+    }
+    "portable"
+}
+
+/// Two lookups per word: the products of `c` with every low byte and every high byte.
+fn portable(dst: &mut [u8], src: &[u8], c: u16) {
+    if dst.is_empty() {
+        return;
+    }
+    let mut lo = [0u16; 256];
+    let mut hi = [0u16; 256];
+    for b in 0..256u16 {
+        lo[b as usize] = mul(c, b);
+        hi[b as usize] = mul(c, b << 8);
+    }
+    for (d, s) in dst.chunks_exact_mut(2).zip(src.chunks_exact(2)) {
+        let p = lo[s[0] as usize] ^ hi[s[1] as usize];
+        d[0] ^= p as u8;
+        d[1] ^= (p >> 8) as u8;
+    }
+}
+
+/// For each nibble position k of a word and each nibble value v, the low and high bytes of
+/// c * (v << 4k): eight 16-byte tables for `pshufb`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn nibble_tables(c: u16) -> [[u8; 16]; 8] {
+    let mut t = [[0u8; 16]; 8];
+    for k in 0..4 {
+        for v in 0..16u16 {
+            let p = mul(c, v << (4 * k));
+            t[2 * k][v as usize] = p as u8;
+            t[2 * k + 1][v as usize] = (p >> 8) as u8;
+        }
+    }
+    t
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// 64 bytes (32 words) per step: the low bytes of all words packed into one register,
+    /// the high bytes into another, each nibble looked up, then interleaved back.
+    /// Returns how many bytes were done; the caller does the rest.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn mul_add_avx2(dst: &mut [u8], src: &[u8], c: u16) -> usize {
+        let t = super::nibble_tables(c);
+        let done = dst.len() / 64 * 64;
+        // SAFETY: every load and store below is within dst/src[..done]; unaligned forms.
+        unsafe {
+            let tab = |i: usize| _mm256_broadcastsi128_si256(_mm_loadu_si128(t[i].as_ptr().cast()));
+            let (t0l, t0h, t1l, t1h) = (tab(0), tab(1), tab(2), tab(3));
+            let (t2l, t2h, t3l, t3h) = (tab(4), tab(5), tab(6), tab(7));
+            let low = _mm256_set1_epi16(0x00ff);
+            let nib = _mm256_set1_epi8(0x0f);
+            let mut i = 0;
+            while i < done {
+                let a = _mm256_loadu_si256(src.as_ptr().add(i).cast());
+                let b = _mm256_loadu_si256(src.as_ptr().add(i + 32).cast());
+                let lo = _mm256_packus_epi16(_mm256_and_si256(a, low), _mm256_and_si256(b, low));
+                let hi = _mm256_packus_epi16(_mm256_srli_epi16(a, 8), _mm256_srli_epi16(b, 8));
+                let n0 = _mm256_and_si256(lo, nib);
+                let n1 = _mm256_and_si256(_mm256_srli_epi16(lo, 4), nib);
+                let n2 = _mm256_and_si256(hi, nib);
+                let n3 = _mm256_and_si256(_mm256_srli_epi16(hi, 4), nib);
+                let rl = _mm256_xor_si256(
+                    _mm256_xor_si256(_mm256_shuffle_epi8(t0l, n0), _mm256_shuffle_epi8(t1l, n1)),
+                    _mm256_xor_si256(_mm256_shuffle_epi8(t2l, n2), _mm256_shuffle_epi8(t3l, n3)),
+                );
+                let rh = _mm256_xor_si256(
+                    _mm256_xor_si256(_mm256_shuffle_epi8(t0h, n0), _mm256_shuffle_epi8(t1h, n1)),
+                    _mm256_xor_si256(_mm256_shuffle_epi8(t2h, n2), _mm256_shuffle_epi8(t3h, n3)),
+                );
+                let pa = _mm256_unpacklo_epi8(rl, rh);
+                let pb = _mm256_unpackhi_epi8(rl, rh);
+                let da = dst.as_mut_ptr().add(i).cast::<__m256i>();
+                let db = dst.as_mut_ptr().add(i + 32).cast::<__m256i>();
+                _mm256_storeu_si256(da, _mm256_xor_si256(_mm256_loadu_si256(da), pa));
+                _mm256_storeu_si256(db, _mm256_xor_si256(_mm256_loadu_si256(db), pb));
+                i += 64;
+            }
+        }
+        done
+    }
+
+    /// The same, 32 bytes per step.
+    #[target_feature(enable = "ssse3")]
+    pub unsafe fn mul_add_ssse3(dst: &mut [u8], src: &[u8], c: u16) -> usize {
+        let t = super::nibble_tables(c);
+        let done = dst.len() / 32 * 32;
+        // SAFETY: every load and store below is within dst/src[..done]; unaligned forms.
+        unsafe {
+            let tab = |i: usize| _mm_loadu_si128(t[i].as_ptr().cast());
+            let (t0l, t0h, t1l, t1h) = (tab(0), tab(1), tab(2), tab(3));
+            let (t2l, t2h, t3l, t3h) = (tab(4), tab(5), tab(6), tab(7));
+            let low = _mm_set1_epi16(0x00ff);
+            let nib = _mm_set1_epi8(0x0f);
+            let mut i = 0;
+            while i < done {
+                let a = _mm_loadu_si128(src.as_ptr().add(i).cast());
+                let b = _mm_loadu_si128(src.as_ptr().add(i + 16).cast());
+                let lo = _mm_packus_epi16(_mm_and_si128(a, low), _mm_and_si128(b, low));
+                let hi = _mm_packus_epi16(_mm_srli_epi16(a, 8), _mm_srli_epi16(b, 8));
+                let n0 = _mm_and_si128(lo, nib);
+                let n1 = _mm_and_si128(_mm_srli_epi16(lo, 4), nib);
+                let n2 = _mm_and_si128(hi, nib);
+                let n3 = _mm_and_si128(_mm_srli_epi16(hi, 4), nib);
+                let rl = _mm_xor_si128(
+                    _mm_xor_si128(_mm_shuffle_epi8(t0l, n0), _mm_shuffle_epi8(t1l, n1)),
+                    _mm_xor_si128(_mm_shuffle_epi8(t2l, n2), _mm_shuffle_epi8(t3l, n3)),
+                );
+                let rh = _mm_xor_si128(
+                    _mm_xor_si128(_mm_shuffle_epi8(t0h, n0), _mm_shuffle_epi8(t1h, n1)),
+                    _mm_xor_si128(_mm_shuffle_epi8(t2h, n2), _mm_shuffle_epi8(t3h, n3)),
+                );
+                let pa = _mm_unpacklo_epi8(rl, rh);
+                let pb = _mm_unpackhi_epi8(rl, rh);
+                let da = dst.as_mut_ptr().add(i).cast::<__m128i>();
+                let db = dst.as_mut_ptr().add(i + 16).cast::<__m128i>();
+                _mm_storeu_si128(da, _mm_xor_si128(_mm_loadu_si128(da), pa));
+                _mm_storeu_si128(db, _mm_xor_si128(_mm_loadu_si128(db), pb));
+                i += 32;
+            }
+        }
+        done
+    }
+}
+
+/// Solves `a * x = b` over the field for square, invertible `a` (row-major, n x n); returns
+/// the inverse of `a`, or `None` if it is singular.
+pub fn invert(mut a: Vec<Vec<u16>>) -> Option<Vec<Vec<u16>>> {
+    let n = a.len();
+    let mut inv_m: Vec<Vec<u16>> = (0..n)
+        .map(|i| (0..n).map(|j| u16::from(i == j)).collect())
+        .collect();
+    for col in 0..n {
+        let pivot = (col..n).find(|&r| a[r][col] != 0)?;
+        a.swap(col, pivot);
+        inv_m.swap(col, pivot);
+        let f = inv(a[col][col]);
+        for j in 0..n {
+            a[col][j] = mul(a[col][j], f);
+            inv_m[col][j] = mul(inv_m[col][j], f);
+        }
+        for r in 0..n {
+            if r != col && a[r][col] != 0 {
+                let f = a[r][col];
+                for j in 0..n {
+                    a[r][j] ^= mul(f, a[col][j]);
+                    inv_m[r][j] ^= mul(f, inv_m[col][j]);
+                }
+            }
+        }
+    }
+    Some(inv_m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn field_axioms_hold() {
+        assert_eq!(exp2(0), 1);
+        assert_eq!(exp2(16), (POLY ^ 0x10000) as u16);
+        for a in [1u16, 2, 3, 0x1234, 0xffff, 0x8000] {
+            assert_eq!(mul(a, inv(a)), 1);
+            assert_eq!(pow(a, 65535), 1);
+            for b in [0u16, 1, 7, 0xabcd] {
+                assert_eq!(mul(a, b), mul(b, a));
+                // Distributive over XOR.
+                assert_eq!(mul(a, b ^ 0x5555), mul(a, b) ^ mul(a, 0x5555));
+            }
+        }
+    }
+
+    #[test]
+    fn constants_skip_exponents_sharing_a_factor_with_65535() {
+        let c = input_constants(6);
+        assert_eq!(
+            c,
+            vec![exp2(1), exp2(2), exp2(4), exp2(7), exp2(8), exp2(11)]
+        );
+        let all = input_constants(MAX_INPUT_SLICES);
+        let mut seen = std::collections::HashSet::new();
+        assert!(
+            all.iter().all(|c| seen.insert(*c)),
+            "constants are distinct"
+        );
+    }
+
+    #[test]
+    fn simd_matches_the_scalar_definition() {
+        let mut x = 0x9e3779b97f4a7c15u64;
+        let src: Vec<u8> = (0..4096 + 38)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        for c in [0u16, 1, 2, 0x100b, 0xffff, 0x1234] {
+            let mut fast = vec![0x5au8; src.len()];
+            mul_add(&mut fast, &src, c);
+            let mut slow = vec![0x5au8; src.len()];
+            for (d, s) in slow.chunks_exact_mut(2).zip(src.chunks_exact(2)) {
+                let p = mul(c, u16::from_le_bytes([s[0], s[1]])) ^ u16::from_le_bytes([d[0], d[1]]);
+                d.copy_from_slice(&p.to_le_bytes());
+            }
+            assert_eq!(fast, slow, "c = {c:#x} with {}", simd());
+            let mut port = vec![0x5au8; src.len()];
+            portable(&mut port, &src, c);
+            assert_eq!(port, slow);
+        }
+    }
+
+    #[test]
+    fn inversion_solves() {
+        let c = input_constants(5);
+        // A Vandermonde-like PAR2 matrix: rows are exponents, columns constants.
+        let a: Vec<Vec<u16>> = [0u64, 3, 9]
+            .iter()
+            .map(|&e| [c[0], c[2], c[4]].iter().map(|&k| pow(k, e)).collect())
+            .collect();
+        let inv_m = invert(a.clone()).unwrap();
+        for i in 0..3 {
+            for j in 0..3 {
+                let mut s = 0;
+                for k in 0..3 {
+                    s ^= mul(a[i][k], inv_m[k][j]);
+                }
+                assert_eq!(s, u16::from(i == j));
+            }
+        }
+        assert!(invert(vec![vec![1, 1], vec![1, 1]]).is_none());
+    }
+}

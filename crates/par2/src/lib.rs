@@ -1,0 +1,639 @@
+//! A PAR2 2.0 codec ("Parity Volume Set Specification 2.0"): recovery sets that par2cmdline,
+//! par2cmdline-turbo, MultiPar and others read, and repair from sets they made.
+//!
+//! Files are cut into slices of one size (a multiple of 4; the last slice of a file is padded
+//! with zeros). Input slice `i` gets the constant `c_i = 2^n_i` (see [`gf::input_constants`]);
+//! recovery slice `e` is `sum_i c_i^e * slice_i` over GF(2^16) with generator 0x1100B, word by
+//! word. Any `m` damaged slices can be rebuilt from any `m` recovery slices by solving that
+//! linear system. MD5 and CRC32 of every slice tell which slices are damaged.
+//!
+//! Everything here works on bytes and readers: no paths, so a name found in a PAR2 file can
+//! never decide where anything is written.
+
+pub mod gf;
+pub mod packet;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{self, Read};
+
+use md5::{Digest as _, Md5};
+use packet::{Id, Packet, kind};
+
+/// The PAR2 creator string intact writes.
+pub const CREATOR: &str = concat!("intact ", env!("CARGO_PKG_VERSION"));
+
+/// A file to put in a set.
+#[derive(Clone, Debug)]
+pub struct Input {
+    /// The name stored in the set (par2cmdline looks for the file under it).
+    pub name: Vec<u8>,
+    /// Its length.
+    pub len: u64,
+}
+
+/// A file as a set describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileEntry {
+    /// Its file ID.
+    pub id: Id,
+    /// MD5 of the whole file.
+    pub md5: Id,
+    /// MD5 of its first 16 KiB.
+    pub md5_16k: Id,
+    /// Length.
+    pub len: u64,
+    /// Name as stored (data, not a path).
+    pub name: Vec<u8>,
+    /// MD5 and CRC32 of each slice (zero-padded).
+    pub slices: Vec<(Id, u32)>,
+}
+
+/// A recovery set: its files in set order and the recovery slices at hand.
+#[derive(Clone, Debug)]
+pub struct Set {
+    /// The recovery set ID.
+    pub id: Id,
+    /// Bytes per slice.
+    pub slice_size: u64,
+    /// The files covered by recovery data, in set order.
+    pub files: Vec<FileEntry>,
+    /// Recovery slices by exponent.
+    pub recovery: BTreeMap<u32, Vec<u8>>,
+}
+
+/// What went wrong.
+#[derive(Debug)]
+pub enum Error {
+    /// Reading or writing failed.
+    Io(io::Error),
+    /// The PAR2 data is incomplete or inconsistent.
+    Malformed(String),
+    /// More slices are damaged than there are recovery slices.
+    TooMuchDamage {
+        /// Damaged or missing input slices.
+        damaged: usize,
+        /// Recovery slices available.
+        available: usize,
+    },
+}
+
+impl std::error::Error for Error {}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Io(e) => write!(f, "{e}"),
+            Error::Malformed(why) => write!(f, "unusable PAR2 data: {why}"),
+            Error::TooMuchDamage { damaged, available } => write!(
+                f,
+                "{damaged} slices damaged, only {available} recovery slices: beyond repair"
+            ),
+        }
+    }
+}
+
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Self {
+        Error::Io(e)
+    }
+}
+
+/// Slice size for `total` bytes in about `target` slices: a multiple of 4, at least 4, and
+/// few enough slices for the constants (at most 32768).
+pub fn slice_size_for(total: u64, target: u64) -> u64 {
+    let target = target.clamp(1, gf::MAX_INPUT_SLICES as u64);
+    let size = total.div_ceil(target).max(4).next_multiple_of(4);
+    // Rounding can leave one slice too many at the cap.
+    if total.div_ceil(size) > gf::MAX_INPUT_SLICES as u64 {
+        size + 4
+    } else {
+        size
+    }
+}
+
+/// Reads up to `buf.len()` bytes, fewer only at the end of the input.
+fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// A set made by [`create`], as the bytes of its two files.
+pub struct Created {
+    /// The set's ID.
+    pub id: Id,
+    /// `NAME.par2`: the description packets, no recovery data.
+    pub index: Vec<u8>,
+    /// `NAME.volXX+YY.par2`: the recovery slices, with the description packets repeated.
+    pub volume: Vec<u8>,
+    /// How many recovery slices the volume holds.
+    pub recovery_count: u32,
+}
+
+/// Makes a recovery set of `recovery_count` slices of `slice_size` bytes over `inputs`,
+/// reading each file through `open` (called once per file for its first 16 KiB, and once to
+/// read it whole). `threads` share the arithmetic.
+pub fn create<'r>(
+    inputs: &[Input],
+    open: &mut dyn FnMut(usize) -> io::Result<Box<dyn Read + 'r>>,
+    slice_size: u64,
+    recovery_count: u32,
+    threads: usize,
+) -> Result<Created, Error> {
+    if slice_size == 0 || !slice_size.is_multiple_of(4) {
+        return Err(Error::Malformed(
+            "slice size must be a positive multiple of 4".into(),
+        ));
+    }
+    let total_slices: u64 = inputs.iter().map(|f| f.len.div_ceil(slice_size)).sum();
+    if total_slices > gf::MAX_INPUT_SLICES as u64 {
+        return Err(Error::Malformed(format!(
+            "{total_slices} slices: at most 32768"
+        )));
+    }
+    if recovery_count > 65535 {
+        return Err(Error::Malformed("at most 65535 recovery slices".into()));
+    }
+    // File IDs need each file's first 16 KiB; the set's order is by file ID.
+    let mut ids = Vec::with_capacity(inputs.len());
+    let mut head = vec![0u8; 16 << 10];
+    for (i, f) in inputs.iter().enumerate() {
+        let n = read_full(&mut *open(i)?, &mut head[..f.len.min(16 << 10) as usize])?;
+        let md5_16k: Id = Md5::digest(&head[..n]).into();
+        ids.push((packet::file_id(&md5_16k, f.len, &f.name), md5_16k, i));
+    }
+    ids.sort();
+    ids.dedup_by(|a, b| a.0 == b.0);
+    let constants = gf::input_constants(total_slices as usize);
+    let size = slice_size as usize;
+    let mut recovery = vec![vec![0u8; size]; recovery_count as usize];
+    let mut entries = Vec::with_capacity(ids.len());
+    let mut slice_index = 0;
+    // Slices are gathered into batches, so that each batch costs one round of threads.
+    let batch_slices = (32usize << 20).div_ceil(size).max(1);
+    let mut batch: Vec<(Vec<u8>, u16)> = Vec::with_capacity(batch_slices);
+    for &(id, md5_16k, i) in &ids {
+        let f = &inputs[i];
+        let mut reader = open(i)?;
+        let mut whole = Md5::new();
+        let mut slices = Vec::new();
+        let mut left = f.len;
+        while left > 0 {
+            let mut buf = vec![0u8; size];
+            let want = left.min(slice_size) as usize;
+            let n = read_full(&mut *reader, &mut buf[..want])?;
+            if n < want {
+                return Err(Error::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "a file shrank while its parity was made",
+                )));
+            }
+            whole.update(&buf[..n]);
+            slices.push((Md5::digest(&buf).into(), crc32fast::hash(&buf)));
+            batch.push((buf, constants[slice_index]));
+            slice_index += 1;
+            left -= n as u64;
+            if batch.len() == batch_slices {
+                accumulate(&mut recovery, &batch, threads);
+                batch.clear();
+            }
+        }
+        entries.push(FileEntry {
+            id,
+            md5: whole.finalize().into(),
+            md5_16k,
+            len: f.len,
+            name: f.name.clone(),
+            slices,
+        });
+    }
+    accumulate(&mut recovery, &batch, threads);
+
+    // Empty files have no slices: as par2cmdline does, they are described but listed apart
+    // from the recovery set.
+    let (full, empty): (Vec<&FileEntry>, Vec<&FileEntry>) = entries.iter().partition(|e| e.len > 0);
+    let mut main = packet::main_body(slice_size, &full.iter().map(|e| e.id).collect::<Vec<_>>());
+    for e in &empty {
+        main.extend_from_slice(&e.id);
+    }
+    let set: Id = Md5::digest(&main).into();
+    let mut critical = packet::encode(&set, kind::MAIN, &[&main]);
+    for e in &entries {
+        critical.extend(packet::encode(
+            &set,
+            kind::FILE_DESC,
+            &[&e.id, &e.md5, &e.md5_16k, &e.len.to_le_bytes(), &e.name],
+        ));
+        if e.len == 0 {
+            continue;
+        }
+        let mut ifsc = Vec::with_capacity(16 + 20 * e.slices.len());
+        ifsc.extend_from_slice(&e.id);
+        for (md5, crc) in &e.slices {
+            ifsc.extend_from_slice(md5);
+            ifsc.extend_from_slice(&crc.to_le_bytes());
+        }
+        critical.extend(packet::encode(&set, kind::IFSC, &[&ifsc]));
+    }
+    critical.extend(packet::encode(&set, kind::CREATOR, &[CREATOR.as_bytes()]));
+    let mut volume = Vec::new();
+    for (e, data) in recovery.iter().enumerate() {
+        volume.extend(packet::encode(
+            &set,
+            kind::RECOVERY,
+            &[&(e as u32).to_le_bytes(), data],
+        ));
+    }
+    volume.extend_from_slice(&critical);
+    Ok(Created {
+        id: set,
+        index: critical,
+        volume,
+        recovery_count,
+    })
+}
+
+/// Adds each slice of `batch` (with its constant) into every recovery slice, the recovery
+/// slices shared out among `threads`.
+fn accumulate(recovery: &mut [Vec<u8>], batch: &[(Vec<u8>, u16)], threads: usize) {
+    if batch.is_empty() || recovery.is_empty() {
+        return;
+    }
+    let per = recovery.len().div_ceil(threads.max(1));
+    std::thread::scope(|s| {
+        for (chunk_no, chunk) in recovery.chunks_mut(per).enumerate() {
+            s.spawn(move || {
+                for (k, r) in chunk.iter_mut().enumerate() {
+                    let e = (chunk_no * per + k) as u64;
+                    for (slice, c) in batch {
+                        gf::mul_add(r, slice, gf::pow(*c, e));
+                    }
+                }
+            });
+        }
+    });
+}
+
+impl Set {
+    /// Assembles the set from the packets of one or more PAR2 files (their bytes). The set
+    /// is the one whose main packet comes first; packets of other sets are ignored.
+    pub fn load(files: &[&[u8]]) -> Result<Set, Error> {
+        let mut main = None;
+        let mut descs: HashMap<Id, (Id, Id, u64, Vec<u8>)> = HashMap::new();
+        let mut ifscs: HashMap<Id, Vec<(Id, u32)>> = HashMap::new();
+        let mut recovery = BTreeMap::new();
+        let found: Vec<(usize, packet::Found)> = files
+            .iter()
+            .enumerate()
+            .flat_map(|(i, b)| packet::parse(b).into_iter().map(move |f| (i, f)))
+            .collect();
+        let id = found
+            .iter()
+            .find(|(_, f)| matches!(f.packet, Packet::Main { .. }))
+            .map(|(_, f)| f.set)
+            .ok_or_else(|| Error::Malformed("no main packet".into()))?;
+        for (i, f) in found.into_iter().filter(|(_, f)| f.set == id) {
+            match f.packet {
+                Packet::Main {
+                    slice_size, files, ..
+                } => main = Some((slice_size, files)),
+                Packet::FileDesc {
+                    id,
+                    md5,
+                    md5_16k,
+                    len,
+                    name,
+                } => {
+                    descs.insert(id, (md5, md5_16k, len, name));
+                }
+                Packet::Ifsc { id, slices } => {
+                    ifscs.insert(id, slices);
+                }
+                Packet::Recovery { exponent, data } => {
+                    recovery
+                        .entry(exponent)
+                        .or_insert_with(|| files[i][data].to_vec());
+                }
+                _ => {}
+            }
+        }
+        let (slice_size, ids) = main.expect("a main packet was found");
+        if ids.len() > gf::MAX_INPUT_SLICES {
+            return Err(Error::Malformed("too many files".into()));
+        }
+        let mut entries = Vec::with_capacity(ids.len());
+        let mut total = 0u64;
+        for fid in ids {
+            let (md5, md5_16k, len, name) = descs
+                .remove(&fid)
+                .ok_or_else(|| Error::Malformed("a file description is missing".into()))?;
+            let slices = ifscs
+                .remove(&fid)
+                .ok_or_else(|| Error::Malformed("a file's slice checksums are missing".into()))?;
+            if packet::file_id(&md5_16k, len, &name) != fid {
+                return Err(Error::Malformed(
+                    "a file ID does not match its description".into(),
+                ));
+            }
+            if slices.len() as u64 != len.div_ceil(slice_size) {
+                return Err(Error::Malformed(
+                    "slice checksums do not fit the file length".into(),
+                ));
+            }
+            total += slices.len() as u64;
+            if total > gf::MAX_INPUT_SLICES as u64 {
+                return Err(Error::Malformed("more than 32768 input slices".into()));
+            }
+            entries.push(FileEntry {
+                id: fid,
+                md5,
+                md5_16k,
+                len,
+                name,
+                slices,
+            });
+        }
+        recovery.retain(|&e, data: &mut Vec<u8>| e < 65535 && data.len() as u64 == slice_size);
+        Ok(Set {
+            id,
+            slice_size,
+            files: entries,
+            recovery,
+        })
+    }
+
+    /// The global index of file `f`'s first slice.
+    fn first_slice(&self, f: usize) -> usize {
+        self.files[..f].iter().map(|e| e.slices.len()).sum()
+    }
+
+    /// Finds the damaged slices of every file (read through `open`; `None` for a file that
+    /// is missing) and rebuilds them from the recovery slices. The result holds the original
+    /// bytes of each rebuilt slice (zero-padded to the slice size), by global slice index.
+    pub fn recover<'r>(
+        &self,
+        open: &mut dyn FnMut(usize) -> io::Result<Option<Box<dyn Read + 'r>>>,
+        threads: usize,
+    ) -> Result<Recovered, Error> {
+        let size = self.slice_size as usize;
+        let total: usize = self.files.iter().map(|f| f.slices.len()).sum();
+        let constants = gf::input_constants(total);
+        // First pass: which slices are damaged.
+        let mut damaged = Vec::new();
+        for (f, entry) in self.files.iter().enumerate() {
+            let base = self.first_slice(f);
+            match open(f)? {
+                None => damaged.extend(base..base + entry.slices.len()),
+                Some(mut r) => {
+                    let mut buf = vec![0u8; size];
+                    for (k, expect) in entry.slices.iter().enumerate() {
+                        let n = read_full(&mut *r, &mut buf)?;
+                        buf[n..].fill(0);
+                        let want = (entry.len - k as u64 * self.slice_size).min(self.slice_size);
+                        let ok = n as u64 >= want
+                            && crc32fast::hash(&buf) == expect.1
+                            && <[u8; 16]>::from(Md5::digest(&buf)) == expect.0;
+                        if !ok {
+                            damaged.push(base + k);
+                        }
+                    }
+                }
+            }
+        }
+        if damaged.is_empty() {
+            return Ok(Recovered {
+                slices: HashMap::new(),
+            });
+        }
+        if damaged.len() > self.recovery.len() {
+            return Err(Error::TooMuchDamage {
+                damaged: damaged.len(),
+                available: self.recovery.len(),
+            });
+        }
+        let exps: Vec<u32> = self.recovery.keys().copied().take(damaged.len()).collect();
+        // Second pass: each used recovery slice minus the contributions of the good slices.
+        let mut rhs: Vec<Vec<u8>> = exps.iter().map(|e| self.recovery[e].clone()).collect();
+        let is_damaged: std::collections::HashSet<usize> = damaged.iter().copied().collect();
+        let batch_slices = (32usize << 20).div_ceil(size).max(1);
+        let mut batch: Vec<(Vec<u8>, u16)> = Vec::new();
+        for (f, entry) in self.files.iter().enumerate() {
+            let base = self.first_slice(f);
+            let Some(mut r) = open(f)? else { continue };
+            for k in 0..entry.slices.len() {
+                let mut buf = vec![0u8; size];
+                let n = read_full(&mut *r, &mut buf)?;
+                buf[n..].fill(0);
+                if !is_damaged.contains(&(base + k)) {
+                    batch.push((buf, constants[base + k]));
+                    if batch.len() == batch_slices {
+                        subtract(&mut rhs, &exps, &batch, threads);
+                        batch.clear();
+                    }
+                }
+            }
+        }
+        subtract(&mut rhs, &exps, &batch, threads);
+        // Solve: rhs[r] = sum_j c_{damaged j}^{exp r} * x_j.
+        let matrix: Vec<Vec<u16>> = exps
+            .iter()
+            .map(|&e| {
+                damaged
+                    .iter()
+                    .map(|&j| gf::pow(constants[j], e as u64))
+                    .collect()
+            })
+            .collect();
+        let inverse = gf::invert(matrix)
+            .ok_or_else(|| Error::Malformed("recovery slices are not independent".into()))?;
+        let mut slices = HashMap::new();
+        for (j, &slice) in damaged.iter().enumerate() {
+            let mut out = vec![0u8; size];
+            for (r, data) in rhs.iter().enumerate() {
+                gf::mul_add(&mut out, data, inverse[j][r]);
+            }
+            slices.insert(slice, out);
+        }
+        Ok(Recovered { slices })
+    }
+
+    /// Streams file `f` as it should be: its good slices read from `current` (if there is
+    /// one), rebuilt ones from `recovered`, cut to the file's length.
+    pub fn restore(
+        &self,
+        f: usize,
+        recovered: &Recovered,
+        mut current: Option<&mut dyn Read>,
+        out: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+    ) -> Result<(), Error> {
+        let entry = &self.files[f];
+        let base = self.first_slice(f);
+        let mut buf = vec![0u8; self.slice_size as usize];
+        for k in 0..entry.slices.len() {
+            let n = match current.as_mut() {
+                Some(r) => read_full(&mut **r, &mut buf)?,
+                None => 0,
+            };
+            let want = (entry.len - k as u64 * self.slice_size).min(self.slice_size) as usize;
+            match recovered.slices.get(&(base + k)) {
+                Some(slice) => out(&slice[..want])?,
+                None if n >= want => out(&buf[..want])?,
+                None => {
+                    return Err(Error::Malformed(
+                        "a slice changed between checking and restoring".into(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Rebuilt slices, by global slice index.
+#[derive(Debug)]
+pub struct Recovered {
+    /// The original bytes of each rebuilt slice, zero-padded.
+    pub slices: HashMap<usize, Vec<u8>>,
+}
+
+/// Takes the good slices' share out of each recovery slice in use.
+fn subtract(rhs: &mut [Vec<u8>], exps: &[u32], batch: &[(Vec<u8>, u16)], threads: usize) {
+    if batch.is_empty() {
+        return;
+    }
+    let per = rhs.len().div_ceil(threads.max(1));
+    std::thread::scope(|s| {
+        for (chunk_no, chunk) in rhs.chunks_mut(per).enumerate() {
+            s.spawn(move || {
+                for (k, r) in chunk.iter_mut().enumerate() {
+                    let e = exps[chunk_no * per + k] as u64;
+                    for (slice, c) in batch {
+                        gf::mul_add(r, slice, gf::pow(*c, e));
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// The file name par2cmdline gives a volume of `count` recovery slices starting at `first`.
+pub fn volume_name(base: &str, first: u32, count: u32) -> String {
+    let width = (first + count).to_string().len().max(2);
+    format!("{base}.vol{first:0width$}+{count:0width$}.par2")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    fn make(files: &[Vec<u8>], slice: u64, rec: u32) -> Created {
+        let inputs: Vec<Input> = files
+            .iter()
+            .enumerate()
+            .map(|(i, f)| Input {
+                name: format!("f{i}").into_bytes(),
+                len: f.len() as u64,
+            })
+            .collect();
+        create(&inputs, &mut |i| Ok(Box::new(&files[i][..])), slice, rec, 2).unwrap()
+    }
+
+    #[test]
+    fn damage_within_capacity_is_repaired_beyond_it_refused() {
+        let files = vec![data(10_000, 1), data(3_001, 2), Vec::new()];
+        let created = make(&files, 512, 5);
+        let set = Set::load(&[&created.index, &created.volume]).unwrap();
+        assert_eq!(set.recovery.len(), 5);
+        // Find which set position each input file took (the set is ordered by file ID).
+        let pos = |name: &[u8]| set.files.iter().position(|f| f.name == name).unwrap();
+        // Two slices of file 0 flipped; file 1 cut inside its fourth slice of six: five slices.
+        let mut damaged = files.clone();
+        damaged[0][100] ^= 1;
+        damaged[0][5000] ^= 0xff;
+        damaged[1].truncate(2000);
+        let by_name = |i: usize| -> usize {
+            (0..files.len())
+                .find(|&k| pos(format!("f{k}").as_bytes()) == i)
+                .unwrap()
+        };
+        let rec = set
+            .recover(&mut |i| Ok(Some(Box::new(&damaged[by_name(i)][..]))), 2)
+            .unwrap();
+        assert_eq!(rec.slices.len(), 5);
+        for k in 0..2 {
+            let mut out = Vec::new();
+            let f = pos(format!("f{k}").as_bytes());
+            let mut cur: &[u8] = &damaged[k];
+            set.restore(f, &rec, Some(&mut cur), &mut |b| {
+                out.extend_from_slice(b);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(out, files[k], "file {k}");
+        }
+        damaged[0][9000] ^= 1;
+        let err = set
+            .recover(&mut |i| Ok(Some(Box::new(&damaged[by_name(i)][..]))), 1)
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::TooMuchDamage {
+                    damaged: 6,
+                    available: 5
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_missing_file_is_rebuilt_whole() {
+        let files = vec![data(2048, 3)];
+        let created = make(&files, 256, 8);
+        let set = Set::load(&[&created.volume]).unwrap();
+        let rec = set.recover(&mut |_| Ok(None), 1).unwrap();
+        let mut out = Vec::new();
+        set.restore(0, &rec, None, &mut |b| {
+            out.extend_from_slice(b);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(out, files[0]);
+    }
+
+    #[test]
+    fn slice_sizes_are_multiples_of_4_within_the_slice_limit() {
+        for (total, target) in [
+            (0u64, 100u64),
+            (1, 1),
+            (10_000, 3),
+            (u32::MAX as u64, 40_000),
+        ] {
+            let s = slice_size_for(total, target);
+            assert!(s >= 4 && s.is_multiple_of(4), "{total} {target}: {s}");
+            assert!(total.div_ceil(s) <= 32768, "{total} {target}: {s}");
+        }
+        assert_eq!(volume_name("x", 0, 5), "x.vol00+05.par2");
+        assert_eq!(volume_name("x", 0, 150), "x.vol000+150.par2");
+    }
+}
