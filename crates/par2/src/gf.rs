@@ -357,12 +357,12 @@ mod tests {
             .map(|&e| [c[0], c[2], c[4]].iter().map(|&k| pow(k, e)).collect())
             .collect();
         let inv_m = invert(a.clone()).unwrap();
-        for i in 0..3 {
+        for (i, row) in a.iter().enumerate() {
             for j in 0..3 {
-                let mut s = 0;
-                for k in 0..3 {
-                    s ^= mul(a[i][k], inv_m[k][j]);
-                }
+                let s = row
+                    .iter()
+                    .zip(&inv_m)
+                    .fold(0, |s, (&x, r)| s ^ mul(x, r[j]));
                 assert_eq!(s, u16::from(i == j));
             }
         }
