@@ -178,7 +178,10 @@ impl Writer {
         }
         let damaged = report.status.is_damage();
         let attrs = member_attrs(attrs, report.digest.as_ref(), before.len(), damaged);
-        let segments = data_segments(&file, &before);
+        let mut segments = data_segments(&file, &before);
+        if segments.len() >= MAX_RUNS {
+            segments = vec![(0, before.len())];
+        }
         let mut pax = Pax::default();
         let mut header = tar::Header::new_ustar();
         set_meta(&mut header, &mut pax, &before);
@@ -207,7 +210,7 @@ impl Writer {
             pax.add("comment", mark.as_bytes());
         }
         for (attr, value) in &attrs {
-            pax.add(&format!("SCHILY.xattr.{attr}"), value);
+            pax.add(&format!("SCHILY.xattr.{}", encode_key(attr)), value);
         }
         set_size(&mut header, &mut pax, body);
         header.set_entry_type(tar::EntryType::Regular);
@@ -513,6 +516,15 @@ fn parse_pax_time(s: &str) -> Option<Timestamp> {
             nsec: 1_000_000_000 - n,
         },
     })
+}
+
+/// An xattr name as a PAX key: `%` and `=` percent-encoded, as GNU tar writes and reads them.
+fn encode_key(name: &str) -> String {
+    name.replace('%', "%25").replace('=', "%3D")
+}
+
+fn decode_key(key: &str) -> String {
+    key.replace("%3D", "=").replace("%25", "%")
 }
 
 /// PAX extended header records for one member.
@@ -939,7 +951,7 @@ fn member<R: Read>(
         let text = || std::str::from_utf8(value).ok();
         let number = || text().and_then(|t| t.parse::<u64>().ok());
         if let Some(attr) = key.strip_prefix("SCHILY.xattr.") {
-            m.xattrs.push((attr.to_owned(), value.to_vec()));
+            m.xattrs.push((decode_key(attr), value.to_vec()));
         }
         match key {
             "path" => m.name = value.to_vec(),
@@ -970,24 +982,26 @@ fn member<R: Read>(
         if major != "1" {
             return Err(malformed("unsupported GNU sparse format"));
         }
-        let mut map = Vec::new();
+        let mut parser = MapParser::default();
+        let mut map_len = 0usize;
         let runs = loop {
             let mut block = [0u8; 512];
             entry.read_exact(&mut block)?;
-            map.extend_from_slice(&block);
-            match parse_sparse_map(&map) {
+            map_len += block.len();
+            match parser.feed(&block) {
                 Ok(Some(runs)) => break runs,
-                Ok(None) if map.len() < MAX_SPARSE_MAP => {}
+                Ok(None) if map_len < MAX_SPARSE_MAP => {}
                 Ok(None) => return Err(malformed("sparse map too large")),
                 Err(why) => return Err(malformed(why)),
             }
         };
-        let stored: u64 = runs.iter().map(|r| r.1).sum();
-        if runs
+        let fits = runs
             .iter()
-            .any(|&(o, l)| o.checked_add(l).is_none_or(|end| end > size))
-            || runs.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0)
-            || Some(stored) != m.size.checked_sub(map.len() as u64)
+            .all(|&(o, l)| o.checked_add(l).is_some_and(|end| end <= size))
+            && runs.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0);
+        // Runs inside the file that do not overlap cannot sum past its size.
+        if !fits
+            || Some(runs.iter().map(|r| r.1).sum::<u64>()) != m.size.checked_sub(map_len as u64)
         {
             return Err(malformed("sparse map does not fit the member"));
         }
@@ -998,45 +1012,56 @@ fn member<R: Read>(
     Ok(m)
 }
 
-/// Upper bound on a sparse map's text (a million runs).
+/// Upper bound on a sparse map's text, and on its runs (the writer stores a file with more
+/// runs whole, holes and all).
 const MAX_SPARSE_MAP: usize = 40 << 20;
+const MAX_RUNS: usize = 1 << 20;
 
 fn malformed(why: &'static str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, why.to_owned())
 }
 
-/// Parses a GNU 1.0 sparse map from the blocks read so far: `Ok(None)` if it continues in
-/// the next block.
-fn parse_sparse_map(blocks: &[u8]) -> Result<Option<Vec<(u64, u64)>>, &'static str> {
-    let mut numbers = Vec::new();
-    let mut rest = blocks;
-    let mut count = None;
-    loop {
-        let Some(end) = rest.iter().position(|&b| b == b'\n') else {
-            return if rest.iter().all(u8::is_ascii_digit) {
-                Ok(None)
-            } else {
-                Err("malformed sparse map")
-            };
-        };
-        let line = &rest[..end];
-        rest = &rest[end + 1..];
-        if line.is_empty() || line.len() > 20 || !line.iter().all(u8::is_ascii_digit) {
-            return Err("malformed sparse map");
+/// Parses a GNU 1.0 sparse map block by block, each byte once: the number of runs, then each
+/// run's offset and length, one decimal number per line.
+#[derive(Default)]
+struct MapParser {
+    count: Option<usize>,
+    numbers: Vec<u64>,
+    line: Vec<u8>,
+}
+
+impl MapParser {
+    /// Feeds the next block: the runs once the map is complete, `None` if it goes on.
+    fn feed(&mut self, block: &[u8]) -> Result<Option<Vec<(u64, u64)>>, &'static str> {
+        for &b in block {
+            if b != b'\n' {
+                if !b.is_ascii_digit() || self.line.len() == 20 {
+                    return Err("malformed sparse map");
+                }
+                self.line.push(b);
+                continue;
+            }
+            let n: u64 = std::str::from_utf8(&self.line)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or("malformed sparse map")?;
+            self.line.clear();
+            match self.count {
+                None if n > MAX_RUNS as u64 => return Err("sparse map too large"),
+                None => self.count = Some(n as usize),
+                Some(_) => self.numbers.push(n),
+            }
+            if self.count == Some(self.numbers.len() / 2) && self.numbers.len().is_multiple_of(2) {
+                return Ok(Some(self.numbers.chunks(2).map(|p| (p[0], p[1])).collect()));
+            }
         }
-        let n: u64 = std::str::from_utf8(line)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or("malformed sparse map")?;
-        match count {
-            None if n > (MAX_SPARSE_MAP / 4) as u64 => return Err("sparse map too large"),
-            None => count = Some(n as usize),
-            Some(_) => numbers.push(n),
-        }
-        if count == Some(numbers.len() / 2) && numbers.len() % 2 == 0 {
-            return Ok(Some(numbers.chunks(2).map(|p| (p[0], p[1])).collect()));
-        }
+        Ok(None)
     }
+}
+
+#[cfg(test)]
+fn parse_sparse_map(text: &[u8]) -> Result<Option<Vec<(u64, u64)>>, &'static str> {
+    MapParser::default().feed(text)
 }
 
 /// What `verify` found in one member: a report as `check` would give for a file.
@@ -1068,6 +1093,12 @@ pub fn verify_member(visit: &mut Visit<'_, '_>) -> FileReport {
         report.detail = Some("archived without a tag: nothing to verify it against".into());
         return report;
     };
+    if tag.size.is_some_and(|s| s != m.size) {
+        report.status = Status::Corrupt;
+        report.detail = Some("its size differs from the size in its tag".into());
+        report.tag = Some(tag);
+        return report;
+    }
     let mut hasher = Hasher::new(tag.digest.algo);
     let zeros = vec![0u8; 64 << 10];
     let mut bytes = 0;

@@ -912,6 +912,8 @@ impl Worker<'_> {
             return fail(report, FileError::WriteTag(e));
         }
         report.action = Some(action);
+        // The digest reported is the one now stored (a re-tag may change the algorithm).
+        report.digest = Some(d.of(algo));
         self.compat(report, s, d)
     }
 
@@ -1032,6 +1034,15 @@ impl Anchor {
                 if let Some(opened) = crate::sys::open_beneath(root, rel, flags) {
                     return opened;
                 }
+                // No openat2 (Linux before 5.6): one component at a time, none followed.
+                let mut at = rustix::fs::openat(root, ".", flags, Mode::empty())?;
+                for part in rel.components() {
+                    let std::path::Component::Normal(part) = part else {
+                        return Err(io::Error::other("unexpected path component"));
+                    };
+                    at = rustix::fs::openat(&at, part, flags, Mode::empty())?;
+                }
+                return Ok(at);
             }
             _ => {}
         }

@@ -221,7 +221,11 @@ fn job(cli: Cli) -> anyhow::Result<Result<Job, Exit>> {
                 (None, false) => Keep::Beside,
             };
             let sources = from.into_iter().map(Source::new).collect();
-            let opts = repair::Options { dry_run, keep };
+            let opts = repair::Options {
+                dry_run,
+                keep,
+                mtime_window_ns: common.mtime_window.unwrap_or(0),
+            };
             let config = Config::new(Verb::Repair);
             (config, paths.paths, common, Task::Repair(sources, opts))
         }
@@ -281,10 +285,13 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             eprintln!("intact: warning: could not lower priority: {e}");
         }
     }
-    ctrlc::set_handler(|| {
+    // Archives and repairs clean up their temp files as they wind down (promptly: every
+    // loop watches the flag), which an exit from the handler would skip.
+    let exit_at_once = !matches!(verb, Verb::Archive | Verb::Repair);
+    ctrlc::set_handler(move || {
         // A second Ctrl-C means now: nothing half-written can be left (tags are one
         // atomic setxattr, an export goes to a temp file), so exiting at once is safe.
-        if INTERRUPTED.swap(true, Ordering::SeqCst) {
+        if INTERRUPTED.swap(true, Ordering::SeqCst) && exit_at_once {
             std::process::exit(Exit::Interrupted as i32);
         }
     })
@@ -500,9 +507,14 @@ fn list(path: &Path) -> anyhow::Result<Exit> {
             archive::Kind::Symlink(_) => 'l',
             archive::Kind::Other => '?',
         };
-        let mtime = humantime::format_rfc3339_seconds(
-            std::time::UNIX_EPOCH + Duration::from_secs(m.mtime.sec.max(0) as u64),
-        );
+        // humantime stops at the year 9999; later (or earlier than 1970) shows as seconds.
+        let mtime = match m.mtime.sec {
+            sec @ 0..=253_402_300_799 => humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + Duration::from_secs(sec as u64),
+            )
+            .to_string(),
+            sec => format!("@{sec}"),
+        };
         let target = match &m.kind {
             archive::Kind::Link(t) | archive::Kind::Symlink(t) => format!(
                 " -> {}",

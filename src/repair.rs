@@ -70,6 +70,8 @@ pub struct Options {
     pub dry_run: bool,
     /// What becomes of damaged originals.
     pub keep: Keep,
+    /// mtimes closer than this count as equal (as in the check).
+    pub mtime_window_ns: u64,
 }
 
 /// A damaged file waiting for good bytes.
@@ -181,7 +183,9 @@ impl Repairer {
             let Some(indices) = stored.tags.iter().find_map(|t| wanted.get(&t.digest)) else {
                 return ControlFlow::Continue(());
             };
-            let Some(&first) = indices.iter().find(|&&i| !self.targets[i].done) else {
+            let Some(&first) = indices.iter().find(|&&i| {
+                !self.targets[i].done && self.targets[i].want.1.is_none_or(|s| s == m.size)
+            }) else {
                 return ControlFlow::Continue(());
             };
             let from = format!("{shown} ({})", crate::report::escape(&m.path()));
@@ -191,7 +195,12 @@ impl Repairer {
                 let good = self.targets[first].report.path.clone();
                 for &i in indices {
                     if !self.targets[i].done {
-                        let outcome = self.restore(i, |sink| read_file(&good, sink));
+                        // A dry run repaired nothing to copy from; the copy is verified.
+                        let outcome = if self.opts.dry_run {
+                            Ok(Restored::default())
+                        } else {
+                            self.restore(i, |sink| read_file(&good, sink))
+                        };
                         self.settle(i, outcome, &from);
                     }
                 }
@@ -241,7 +250,11 @@ impl Repairer {
                     if self.targets[i].done || cancel.load(Ordering::Relaxed) {
                         break;
                     }
-                    if same_file(&path, &self.targets[i].report.path) {
+                    let want_size = self.targets[i].want.1;
+                    let size = std::fs::symlink_metadata(&path).map(|m| m.len()).ok();
+                    if same_file(&path, &self.targets[i].report.path)
+                        || want_size.is_some_and(|w| Some(w) != size)
+                    {
                         continue;
                     }
                     let from = format!("{shown} ({})", crate::report::escape(&path));
@@ -265,7 +278,7 @@ impl Repairer {
     fn settle(&mut self, i: usize, outcome: Result<Restored, Failure>, from: &str) -> bool {
         let t = &mut self.targets[i];
         match outcome {
-            Ok(Restored { kept }) => {
+            Ok(Restored { kept, warning }) => {
                 t.done = true;
                 let was = t.report.status.name();
                 if self.opts.dry_run {
@@ -273,13 +286,17 @@ impl Repairer {
                 } else {
                     t.report.status = Status::Ok;
                     t.report.action = Some(Action::Repaired);
-                    t.report.detail = Some(match kept {
+                    let mut detail = match kept {
                         Some(k) => format!(
                             "was {was}; restored from {from}; damaged copy kept as {}",
                             crate::report::escape(&k)
                         ),
                         None => format!("was {was}; restored from {from}"),
-                    });
+                    };
+                    if let Some(w) = warning {
+                        detail.push_str(&format!("; but {w}"));
+                    }
+                    t.report.detail = Some(detail);
                 }
                 true
             }
@@ -318,27 +335,33 @@ impl Repairer {
             .map_err(Failure::Target)?;
         let original = File::from(open_at(&dir, name, OFlags::RDONLY).map_err(Failure::Target)?);
         let meta = original.metadata().map_err(Failure::Target)?;
-        if !meta.is_file() || Some(meta.len()) != t.report.size {
-            return Err(Failure::Target(io::Error::other(
-                "the file changed since it was checked; run repair again",
-            )));
-        }
+        self.unchanged(t, &original, &meta)?;
         let (digest, size) = t.want;
         let mut temp = if self.opts.dry_run {
             None
         } else {
-            Some(Temp::create(&dir, name).map_err(Failure::Target)?)
+            Some(Temp::create(&dir).map_err(Failure::Target)?)
         };
         let mut hasher = Hasher::new(digest.algo);
         let mut len = 0u64;
         let zeros = [0u8; 64 << 10];
-        // A failed write is the target's fault, not the copy's: remembered apart.
+        // Why the stream was stopped from this side: the target could not be written, or
+        // the copy is longer than the file it should restore.
         let mut write_err = None;
+        let mut too_long = false;
         let filled = fill(&mut |chunk| {
+            let n = match chunk {
+                Chunk::Data(d) => d.len() as u64,
+                Chunk::Hole(n) => n,
+            };
+            len = len.saturating_add(n);
+            if size.is_some_and(|s| len > s) {
+                too_long = true;
+                return Err(io::Error::other("longer than the file it should restore"));
+            }
             let written = match chunk {
                 Chunk::Data(d) => {
                     hasher.update(d);
-                    len += d.len() as u64;
                     temp.as_mut().map_or(Ok(()), |t| t.file.write_all(d))
                 }
                 Chunk::Hole(n) => {
@@ -348,9 +371,9 @@ impl Repairer {
                         hasher.update(&zeros[..k]);
                         left -= k as u64;
                     }
-                    len += n;
                     temp.as_mut().map_or(Ok(()), |t| {
-                        t.file.seek(io::SeekFrom::Current(n as i64)).map(drop)
+                        let n = i64::try_from(n).map_err(io::Error::other)?;
+                        t.file.seek(io::SeekFrom::Current(n)).map(drop)
                     })
                 }
             };
@@ -363,25 +386,54 @@ impl Repairer {
         if let Some(e) = write_err {
             return Err(Failure::Target(e));
         }
+        if too_long {
+            return Err(Failure::CopyDamaged);
+        }
         filled.map_err(Failure::Source)?;
         if hasher.finalize() != digest || size.is_some_and(|s| s != len) {
             return Err(Failure::CopyDamaged);
         }
         let Some(mut temp) = temp.take() else {
-            return Ok(Restored { kept: None });
+            return Ok(Restored::default());
         };
-        let kept = temp
-            .finish(&dir, name, &original, &meta, len, self.keep_path(i, name))
+        let keep = self.keep_path(i, name);
+        let mut restored = temp
+            .finish(&dir, name, &original, &meta, len, keep)
             .map_err(Failure::Target)?;
         // A name kept beside is shown with the directory it is in.
-        let kept = kept.map(|k| {
+        restored.kept = restored.kept.map(|k| {
             if k.parent() == Some(Path::new("")) {
                 dir_path.join(k)
             } else {
                 k
             }
         });
-        Ok(Restored { kept })
+        Ok(restored)
+    }
+
+    /// Makes sure the damaged file is still the one the check judged: same size, same tag,
+    /// mtime not moved (an edit since the check must not be overwritten).
+    fn unchanged(&self, t: &Target, file: &File, meta: &std::fs::Metadata) -> Result<(), Failure> {
+        let changed = || {
+            Err(Failure::Target(io::Error::other(
+                "the file changed since it was checked; run repair again",
+            )))
+        };
+        if !meta.is_file() || Some(meta.len()) != t.report.size {
+            return changed();
+        }
+        let stored = store::read(file).map_err(Failure::Target)?;
+        let Some(tag) = stored.tags.iter().find(|tag| tag.digest == t.want.0) else {
+            return changed();
+        };
+        let now = crate::tag::Timestamp {
+            sec: meta.mtime(),
+            nsec: meta.mtime_nsec() as u32,
+        };
+        match crate::classify::compare_mtime(tag, now, self.opts.mtime_window_ns) {
+            None | Some(crate::classify::TimeOrder::Same) => Ok(()),
+            Some(_) => changed(),
+        }
     }
 
     /// Where the damaged original of target `i` goes, if kept.
@@ -391,17 +443,27 @@ impl Repairer {
             Keep::Beside => Some(KeepAt::Beside({
                 let mut k = name.to_os_string();
                 k.push(".damaged");
+                // A name at the length limit keeps its damaged copy under a short one.
+                if k.len() > 255 {
+                    k = format!(".intact-damaged-{}", unique()).into();
+                }
                 k
             })),
-            Keep::In(dir) => Some(KeepAt::Elsewhere(dir.join(self.relative(i)))),
+            Keep::In(dir) => Some(KeepAt::Elsewhere(match self.relative(i) {
+                rel if rel.as_os_str().is_empty() => dir.join(name),
+                rel => dir.join(rel),
+            })),
         }
     }
 }
 
 /// A successful restore.
+#[derive(Default)]
 struct Restored {
     /// Where the damaged original was kept.
     kept: Option<PathBuf>,
+    /// Something that went wrong after the repaired file was in place.
+    warning: Option<String>,
 }
 
 /// Why a restore did not happen.
@@ -430,10 +492,10 @@ struct Temp<'d> {
 }
 
 impl<'d> Temp<'d> {
-    fn create(dir: &'d OwnedFd, for_name: &OsStr) -> io::Result<Temp<'d>> {
-        let mut name = OsString::from(".");
-        name.push(for_name);
-        name.push(format!(".intact-repair-{}", std::process::id()));
+    /// A new temp file in `dir`, under a short name (any file name, however long, can be
+    /// repaired).
+    fn create(dir: &'d OwnedFd) -> io::Result<Temp<'d>> {
+        let name = OsString::from(format!(".intact-repair-{}", unique()));
         let fd = rustix::fs::openat(
             dir,
             name.as_os_str(),
@@ -449,7 +511,9 @@ impl<'d> Temp<'d> {
     }
 
     /// Makes the verified bytes durable, gives them the original's metadata, keeps the
-    /// original if asked, and puts the bytes in its place.
+    /// original if asked, and puts the bytes in its place. Until that last step, a failure
+    /// leaves the original as it was and nothing else behind; after it, problems are
+    /// warnings.
     fn finish(
         &mut self,
         dir: &OwnedFd,
@@ -458,23 +522,11 @@ impl<'d> Temp<'d> {
         meta: &std::fs::Metadata,
         len: u64,
         keep: Option<KeepAt>,
-    ) -> io::Result<Option<PathBuf>> {
+    ) -> io::Result<Restored> {
         self.file.set_len(len)?;
         self.file.sync_all()?;
-        let kept = match keep {
-            None => None,
-            Some(KeepAt::Beside(k)) => Some(keep_beside(dir, name, &k, original, meta)?),
-            Some(KeepAt::Elsewhere(p)) => Some(keep_elsewhere(original, &p)?),
-        };
         if meta.nlink() > 1 {
-            // Every name of the inode must see the repair: write the verified bytes into it.
-            self.file.seek(io::SeekFrom::Start(0))?;
-            let mut target = File::from(open_at(dir, name, OFlags::WRONLY)?);
-            io::copy(&mut self.file, &mut target)?;
-            target.set_len(len)?;
-            set_times(&target, meta)?;
-            target.sync_all()?;
-            return Ok(kept);
+            return self.rewrite_in_place(dir, name, original, meta, len, keep);
         }
         store::write_all(&self.file, &store::read_all(original)?)?;
         let (uid, gid) = (meta.uid(), meta.gid());
@@ -496,15 +548,89 @@ impl<'d> Temp<'d> {
         rustix::fs::fchmod(&self.file, Mode::from_raw_mode(meta.mode() & 0o7777))?;
         set_times(&self.file, meta)?;
         self.file.sync_all()?;
-        rustix::fs::renameat(dir, self.name.as_os_str(), dir, name)?;
+        let kept = match keep {
+            None => None,
+            Some(KeepAt::Beside(k)) => Some(link_beside(dir, name, &k)?),
+            Some(KeepAt::Elsewhere(p)) => Some(copy_to(original, &p)?),
+        };
+        if let Err(e) = rustix::fs::renameat(dir, self.name.as_os_str(), dir, name) {
+            if let Some(k) = &kept {
+                unkeep(dir, k);
+            }
+            return Err(e.into());
+        }
         self.placed = true;
-        rustix::fs::fsync(dir)?;
-        if kept.is_some() {
+        let mut restored = Restored {
+            kept,
+            warning: None,
+        };
+        let mut after = rustix::fs::fsync(dir).map_err(io::Error::from);
+        if restored.kept.is_some() {
             // The damaged inode now lives on only under the kept name: without its tag, later
             // checks do not report the same damage again (the good file carries the tag).
-            store::remove_intact(original)?;
+            after = after.and(store::remove_intact(original).map(drop));
         }
-        Ok(kept)
+        if let Err(e) = after {
+            restored.warning = Some(format!("finishing up failed: {e}"));
+        }
+        Ok(restored)
+    }
+
+    /// For an inode with several names: every name must see the repair, so the verified
+    /// bytes are written into it. Should that fail midway, the verified copy stays, named in
+    /// the error, for the user to finish with.
+    fn rewrite_in_place(
+        &mut self,
+        dir: &OwnedFd,
+        name: &OsStr,
+        original: &File,
+        meta: &std::fs::Metadata,
+        len: u64,
+        keep: Option<KeepAt>,
+    ) -> io::Result<Restored> {
+        // The damaged bytes are copied out first: a second link would see the repair too.
+        let kept = match keep {
+            None => None,
+            Some(KeepAt::Beside(k)) => Some(copy_beside(dir, &k, original)?),
+            Some(KeepAt::Elsewhere(p)) => Some(copy_to(original, &p)?),
+        };
+        let target = match open_at(dir, name, OFlags::WRONLY).map(File::from) {
+            Ok(f)
+                if f.metadata()
+                    .is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino()) =>
+            {
+                f
+            }
+            Ok(_) | Err(_) => {
+                if let Some(k) = &kept {
+                    unkeep(dir, k);
+                }
+                return Err(io::Error::other(
+                    "the file was replaced since it was checked; run repair again",
+                ));
+            }
+        };
+        let written = (|| {
+            self.file.seek(io::SeekFrom::Start(0))?;
+            io::copy(&mut (&self.file).take(len), &mut &target)?;
+            target.set_len(len)?;
+            set_times(&target, meta)?;
+            target.sync_all()
+        })();
+        if let Err(e) = written {
+            self.placed = true;
+            return Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "{e}: the file may be partly rewritten; its verified bytes are in {}",
+                    Path::new(&self.name).display()
+                ),
+            ));
+        }
+        Ok(Restored {
+            kept,
+            warning: None,
+        })
     }
 }
 
@@ -546,38 +672,57 @@ fn set_times(file: &File, meta: &std::fs::Metadata) -> io::Result<()> {
     Ok(())
 }
 
-/// Keeps the damaged original in the same directory under a free name: as a second link
-/// to its inode, or, for an inode about to be rewritten in place, as a copy.
-fn keep_beside(
-    dir: &OwnedFd,
-    name: &OsStr,
-    keep: &OsStr,
-    original: &File,
-    meta: &std::fs::Metadata,
-) -> io::Result<PathBuf> {
+/// A short name no other run of intact can be using.
+fn unique() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Creates a name for the damaged inode beside it (a hard link), under a free variant of
+/// `keep`.
+fn link_beside(dir: &OwnedFd, name: &OsStr, keep: &OsStr) -> io::Result<PathBuf> {
+    free_name(keep, |k| {
+        rustix::fs::linkat(dir, name, dir, k, rustix::fs::AtFlags::empty()).map_err(io::Error::from)
+    })
+}
+
+/// Copies the damaged bytes to a new file beside the original, under a free variant of
+/// `keep`; a partial copy is removed.
+fn copy_beside(dir: &OwnedFd, keep: &OsStr, original: &File) -> io::Result<PathBuf> {
+    let name = free_name(keep, |k| {
+        rustix::fs::openat(
+            dir,
+            k,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map(drop)
+        .map_err(io::Error::from)
+    })?;
+    let copied = open_at(dir, name.as_os_str(), OFlags::WRONLY).and_then(|fd| {
+        let out = File::from(fd);
+        io::copy(&mut { original }, &mut &out)?;
+        out.sync_all()
+    });
+    if let Err(e) = copied {
+        unkeep(dir, &name);
+        return Err(e);
+    }
+    Ok(name)
+}
+
+/// Tries `make` on `keep`, then `keep.1`, `keep.2` ... until a name is free.
+fn free_name(keep: &OsStr, mut make: impl FnMut(&OsStr) -> io::Result<()>) -> io::Result<PathBuf> {
     for n in 0..1000 {
         let mut k = keep.to_os_string();
         if n > 0 {
             k.push(format!(".{n}"));
         }
-        let made = if meta.nlink() > 1 {
-            rustix::fs::openat(
-                dir,
-                k.as_os_str(),
-                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::from_raw_mode(0o600),
-            )
-            .map_err(io::Error::from)
-            .and_then(|fd| {
-                let mut out = File::from(fd);
-                io::copy(&mut &*original, &mut out)?;
-                out.sync_all()
-            })
-        } else {
-            rustix::fs::linkat(dir, name, dir, k.as_os_str(), rustix::fs::AtFlags::empty())
-                .map_err(io::Error::from)
-        };
-        match made {
+        match make(&k) {
             Ok(()) => return Ok(PathBuf::from(k)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(e),
@@ -588,8 +733,18 @@ fn keep_beside(
     ))
 }
 
-/// Keeps a copy of the damaged original at `path` (which must not exist yet).
-fn keep_elsewhere(original: &File, path: &Path) -> io::Result<PathBuf> {
+/// Removes a kept copy made for a repair that did not happen. Names beside the original are
+/// relative to `dir`; others are paths.
+fn unkeep(dir: &OwnedFd, kept: &Path) {
+    if kept.parent() == Some(Path::new("")) {
+        let _ = rustix::fs::unlinkat(dir, kept, rustix::fs::AtFlags::empty());
+    } else {
+        let _ = std::fs::remove_file(kept);
+    }
+}
+
+/// Copies the damaged bytes to `path` (which must not exist yet); a partial copy is removed.
+fn copy_to(original: &File, path: &Path) -> io::Result<PathBuf> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)?;
     }
@@ -597,8 +752,11 @@ fn keep_elsewhere(original: &File, path: &Path) -> io::Result<PathBuf> {
         .write(true)
         .create_new(true)
         .open(path)?;
-    io::copy(&mut { original }, &mut out)?;
-    out.sync_all()?;
+    let copied = io::copy(&mut { original }, &mut out).and_then(|_| out.sync_all());
+    if let Err(e) = copied {
+        let _ = std::fs::remove_file(path);
+        return Err(e);
+    }
     Ok(path.to_path_buf())
 }
 

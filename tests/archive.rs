@@ -365,3 +365,31 @@ fn a_failed_archive_leaves_nothing_behind() {
         m.0.display()
     );
 }
+
+#[test]
+fn a_retag_to_another_algorithm_is_what_the_member_carries() {
+    let t = Tree::new();
+    let f = t.write("src/f", b"old and then edited");
+    intact(["tag".as_ref(), t.path("src").as_os_str()]).expect_code(0);
+    let archive = t.path("a.tar.zst");
+    intact([
+        "archive".as_ref(),
+        "create".as_ref(),
+        "--algo".as_ref(),
+        "blake3".as_ref(),
+        archive.as_os_str(),
+        t.path("src").as_os_str(),
+    ])
+    .expect_code(0);
+    // Upgraded on the file, and the member carries that same tag.
+    assert!(getxattr(&f, TAG).unwrap().starts_with(b"v=1 blake3="));
+    let v = intact([
+        "archive".as_ref(),
+        "verify".as_ref(),
+        "--json".as_ref(),
+        archive.as_os_str(),
+    ])
+    .expect_code(0)
+    .json();
+    assert_eq!(v.status("f"), "ok");
+}

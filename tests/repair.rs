@@ -354,3 +354,38 @@ fn nothing_damaged_means_nothing_to_do() {
     .expect_code(0);
     assert!(!r.stdout.contains("repaired"), "{}", r.stdout);
 }
+
+#[test]
+fn names_at_the_length_limit_and_single_file_roots() {
+    let t = Tree::new();
+    let long = "n".repeat(250);
+    let f = t.write(format!("src/{long}"), data(9_000, 12));
+    let a = archive(&t, &t.path("src"));
+    let good = fs::read(&f).unwrap();
+    flip_byte(&f, 5);
+    run(&[
+        "repair".as_ref(),
+        t.path("src").as_os_str(),
+        "--from".as_ref(),
+        a.as_os_str(),
+    ])
+    .expect_code(0);
+    assert_eq!(fs::read(&f).unwrap(), good);
+    // The damaged copy could not be NAME.damaged (past 255 bytes): it got a short name.
+    assert_eq!(fs::read_dir(t.path("src")).unwrap().count(), 2);
+
+    // A root that is the file itself, its damaged copy kept elsewhere under its name.
+    flip_byte(&f, 6);
+    let keep = t.path("keep");
+    run(&[
+        "repair".as_ref(),
+        f.as_os_str(),
+        "--from".as_ref(),
+        a.as_os_str(),
+        "--keep-damaged-in".as_ref(),
+        keep.as_os_str(),
+    ])
+    .expect_code(0);
+    assert_eq!(fs::read(&f).unwrap(), good);
+    assert!(keep.join(&long).exists());
+}
