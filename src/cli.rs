@@ -137,16 +137,34 @@ pub enum Command {
     /// Redundant compressed copies that carry their tags: create, verify, list
     #[command(subcommand)]
     Archive(ArchiveCommand),
-    /// Restore damaged files bit-exactly from archives or backup trees, verified first
+    /// Write PAR2 recovery data for the files under PATH into a parity store, after
+    /// verifying them; par2cmdline can use it too
+    #[command(after_help = PROTECT_HELP)]
+    Protect {
+        #[command(flatten)]
+        paths: Paths,
+        #[command(flatten)]
+        common: Common,
+        /// Recovery data as a share of the data: this much of each file (or pack of small
+        /// files) can be rebuilt
+        #[arg(long, short = 'r', default_value = "10%", value_parser = parse_percent)]
+        redundancy: f64,
+        /// The parity store [default: PATH/.intact-parity for each PATH]
+        #[arg(long, value_name = "DIR")]
+        store: Option<PathBuf>,
+    },
+    /// Restore damaged files bit-exactly from archives, parity or backup trees, verified first
     #[command(after_help = REPAIR_HELP)]
     Repair {
         #[command(flatten)]
         paths: Paths,
         #[command(flatten)]
         common: Common,
-        /// Where to look for good copies: archives made by `intact archive create`, or
-        /// directories of tagged files (a backup, a mirror). Searched in order, by digest
-        #[arg(long, short = 'f', required = true, value_name = "SOURCE")]
+        /// Where to look for good copies: archives made by `intact archive create`, parity
+        /// stores made by `intact protect`, or directories of tagged files (a backup, a
+        /// mirror). Searched in order, by digest; PATH/.intact-parity is searched last if
+        /// it exists
+        #[arg(long, short = 'f', value_name = "SOURCE")]
         from: Vec<PathBuf>,
         /// Find and verify good copies, and say what would be repaired from where; change
         /// nothing
@@ -177,6 +195,30 @@ with several hard links is rewritten in place, so every name sees the repair.
 
 Exit codes: 0 nothing damaged is left; 1 some damage could not be repaired (or --dry-run);
 3 errors; as for check otherwise.";
+
+pub const PROTECT_HELP: &str = "\
+Files are verified first (untagged ones are tagged, like update); damaged files get no
+parity. Each file of 256 KiB or more gets a PAR2 set of its own, named by its digest, so a
+moved or renamed file still finds it and protecting again only adds what changed; smaller
+files share packs, about one slice each. Names in the sets are relative to PATH:
+`par2 verify -B PATH SET.par2` and `par2 repair -B PATH SET.par2` work on them.
+
+Exit codes: 0 all protected; 1 damaged files found; 3 some files could not be protected.";
+
+/// `10%`, `10` or `0.5%` as a fraction.
+fn parse_percent(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| format!("{s:?} is not a percentage"))?;
+    if v > 0.0 && v <= 100.0 {
+        Ok(v / 100.0)
+    } else {
+        Err(format!(
+            "{s:?}: the redundancy must be more than 0% and at most 100%"
+        ))
+    }
+}
 
 #[derive(Subcommand, Debug)]
 pub enum ArchiveCommand {

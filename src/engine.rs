@@ -49,6 +49,8 @@ pub enum Verb {
     Repair,
     /// Verify an archive's members (the reading is the archive module's, not the engine's).
     Verify,
+    /// Update, then compute parity for what is intact (the parity is the caller's).
+    Protect,
 }
 
 impl Verb {
@@ -63,6 +65,7 @@ impl Verb {
                 | Verb::Archive
                 | Verb::Repair
                 | Verb::Verify
+                | Verb::Protect
         )
     }
 
@@ -79,6 +82,7 @@ impl Verb {
             Verb::Archive => "archive",
             Verb::Repair => "repair",
             Verb::Verify => "verify",
+            Verb::Protect => "protect",
         }
     }
 }
@@ -154,18 +158,21 @@ pub enum Action {
     Removed,
     /// The file was copied into an archive.
     Archived,
+    /// Recovery data was written for the file.
+    Protected,
     /// The file's data was restored from a verified copy.
     Repaired,
 }
 
 impl Action {
     /// Every action, in declaration order (summaries count by `action as usize`).
-    pub const ALL: [Action; 6] = [
+    pub const ALL: [Action; 7] = [
         Action::Tagged,
         Action::Refreshed,
         Action::Kept,
         Action::Removed,
         Action::Archived,
+        Action::Protected,
         Action::Repaired,
     ];
 
@@ -177,6 +184,7 @@ impl Action {
             Action::Kept => "kept",
             Action::Removed => "removed",
             Action::Archived => "archived",
+            Action::Protected => "protected",
             Action::Repaired => "repaired",
         }
     }
@@ -598,7 +606,7 @@ impl Worker<'_> {
             Verb::Strip => Ok(self.strip(report, &s)),
             Verb::Check | Verb::Repair | Verb::Verify => self.check(report, &s),
             Verb::Tag => self.tag(report, &s),
-            Verb::Update | Verb::Archive => self.update(report, &s),
+            Verb::Update | Verb::Archive | Verb::Protect => self.update(report, &s),
             Verb::Import => self.import(report, &s),
         };
         outcome.map_or_else(|stopped| stopped, Some)

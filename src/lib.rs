@@ -15,6 +15,7 @@ pub mod digest;
 pub mod engine;
 pub mod manifest;
 pub mod mapped;
+pub mod parity;
 pub mod repair;
 pub mod report;
 pub mod store;

@@ -21,6 +21,7 @@ use intact::classify::Status;
 use intact::digest::Algo;
 use intact::engine::{self, Config, FileReport, Progress, Verb};
 use intact::manifest::{self, Expected};
+use intact::parity;
 use intact::repair::{self, Keep, Repairer, Source};
 use intact::report::{Exit, Reporter, Verbosity};
 use intact::tag::Format;
@@ -58,6 +59,8 @@ enum Task {
     Archive(PathBuf, archive::Options),
     /// Damaged files are restored from sources.
     Repair(Vec<Source>, repair::Options),
+    /// Verified files get parity, in a store per root (or the one given).
+    Protect(Option<PathBuf>, f64),
 }
 
 fn job(cli: Cli) -> anyhow::Result<Result<Job, Exit>> {
@@ -207,10 +210,27 @@ fn job(cli: Cli) -> anyhow::Result<Result<Job, Exit>> {
             return verify(&archive, &output).map(Err);
         }
         Command::Archive(ArchiveCommand::List { archive }) => return list(&archive).map(Err),
+        Command::Protect {
+            paths,
+            common,
+            redundancy,
+            store,
+        } => {
+            if store.is_some() && paths.paths.len() > 1 {
+                anyhow::bail!("--store takes one PATH (names in a store are relative to it)");
+            }
+            let config = Config::new(Verb::Protect);
+            (
+                config,
+                paths.paths,
+                common,
+                Task::Protect(store, redundancy),
+            )
+        }
         Command::Repair {
             paths,
             common,
-            from,
+            mut from,
             dry_run,
             keep_damaged_in,
             discard_damaged,
@@ -220,6 +240,19 @@ fn job(cli: Cli) -> anyhow::Result<Result<Job, Exit>> {
                 (None, true) => Keep::Discard,
                 (None, false) => Keep::Beside,
             };
+            // Each PATH's own parity store, if it has one, is searched after the sources named.
+            for p in &paths.paths {
+                let store = store_dir(p);
+                if parity::Store::is_store(&store) && !from.contains(&store) {
+                    from.push(store);
+                }
+            }
+            if from.is_empty() {
+                anyhow::bail!(
+                    "no sources: give --from ARCHIVE|DIR|STORE (no {} found in PATH)",
+                    parity::DEFAULT_DIR
+                );
+            }
             let sources = from.into_iter().map(Source::new).collect();
             let opts = repair::Options {
                 dry_run,
@@ -231,6 +264,10 @@ fn job(cli: Cli) -> anyhow::Result<Result<Job, Exit>> {
         }
         Command::Generate { what } => return generate(what).map(Err),
     };
+    // Parity stores are intact's own data, checked by their own checksums: walks pass them
+    // by (a store named as PATH is still walked).
+    let mut excludes = common.exclude.clone();
+    excludes.push(format!("{}/", parity::DEFAULT_DIR));
     let config = Config {
         mtime_window_ns: common.mtime_window.unwrap_or(0),
         threads: threads(&common),
@@ -238,7 +275,7 @@ fn job(cli: Cli) -> anyhow::Result<Result<Job, Exit>> {
         gate_spinning: common.speed != Speed::Fast,
         walk: WalkOptions {
             one_file_system: common.one_file_system,
-            excludes: common.exclude.clone(),
+            excludes,
         },
         ..config
     };
@@ -317,6 +354,16 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         ),
         _ => None,
     };
+    let mut stores = match &task {
+        Task::Protect(store, redundancy) => Some(open_stores(
+            &roots,
+            store.as_deref(),
+            *redundancy,
+            config.threads,
+        )?),
+        _ => None,
+    };
+    let mut protect_stats = parity::Stats::default();
     let mut repairer = match &task {
         Task::Repair(_, opts) => Some(Repairer::new(&roots, opts.clone())),
         _ => None,
@@ -341,6 +388,14 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
                 && let Err(e) = w.add(&mut report)
             {
                 // The archive itself cannot be written (disk full?): stop, leave nothing.
+                INTERRUPTED.store(true, Ordering::SeqCst);
+                archive_error = Some(e);
+                return;
+            }
+            if let Some(stores) = &mut stores
+                && let Err(e) = protect(stores, &roots, &mut report, &mut protect_stats)
+            {
+                // The store cannot be written (disk full?): stop.
                 INTERRUPTED.store(true, Ordering::SeqCst);
                 archive_error = Some(e);
                 return;
@@ -394,8 +449,39 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         }
         trouble = Some(anyhow::Error::new(e).context("writing output"));
     }
+    if let Some(stores) = &mut stores
+        && !reporter.summary.interrupted
+    {
+        for (dir, store) in stores.iter_mut() {
+            match store.flush() {
+                Ok(s) => protect_stats.add(s),
+                Err(e) => {
+                    trouble = Some(anyhow::anyhow!("writing a pack in {}: {e}", dir.display()));
+                }
+            }
+        }
+        for path in &protect_stats.changed {
+            eprintln!(
+                "intact: warning: {}: changed while its parity was computed: no parity",
+                intact::report::escape(path)
+            );
+            trouble.get_or_insert(anyhow::anyhow!("some files changed while being protected"));
+        }
+        if !output.quiet && !output.json {
+            eprintln!(
+                "protect: wrote {} PAR2 sets, {}",
+                protect_stats.sets,
+                intact::report::bytes(protect_stats.bytes)
+            );
+        }
+    }
     if let Some(e) = archive_error {
-        trouble = Some(anyhow::Error::new(e).context("writing the archive; nothing was left"));
+        let what = if stores.is_some() {
+            "writing parity"
+        } else {
+            "writing the archive; nothing was left"
+        };
+        trouble = Some(anyhow::Error::new(e).context(what));
     } else if let Some(w) = archiver
         && !reporter.summary.interrupted
     {
@@ -432,6 +518,81 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         exit = exit.merge(Exit::Trouble);
     }
     Ok(exit)
+}
+
+/// Where a tree's parity store is by default: in the tree (beside a file given as PATH).
+fn store_dir(path: &Path) -> PathBuf {
+    if path.is_dir() {
+        path.join(parity::DEFAULT_DIR)
+    } else {
+        path.parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .join(parity::DEFAULT_DIR)
+    }
+}
+
+/// One store per root: the one given, or each root's own.
+fn open_stores(
+    roots: &[PathBuf],
+    given: Option<&Path>,
+    redundancy: f64,
+    threads: usize,
+) -> anyhow::Result<Vec<(PathBuf, parity::Store)>> {
+    roots
+        .iter()
+        .map(|root| {
+            let dir = given.map_or_else(|| store_dir(root), Path::to_path_buf);
+            let base = if root.is_dir() {
+                root.clone()
+            } else {
+                dir.parent().unwrap_or(Path::new(".")).to_path_buf()
+            };
+            let store = parity::Store::open(&dir, &base, redundancy, threads)
+                .with_context(|| format!("opening the parity store {}", dir.display()))?;
+            Ok((dir, store))
+        })
+        .collect()
+}
+
+/// Gives a verified file to its root's store; damaged, unreadable and skipped files get none.
+fn protect(
+    stores: &mut [(PathBuf, parity::Store)],
+    roots: &[PathBuf],
+    report: &mut FileReport,
+    stats: &mut parity::Stats,
+) -> std::io::Result<()> {
+    let (Some(digest), Some(size)) = (report.digest, report.size) else {
+        return Ok(());
+    };
+    if report.status.is_damage() || matches!(report.status, Status::Error | Status::Changed) {
+        return Ok(());
+    }
+    let Some(i) = roots.iter().position(|r| report.path.starts_with(r)) else {
+        return Ok(());
+    };
+    // Names are relative to the root (a root that is a file: its own name).
+    let name = match report.path.strip_prefix(&roots[i]) {
+        Ok(rel) if !rel.as_os_str().is_empty() => rel.as_os_str(),
+        _ => report.path.file_name().unwrap_or_default(),
+    };
+    let store = &mut stores[i].1;
+    let already = store.has(&digest);
+    let added = store.add(parity::Protectee {
+        path: report.path.clone(),
+        name: name.as_bytes().to_vec(),
+        size,
+        digest,
+    })?;
+    if added.changed.contains(&report.path) {
+        report.status = Status::Changed;
+        report.detail = Some("changed while its parity was computed: no parity".into());
+        report.action = None;
+    } else if !already {
+        report.action = Some(intact::engine::Action::Protected);
+    }
+    stats.add(added);
+    Ok(())
 }
 
 fn task_dest(task: &Task) -> PathBuf {

@@ -39,12 +39,16 @@ pub enum Source {
     Archive(PathBuf),
     /// A tree of tagged files: a backup, a mirror, another disk.
     Tree(PathBuf),
+    /// A parity store made by `intact protect`.
+    Parity(PathBuf),
 }
 
 impl Source {
-    /// A source for `path`: a directory is a tree, a file an archive.
+    /// A source for `path`: a parity store, a tree, or (a file) an archive.
     pub fn new(path: PathBuf) -> Source {
-        if path.is_dir() {
+        if crate::parity::Store::is_store(&path) {
+            Source::Parity(path)
+        } else if path.is_dir() {
             Source::Tree(path)
         } else {
             Source::Archive(path)
@@ -80,7 +84,7 @@ struct Target {
     root: usize,
     /// The digest its tag holds, and the size it records.
     want: (Digest, Option<u64>),
-    /// Copies tried and found damaged, for the report.
+    /// What was tried and why it did not do, for the report.
     bad_copies: Vec<String>,
     done: bool,
 }
@@ -141,6 +145,7 @@ impl Repairer {
             match source {
                 Source::Archive(path) => self.search_archive(path, cancel),
                 Source::Tree(path) => self.search_tree(path, cancel),
+                Source::Parity(path) => self.search_parity(path, cancel),
             }
         }
         for mut t in self.targets {
@@ -148,10 +153,7 @@ impl Repairer {
                 t.report.detail = Some(if t.bad_copies.is_empty() {
                     "no good copy found in the sources".into()
                 } else {
-                    format!(
-                        "no good copy found: copies also damaged in {}",
-                        t.bad_copies.join(", ")
-                    )
+                    format!("no good copy found: {}", t.bad_copies.join("; "))
                 });
             }
             sink(t.report);
@@ -213,7 +215,7 @@ impl Repairer {
         });
         if let Err(e) = result {
             for t in self.targets.iter_mut().filter(|t| !t.done) {
-                t.bad_copies.push(format!("{shown} (unreadable: {e})"));
+                t.bad_copies.push(format!("{shown} unreadable ({e})"));
             }
         }
     }
@@ -265,6 +267,81 @@ impl Repairer {
         }
     }
 
+    fn search_parity(&mut self, dir: &Path, cancel: &AtomicBool) {
+        let from = format!("parity in {}", crate::report::escape(dir));
+        let store = match crate::parity::Store::read(dir) {
+            Ok(s) => s,
+            Err(e) => {
+                for t in self.targets.iter_mut().filter(|t| !t.done) {
+                    t.bad_copies.push(format!("{from} unreadable ({e})"));
+                }
+                return;
+            }
+        };
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        for i in 0..self.targets.len() {
+            if cancel.load(Ordering::Relaxed) {
+                break;
+            }
+            if self.targets[i].done {
+                continue;
+            }
+            let (set, at) = match store.find(&self.targets[i].want.0) {
+                None => continue,
+                Some(Ok(found)) => found,
+                Some(Err(e)) => {
+                    self.targets[i]
+                        .bad_copies
+                        .push(format!("{from} unusable ({e})"));
+                    continue;
+                }
+            };
+            // The damaged file is read where it is now; the other members of its pack where
+            // the set says, under the store's root (only plain names, never outside it).
+            let target = self.targets[i].report.path.clone();
+            let mut open = |j: usize| -> io::Result<Option<Box<dyn Read>>> {
+                let path = if j == at {
+                    Some(target.clone())
+                } else {
+                    crate::parity::resolve(&store.root, &set.files[j].name)
+                };
+                match path.map(|p| open_read(&p)) {
+                    None => Ok(None),
+                    Some(Ok(f)) => Ok(Some(Box::new(f))),
+                    Some(Err(e)) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+                    Some(Err(e)) => Err(e),
+                }
+            };
+            let recovered = match set.recover(&mut open, threads) {
+                Ok(r) => r,
+                Err(par2::Error::TooMuchDamage { damaged, available }) => {
+                    self.targets[i].bad_copies.push(format!(
+                        "{from}: {damaged} slices damaged, only {available} recovery slices \
+                         (more damage than the redundancy covers)"
+                    ));
+                    continue;
+                }
+                Err(e) => {
+                    self.targets[i]
+                        .bad_copies
+                        .push(format!("{from} unusable ({e})"));
+                    continue;
+                }
+            };
+            let outcome = self.restore(i, |sink| {
+                let mut current = open_read(&target)?;
+                set.restore(at, &recovered, Some(&mut current), &mut |bytes| {
+                    sink(Chunk::Data(bytes))
+                })
+                .map_err(|e| match e {
+                    par2::Error::Io(e) => e,
+                    other => io::Error::other(other.to_string()),
+                })
+            });
+            self.settle(i, outcome, &from);
+        }
+    }
+
     fn relative(&self, i: usize) -> PathBuf {
         let t = &self.targets[i];
         t.report
@@ -301,11 +378,11 @@ impl Repairer {
                 true
             }
             Err(Failure::CopyDamaged) => {
-                t.bad_copies.push(from.to_owned());
+                t.bad_copies.push(format!("{from} is damaged too"));
                 false
             }
             Err(Failure::Source(e)) => {
-                t.bad_copies.push(format!("{from} (unreadable: {e})"));
+                t.bad_copies.push(format!("{from} unreadable ({e})"));
                 false
             }
             Err(Failure::Target(e)) => {
@@ -760,14 +837,19 @@ fn copy_to(original: &File, path: &Path) -> io::Result<PathBuf> {
     Ok(path.to_path_buf())
 }
 
-/// Streams a file's bytes.
-fn read_file(path: &Path, sink: &mut dyn FnMut(Chunk<'_>) -> io::Result<()>) -> io::Result<()> {
-    let file = rustix::fs::open(
+/// Opens a file to read, never through a symlink at its end.
+fn open_read(path: &Path) -> io::Result<File> {
+    let fd = rustix::fs::open(
         path,
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
         Mode::empty(),
     )?;
-    let mut file = File::from(file);
+    Ok(File::from(fd))
+}
+
+/// Streams a file's bytes.
+fn read_file(path: &Path, sink: &mut dyn FnMut(Chunk<'_>) -> io::Result<()>) -> io::Result<()> {
+    let mut file = open_read(path)?;
     crate::sys::advise_sequential(&file);
     let mut buf = vec![0u8; 1 << 20];
     loop {

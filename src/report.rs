@@ -229,7 +229,7 @@ impl<W: Write, E: Write> Reporter<W, E> {
                                 | Status::Touched
                         )
                 }
-                Verb::Check | Verb::Update | Verb::Archive | Verb::Verify => {
+                Verb::Check | Verb::Update | Verb::Archive | Verb::Verify | Verb::Protect => {
                     !matches!(s, Status::Ok | Status::Skipped | Status::Touched)
                 }
                 Verb::Repair => {

@@ -151,8 +151,7 @@ fn from_a_backup_tree_skipping_a_backup_copy_that_is_itself_corrupt() {
     .expect_code(1);
     assert!(r.stdout.contains("repaired "), "{}", r.stdout);
     assert!(
-        r.stdout
-            .contains("src/sub/b.bin: no good copy found: copies also damaged in"),
+        r.stdout.contains("src/sub/b.bin: no good copy found: "),
         "{}",
         r.stdout
     );
@@ -188,12 +187,8 @@ fn a_damaged_copy_in_the_archive_is_refused() {
     ])
     .expect_code(1);
     assert!(r.stdout.contains("corrupt  "), "{}", r.stdout);
-    assert!(
-        r.stdout
-            .contains("no good copy found: copies also damaged in"),
-        "{}",
-        r.stdout
-    );
+    // Whether zstd or the member's digest catches it, the copy is refused.
+    assert!(r.stdout.contains("no good copy found: "), "{}", r.stdout);
     assert_eq!(fs::read(&f).unwrap(), damaged);
     assert!(leftovers(&t.path("src")).is_empty());
 }

@@ -135,6 +135,8 @@ pub struct Created {
     pub volume: Vec<u8>,
     /// How many recovery slices the volume holds.
     pub recovery_count: u32,
+    /// The files, in set order.
+    pub files: Vec<FileEntry>,
 }
 
 /// Makes a recovery set of `recovery_count` slices of `slice_size` bytes over `inputs`,
@@ -176,46 +178,63 @@ pub fn create<'r>(
     let mut recovery = vec![vec![0u8; size]; recovery_count as usize];
     let mut entries = Vec::with_capacity(ids.len());
     let mut slice_index = 0;
-    // Slices are gathered into batches, so that each batch costs one round of threads.
+    // Slices are gathered into batches of about 32 MiB; while one batch is multiplied into
+    // the recovery slices on `threads` threads, the next is read and checksummed.
     let batch_slices = (32usize << 20).div_ceil(size).max(1);
     let mut batch: Vec<(Vec<u8>, u16)> = Vec::with_capacity(batch_slices);
-    for &(id, md5_16k, i) in &ids {
-        let f = &inputs[i];
-        let mut reader = open(i)?;
-        let mut whole = Md5::new();
-        let mut slices = Vec::new();
-        let mut left = f.len;
-        while left > 0 {
-            let mut buf = vec![0u8; size];
-            let want = left.min(slice_size) as usize;
-            let n = read_full(&mut *reader, &mut buf[..want])?;
-            if n < want {
-                return Err(Error::Io(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "a file shrank while its parity was made",
-                )));
+    std::thread::scope(|s| -> Result<(), Error> {
+        let mut running: Option<std::thread::ScopedJoinHandle<'_, Vec<Vec<u8>>>> = None;
+        let mut hand_over = |batch: Vec<(Vec<u8>, u16)>, running: &mut Option<_>| {
+            let mut rec = match running.take() {
+                Some(h) => std::thread::ScopedJoinHandle::join(h).expect("no panic"),
+                None => std::mem::take(&mut recovery),
+            };
+            *running = Some(s.spawn(move || {
+                accumulate(&mut rec, &batch, threads);
+                rec
+            }));
+        };
+        for &(id, md5_16k, i) in &ids {
+            let f = &inputs[i];
+            let mut reader = open(i)?;
+            let mut whole = Md5::new();
+            let mut slices = Vec::new();
+            let mut left = f.len;
+            while left > 0 {
+                let mut buf = vec![0u8; size];
+                let want = left.min(slice_size) as usize;
+                let n = read_full(&mut *reader, &mut buf[..want])?;
+                if n < want {
+                    return Err(Error::Io(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "a file shrank while its parity was made",
+                    )));
+                }
+                whole.update(&buf[..n]);
+                slices.push((Md5::digest(&buf).into(), crc32fast::hash(&buf)));
+                batch.push((buf, constants[slice_index]));
+                slice_index += 1;
+                left -= n as u64;
+                if batch.len() == batch_slices {
+                    hand_over(std::mem::take(&mut batch), &mut running);
+                }
             }
-            whole.update(&buf[..n]);
-            slices.push((Md5::digest(&buf).into(), crc32fast::hash(&buf)));
-            batch.push((buf, constants[slice_index]));
-            slice_index += 1;
-            left -= n as u64;
-            if batch.len() == batch_slices {
-                accumulate(&mut recovery, &batch, threads);
-                batch.clear();
-            }
+            entries.push(FileEntry {
+                id,
+                md5: whole.finalize().into(),
+                md5_16k,
+                len: f.len,
+                name: f.name.clone(),
+                slices,
+            });
         }
-        entries.push(FileEntry {
-            id,
-            md5: whole.finalize().into(),
-            md5_16k,
-            len: f.len,
-            name: f.name.clone(),
-            slices,
-        });
-    }
-    accumulate(&mut recovery, &batch, threads);
-
+        hand_over(std::mem::take(&mut batch), &mut running);
+        recovery = running
+            .take()
+            .map(|h| h.join().expect("no panic"))
+            .unwrap_or_default();
+        Ok(())
+    })?;
     // Empty files have no slices: as par2cmdline does, they are described but listed apart
     // from the recovery set.
     let (full, empty): (Vec<&FileEntry>, Vec<&FileEntry>) = entries.iter().partition(|e| e.len > 0);
@@ -257,23 +276,42 @@ pub fn create<'r>(
         index: critical,
         volume,
         recovery_count,
+        files: entries,
     })
 }
 
 /// Adds each slice of `batch` (with its constant) into every recovery slice, the recovery
 /// slices shared out among `threads`.
 fn accumulate(recovery: &mut [Vec<u8>], batch: &[(Vec<u8>, u16)], threads: usize) {
-    if batch.is_empty() || recovery.is_empty() {
+    let exponents: Vec<u64> = (0..recovery.len() as u64).collect();
+    multiply_into(recovery, &exponents, batch, threads);
+}
+
+/// Bytes of each slice worked on at a time: a recovery slice's piece stays in the L1 cache
+/// while every input slice of the batch is added into it.
+const CHUNK: usize = 16 << 10;
+
+/// `out[r] ^= sum over the batch of c^exponents[r] * slice`, the rows of `out` shared out
+/// among `threads`, cache-blocked by [`CHUNK`].
+fn multiply_into(out: &mut [Vec<u8>], exponents: &[u64], batch: &[(Vec<u8>, u16)], threads: usize) {
+    if batch.is_empty() || out.is_empty() {
         return;
     }
-    let per = recovery.len().div_ceil(threads.max(1));
+    let per = out.len().div_ceil(threads.max(1));
     std::thread::scope(|s| {
-        for (chunk_no, chunk) in recovery.chunks_mut(per).enumerate() {
+        for (rows, exps) in out.chunks_mut(per).zip(exponents.chunks(per)) {
             s.spawn(move || {
-                for (k, r) in chunk.iter_mut().enumerate() {
-                    let e = (chunk_no * per + k) as u64;
-                    for (slice, c) in batch {
-                        gf::mul_add(r, slice, gf::pow(*c, e));
+                let coefs: Vec<Vec<u16>> = exps
+                    .iter()
+                    .map(|&e| batch.iter().map(|(_, c)| gf::pow(*c, e)).collect())
+                    .collect();
+                let len = rows[0].len();
+                for start in (0..len).step_by(CHUNK) {
+                    let end = (start + CHUNK).min(len);
+                    for (row, coefs) in rows.iter_mut().zip(&coefs) {
+                        for ((slice, _), &coef) in batch.iter().zip(coefs) {
+                            gf::mul_add(&mut row[start..end], &slice[start..end], coef);
+                        }
                     }
                 }
             });
@@ -505,22 +543,8 @@ pub struct Recovered {
 
 /// Takes the good slices' share out of each recovery slice in use.
 fn subtract(rhs: &mut [Vec<u8>], exps: &[u32], batch: &[(Vec<u8>, u16)], threads: usize) {
-    if batch.is_empty() {
-        return;
-    }
-    let per = rhs.len().div_ceil(threads.max(1));
-    std::thread::scope(|s| {
-        for (chunk_no, chunk) in rhs.chunks_mut(per).enumerate() {
-            s.spawn(move || {
-                for (k, r) in chunk.iter_mut().enumerate() {
-                    let e = exps[chunk_no * per + k] as u64;
-                    for (slice, c) in batch {
-                        gf::mul_add(r, slice, gf::pow(*c, e));
-                    }
-                }
-            });
-        }
-    });
+    let exponents: Vec<u64> = exps.iter().map(|&e| e as u64).collect();
+    multiply_into(rhs, &exponents, batch, threads);
 }
 
 /// The file name par2cmdline gives a volume of `count` recovery slices starting at `first`.

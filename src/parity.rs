@@ -1,0 +1,484 @@
+//! The parity store: PAR2 recovery data for a tree, found again by digest.
+//!
+//! Layout of a store (by default `.intact-parity` at the root of the protected tree):
+//!
+//! ```text
+//! INTACT-PARITY                          marker: format version and the protected root
+//! sha256-3f/3fa4…e1.par2                 one set per large file, named by its digest
+//! sha256-3f/3fa4…e1.vol00+12.par2
+//! packs/5c07…9a.par2                     small files, many to a set
+//! packs/5c07…9a.vol000+410.par2
+//! ```
+//!
+//! Every set is standard PAR2, with file names relative to the protected root, so
+//! `par2 verify -B ROOT SET.par2` and `par2 repair -B ROOT SET.par2` work on it. A file that
+//! moved or was renamed is still found: large files by the digest in the set's name, small
+//! ones by an extra packet in their pack (type `intact\0\0digests\0`, ignored by other PAR2
+//! programs) listing each member's digest. A large file's set exists once per content, so
+//! protecting again only adds sets for what changed. Small files are packed so that each costs
+//! about one slice, not a slice of the size the largest file needs (par2cmdline's overhead on
+//! many small files).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::path::{Component, Path, PathBuf};
+use std::rc::Rc;
+
+use crate::digest::{Algo, Digest, Hasher};
+
+/// The marker file that makes a directory a parity store.
+pub const MARKER: &str = "INTACT-PARITY";
+/// Where a tree's store is unless told otherwise.
+pub const DEFAULT_DIR: &str = ".intact-parity";
+/// Files smaller than this share packs; larger ones get a set each.
+pub const PACK_LIMIT: u64 = 256 << 10;
+const PACK_BYTES: u64 = 64 << 20;
+const PACK_FILES: usize = 4096;
+/// The packet type listing a pack's digests.
+const DIGESTS: &[u8; 16] = b"intact\0\0digests\0";
+/// Slices per large file: enough to confine damage, few enough for small packets.
+const SLICES_PER_FILE: u64 = 2000;
+
+/// A file to protect: where it is, what it holds.
+#[derive(Clone, Debug)]
+pub struct Protectee {
+    /// Its path.
+    pub path: PathBuf,
+    /// Its path relative to the protected root (the name stored in the set).
+    pub name: Vec<u8>,
+    /// Its size.
+    pub size: u64,
+    /// Its digest, as its tag holds it.
+    pub digest: Digest,
+}
+
+/// An open parity store.
+pub struct Store {
+    dir: PathBuf,
+    /// The tree the names in its sets are relative to.
+    pub root: PathBuf,
+    /// Digests of files in packs, and the pack each is in.
+    packed: HashMap<Digest, PathBuf>,
+    redundancy: f64,
+    threads: usize,
+    pending: Vec<Protectee>,
+    pending_bytes: u64,
+}
+
+/// What protecting did.
+#[derive(Debug, Default, Clone)]
+pub struct Stats {
+    /// Sets written.
+    pub sets: u64,
+    /// Bytes of recovery data and descriptions written.
+    pub bytes: u64,
+    /// Files left without parity because they changed after they were verified.
+    pub changed: Vec<PathBuf>,
+}
+
+impl Stats {
+    /// Adds `other` to these totals.
+    pub fn add(&mut self, other: Stats) {
+        self.sets += other.sets;
+        self.bytes += other.bytes;
+        self.changed.extend(other.changed);
+    }
+}
+
+impl Store {
+    /// Opens (creating it if need be) the store at `dir` for files under `root`.
+    pub fn open(dir: &Path, root: &Path, redundancy: f64, threads: usize) -> io::Result<Store> {
+        std::fs::create_dir_all(dir.join("packs"))?;
+        let marker = dir.join(MARKER);
+        let root = root.canonicalize()?;
+        if !marker.exists() {
+            let mut text = b"intact parity store v1\nroot=".to_vec();
+            text.extend_from_slice(root.as_os_str().as_encoded_bytes());
+            text.push(b'\n');
+            atomic_write(&marker, &text)?;
+        }
+        let mut store = Store::read(dir)?;
+        store.root = root;
+        store.redundancy = redundancy;
+        store.threads = threads;
+        Ok(store)
+    }
+
+    /// Whether `dir` is a parity store.
+    pub fn is_store(dir: &Path) -> bool {
+        dir.join(MARKER).is_file()
+    }
+
+    /// Opens an existing store for reading.
+    pub fn read(dir: &Path) -> io::Result<Store> {
+        let marker = std::fs::read(dir.join(MARKER))?;
+        let root = marker
+            .split(|&b| b == b'\n')
+            .find_map(|l| l.strip_prefix(b"root="))
+            .map(|r| PathBuf::from(std::ffi::OsStr::from_bytes(r)))
+            .unwrap_or_else(|| dir.parent().unwrap_or(dir).to_path_buf());
+        let mut packed = HashMap::new();
+        if let Ok(entries) = std::fs::read_dir(dir.join("packs")) {
+            for e in entries.flatten() {
+                let p = e.path();
+                if is_index(&p) {
+                    let bytes = std::fs::read(&p)?;
+                    for (_, digest) in pack_digests(&bytes) {
+                        packed.insert(digest, p.clone());
+                    }
+                }
+            }
+        }
+        Ok(Store {
+            dir: dir.to_path_buf(),
+            root,
+            packed,
+            redundancy: 0.0,
+            threads: 1,
+            pending: Vec::new(),
+            pending_bytes: 0,
+        })
+    }
+
+    fn set_base(&self, digest: &Digest) -> PathBuf {
+        let hex = digest.hex();
+        self.dir
+            .join(format!("{}-{}", digest.algo, &hex[..2]))
+            .join(hex)
+    }
+
+    /// Whether the content `digest` already has recovery data here.
+    pub fn has(&self, digest: &Digest) -> bool {
+        self.packed.contains_key(digest) || with_ext(&self.set_base(digest), "par2").exists()
+    }
+
+    /// Adds a file: a large one gets its set now; a small one waits for its pack to fill.
+    /// Returns the sets written.
+    pub fn add(&mut self, file: Protectee) -> io::Result<Stats> {
+        if self.has(&file.digest) {
+            return Ok(Stats::default());
+        }
+        if file.size >= PACK_LIMIT {
+            let base = self.set_base(&file.digest);
+            let slice = par2::slice_size_for(file.size, SLICES_PER_FILE);
+            return match self.write_set(&[file], slice, &base, false) {
+                Ok(stats) => Ok(stats),
+                Err(ProtectError::Changed(changed)) => Ok(Stats {
+                    changed,
+                    ..Stats::default()
+                }),
+                Err(ProtectError::Io(e)) => Err(e),
+            };
+        }
+        self.pending_bytes += file.size;
+        self.pending.push(file);
+        if self.pending.len() >= PACK_FILES || self.pending_bytes >= PACK_BYTES {
+            return self.flush();
+        }
+        Ok(Stats::default())
+    }
+
+    /// Writes the pack of the small files added so far; a file that changed since it was
+    /// verified is left out, and the pack made of the others.
+    pub fn flush(&mut self) -> io::Result<Stats> {
+        let mut files = std::mem::take(&mut self.pending);
+        self.pending_bytes = 0;
+        let mut changed = Vec::new();
+        while !files.is_empty() {
+            match self.write_pack(&files) {
+                Ok((mut stats, index)) => {
+                    for f in files {
+                        self.packed.insert(f.digest, index.clone());
+                    }
+                    stats.changed = changed;
+                    return Ok(stats);
+                }
+                Err(ProtectError::Changed(paths)) => {
+                    files.retain(|f| !paths.contains(&f.path));
+                    changed.extend(paths);
+                }
+                Err(ProtectError::Io(e)) => return Err(e),
+            }
+        }
+        Ok(Stats {
+            changed,
+            ..Stats::default()
+        })
+    }
+
+    /// Writes one pack; returns its index file too.
+    fn write_pack(&self, files: &[Protectee]) -> Result<(Stats, PathBuf), ProtectError> {
+        // About one slice per file: small files waste little padding.
+        let total: u64 = files.iter().map(|f| f.size).sum();
+        let slice = (total.div_ceil(files.len() as u64))
+            .max(64)
+            .next_multiple_of(4);
+        let mut id = Hasher::new(Algo::Sha256);
+        for f in files {
+            id.update(&f.digest.bytes);
+        }
+        let base = self.dir.join("packs").join(&id.finalize().hex()[..32]);
+        let stats = self.write_set(files, slice, &base, true)?;
+        Ok((stats, with_ext(&base, "par2")))
+    }
+
+    /// Computes a set over `files` (each hashed again as it is read: a file that changed
+    /// since it was verified gets no parity) and writes it: volume first, index last, so an
+    /// index means a complete set.
+    fn write_set(
+        &self,
+        files: &[Protectee],
+        slice: u64,
+        base: &Path,
+        pack: bool,
+    ) -> Result<Stats, ProtectError> {
+        let inputs: Vec<par2::Input> = files
+            .iter()
+            .map(|f| par2::Input {
+                name: f.name.clone(),
+                len: f.size,
+            })
+            .collect();
+        let slices: u64 = files.iter().map(|f| f.size.div_ceil(slice)).sum();
+        let recovery = ((slices as f64 * self.redundancy).ceil() as u32).clamp(1, 65535);
+        // Each reader hashes what it reads and leaves the digest here when dropped: the last
+        // one per file (the whole read; the first only reads 16 KiB for the file ID) counts.
+        let seen = Rc::new(RefCell::new(vec![None; files.len()]));
+        let mut open = |i: usize| -> io::Result<Box<dyn Read>> {
+            Ok(Box::new(Hashing {
+                file: open_nofollow(&files[i].path)?,
+                hasher: Some(Hasher::new(files[i].digest.algo)),
+                seen: Rc::clone(&seen),
+                index: i,
+            }))
+        };
+        let created = par2::create(&inputs, &mut open, slice, recovery, self.threads).map_err(
+            |e| match e {
+                par2::Error::Io(e) => ProtectError::Io(e),
+                other => ProtectError::Io(io::Error::other(other.to_string())),
+            },
+        )?;
+        let seen = seen.borrow();
+        let changed: Vec<usize> = (0..files.len())
+            .filter(|&i| seen[i].as_ref() != Some(&files[i].digest))
+            .collect();
+        if !changed.is_empty() {
+            return Err(ProtectError::Changed(
+                changed.into_iter().map(|i| files[i].path.clone()).collect(),
+            ));
+        }
+        if let Some(dir) = base.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let name = base.file_name().expect("a set name").to_string_lossy();
+        let volume = base.with_file_name(par2::volume_name(&name, 0, created.recovery_count));
+        let mut index = created.index;
+        if pack {
+            // Each member's digest by its file ID, so that a moved member is still found.
+            let by_name: HashMap<&[u8], &Protectee> =
+                files.iter().map(|f| (&f.name[..], f)).collect();
+            let mut body = Vec::with_capacity(files.len() * DIGEST_ENTRY);
+            for entry in &created.files {
+                let f = by_name[&entry.name[..]];
+                body.extend_from_slice(&entry.id);
+                body.push(match f.digest.algo {
+                    Algo::Sha256 => 0,
+                    Algo::Blake3 => 1,
+                });
+                body.extend_from_slice(&f.digest.bytes);
+            }
+            index.extend(par2::packet::encode(&created.id, DIGESTS, &[&body]));
+        }
+        atomic_write(&volume, &created.volume)?;
+        atomic_write(&with_ext(base, "par2"), &index)?;
+        Ok(Stats {
+            sets: 1,
+            bytes: (created.volume.len() + index.len()) as u64,
+            changed: Vec::new(),
+        })
+    }
+
+    /// The set that protects `digest`, loaded, and the position in it of the file with that
+    /// content: its own set, or its pack.
+    pub fn find(&self, digest: &Digest) -> Option<io::Result<(par2::Set, usize)>> {
+        if let Some(index) = self.packed.get(digest) {
+            return Some((|| {
+                let bytes = std::fs::read(index)?;
+                let set = load_set(index, &bytes)?;
+                let id = pack_digests(&bytes)
+                    .into_iter()
+                    .find(|(_, d)| d == digest)
+                    .map(|(id, _)| id);
+                let at = set.files.iter().position(|f| Some(f.id) == id);
+                at.map(|at| (set, at))
+                    .ok_or_else(|| io::Error::other("the pack does not describe the file"))
+            })());
+        }
+        let index = with_ext(&self.set_base(digest), "par2");
+        if !index.exists() {
+            return None;
+        }
+        Some(
+            std::fs::read(&index)
+                .and_then(|bytes| load_set(&index, &bytes))
+                .and_then(|set| match set.files.len() {
+                    1 => Ok((set, 0)),
+                    _ => Err(io::Error::other("a file's set describes other files")),
+                }),
+        )
+    }
+}
+
+/// Why a set was not written.
+#[derive(Debug, thiserror::Error)]
+enum ProtectError {
+    /// Reading the files or writing the set failed.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// These files changed between verifying and computing parity.
+    #[error("changed while its parity was computed")]
+    Changed(Vec<PathBuf>),
+}
+
+/// Reads a file while hashing what goes by.
+struct Hashing {
+    file: File,
+    hasher: Option<Hasher>,
+    seen: Rc<RefCell<Vec<Option<Digest>>>>,
+    index: usize,
+}
+
+impl Read for Hashing {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.file.read(buf)?;
+        if let Some(h) = self.hasher.as_mut() {
+            h.update(&buf[..n]);
+        }
+        Ok(n)
+    }
+}
+
+impl Drop for Hashing {
+    fn drop(&mut self) {
+        if let Some(h) = self.hasher.take() {
+            self.seen.borrow_mut()[self.index] = Some(h.finalize());
+        }
+    }
+}
+
+fn open_nofollow(path: &Path) -> io::Result<File> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        Mode::empty(),
+    )?;
+    Ok(File::from(fd))
+}
+
+/// A set's index file (`bytes`, read from `index`) and all its volumes, parsed together.
+fn load_set(index: &Path, bytes: &[u8]) -> io::Result<par2::Set> {
+    let dir = index.parent().unwrap_or(Path::new("."));
+    let stem = index
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut files = vec![bytes.to_vec()];
+    for e in std::fs::read_dir(dir)?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&format!("{stem}.vol")) && name.ends_with(".par2") {
+            files.push(std::fs::read(e.path())?);
+        }
+    }
+    let slices: Vec<&[u8]> = files.iter().map(|f| &f[..]).collect();
+    par2::Set::load(&slices).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+}
+
+/// Bytes per entry of a pack's digest packet: file ID, algorithm, digest.
+const DIGEST_ENTRY: usize = 16 + 1 + 32;
+
+/// The (file ID, digest) entries of a pack's digest packet.
+fn pack_digests(bytes: &[u8]) -> Vec<(par2::packet::Id, Digest)> {
+    let mut out = Vec::new();
+    for found in par2::packet::parse(bytes) {
+        if let par2::packet::Packet::Other { kind, body } = found.packet
+            && &kind == DIGESTS
+        {
+            for rec in bytes[body].chunks_exact(DIGEST_ENTRY) {
+                let algo = match rec[16] {
+                    0 => Algo::Sha256,
+                    1 => Algo::Blake3,
+                    _ => continue,
+                };
+                let digest = Digest {
+                    algo,
+                    bytes: rec[17..49].try_into().expect("32 bytes"),
+                };
+                out.push((rec[..16].try_into().expect("16 bytes"), digest));
+            }
+        }
+    }
+    out
+}
+
+fn is_index(p: &Path) -> bool {
+    p.extension().is_some_and(|e| e == "par2")
+        && !p
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().contains(".vol"))
+}
+
+fn with_ext(base: &Path, ext: &str) -> PathBuf {
+    let mut s = base.as_os_str().to_os_string();
+    s.push(".");
+    s.push(ext);
+    PathBuf::from(s)
+}
+
+/// Writes `bytes` to `path` through a temp file, fsynced and renamed.
+fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut temp = path.as_os_str().to_os_string();
+    temp.push(format!(".intact-{}.tmp", std::process::id()));
+    let temp = PathBuf::from(temp);
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&temp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    written
+}
+
+/// A name stored in a set, as a path under `root`: only plain components, so no name can
+/// lead outside it.
+pub fn resolve(root: &Path, name: &[u8]) -> Option<PathBuf> {
+    let rel = Path::new(std::ffi::OsStr::from_bytes(name));
+    if rel.as_os_str().is_empty() || !rel.components().all(|c| matches!(c, Component::Normal(_))) {
+        return None;
+    }
+    Some(root.join(rel))
+}
+
+use std::os::unix::ffi::OsStrExt;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_names_never_lead_outside_the_root() {
+        let root = Path::new("/r");
+        assert_eq!(resolve(root, b"a/b"), Some(PathBuf::from("/r/a/b")));
+        for bad in [&b"../x"[..], b"/etc/passwd", b"a/../../x", b"", b"./a"] {
+            assert_eq!(resolve(root, bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+    }
+}
