@@ -378,6 +378,22 @@ fn open_nofollow(path: &Path) -> io::Result<File> {
     Ok(File::from(fd))
 }
 
+/// A PAR2 set given by one of its files (any `NAME.par2` or `NAME.volXX+YY.par2`), loaded
+/// with all the files of its name beside it.
+pub fn load(path: &Path) -> io::Result<par2::Set> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let stem = match name.find(".vol") {
+        Some(i) => &name[..i],
+        None => name.trim_end_matches(".par2"),
+    };
+    let index = path.with_file_name(format!("{stem}.par2"));
+    let bytes = std::fs::read(&index).or_else(|_| std::fs::read(path))?;
+    load_set(&index, &bytes)
+}
+
 /// A set's index file (`bytes`, read from `index`) and all its volumes, parsed together.
 fn load_set(index: &Path, bytes: &[u8]) -> io::Result<par2::Set> {
     let dir = index.parent().unwrap_or(Path::new("."));

@@ -41,6 +41,8 @@ pub enum Source {
     Tree(PathBuf),
     /// A parity store made by `intact protect`.
     Parity(PathBuf),
+    /// A PAR2 set made by any PAR2 program; its names are relative to its directory.
+    Par2(PathBuf),
 }
 
 impl Source {
@@ -50,6 +52,11 @@ impl Source {
             Source::Parity(path)
         } else if path.is_dir() {
             Source::Tree(path)
+        } else if path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("par2"))
+        {
+            Source::Par2(path)
         } else {
             Source::Archive(path)
         }
@@ -146,6 +153,7 @@ impl Repairer {
                 Source::Archive(path) => self.search_archive(path, cancel),
                 Source::Tree(path) => self.search_tree(path, cancel),
                 Source::Parity(path) => self.search_parity(path, cancel),
+                Source::Par2(path) => self.search_par2(path, cancel),
             }
         }
         for mut t in self.targets {
@@ -267,6 +275,98 @@ impl Repairer {
         }
     }
 
+    /// A PAR2 set from elsewhere: its files are found by name, relative to the set's
+    /// directory (as par2cmdline does), and used for the damaged files they are.
+    fn search_par2(&mut self, path: &Path, cancel: &AtomicBool) {
+        let from = format!("PAR2 set {}", crate::report::escape(path));
+        let set = match crate::parity::load(path) {
+            Ok(set) => set,
+            Err(e) => {
+                for t in self.targets.iter_mut().filter(|t| !t.done) {
+                    t.bad_copies.push(format!("{from} unusable ({e})"));
+                }
+                return;
+            }
+        };
+        let base = path.parent().unwrap_or(Path::new("."));
+        let base = if base.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            base
+        };
+        let paths: Vec<Option<PathBuf>> = set
+            .files
+            .iter()
+            .map(|f| crate::parity::resolve(base, &f.name))
+            .collect();
+        for i in 0..self.targets.len() {
+            if cancel.load(Ordering::Relaxed) {
+                break;
+            }
+            let target = self.targets[i].report.path.clone();
+            let at = paths
+                .iter()
+                .position(|p| p.as_ref().is_some_and(|p| same_file(p, &target)));
+            if let (false, Some(at)) = (self.targets[i].done, at) {
+                self.rebuild_from(i, &set, at, &paths, &from);
+            }
+        }
+    }
+
+    /// Rebuilds target `i`, file `at` of `set`, whose other files are at `paths`.
+    fn rebuild_from(
+        &mut self,
+        i: usize,
+        set: &par2::Set,
+        at: usize,
+        paths: &[Option<PathBuf>],
+        from: &str,
+    ) {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // The damaged file is read where it is now; the set's other files where it says.
+        let target = self.targets[i].report.path.clone();
+        let mut open = |j: usize| -> io::Result<Option<Box<dyn Read>>> {
+            let path = if j == at {
+                Some(&target)
+            } else {
+                paths[j].as_ref()
+            };
+            match path.map(|p| open_read(p)) {
+                None => Ok(None),
+                Some(Ok(f)) => Ok(Some(Box::new(f))),
+                Some(Err(e)) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+                Some(Err(e)) => Err(e),
+            }
+        };
+        let recovered = match set.recover(&mut open, threads) {
+            Ok(r) => r,
+            Err(par2::Error::TooMuchDamage { damaged, available }) => {
+                self.targets[i].bad_copies.push(format!(
+                    "{from}: {damaged} slices damaged, only {available} recovery slices \
+                     (more damage than the redundancy covers)"
+                ));
+                return;
+            }
+            Err(e) => {
+                self.targets[i]
+                    .bad_copies
+                    .push(format!("{from} unusable ({e})"));
+                return;
+            }
+        };
+        let outcome = self.restore(i, |sink| {
+            let mut current = open_read(&target)?;
+            set.restore(at, &recovered, Some(&mut current), &mut |bytes| {
+                sink(Chunk::Data(bytes))
+            })
+            .map_err(|e| match e {
+                par2::Error::Io(e) => e,
+                other => io::Error::other(other.to_string()),
+            })
+        });
+        self.settle(i, outcome, from);
+    }
+
     fn search_parity(&mut self, dir: &Path, cancel: &AtomicBool) {
         let from = format!("parity in {}", crate::report::escape(dir));
         let store = match crate::parity::Store::read(dir) {
@@ -278,7 +378,6 @@ impl Repairer {
                 return;
             }
         };
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         for i in 0..self.targets.len() {
             if cancel.load(Ordering::Relaxed) {
                 break;
@@ -296,49 +395,13 @@ impl Repairer {
                     continue;
                 }
             };
-            // The damaged file is read where it is now; the other members of its pack where
-            // the set says, under the store's root (only plain names, never outside it).
-            let target = self.targets[i].report.path.clone();
-            let mut open = |j: usize| -> io::Result<Option<Box<dyn Read>>> {
-                let path = if j == at {
-                    Some(target.clone())
-                } else {
-                    crate::parity::resolve(&store.root, &set.files[j].name)
-                };
-                match path.map(|p| open_read(&p)) {
-                    None => Ok(None),
-                    Some(Ok(f)) => Ok(Some(Box::new(f))),
-                    Some(Err(e)) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-                    Some(Err(e)) => Err(e),
-                }
-            };
-            let recovered = match set.recover(&mut open, threads) {
-                Ok(r) => r,
-                Err(par2::Error::TooMuchDamage { damaged, available }) => {
-                    self.targets[i].bad_copies.push(format!(
-                        "{from}: {damaged} slices damaged, only {available} recovery slices \
-                         (more damage than the redundancy covers)"
-                    ));
-                    continue;
-                }
-                Err(e) => {
-                    self.targets[i]
-                        .bad_copies
-                        .push(format!("{from} unusable ({e})"));
-                    continue;
-                }
-            };
-            let outcome = self.restore(i, |sink| {
-                let mut current = open_read(&target)?;
-                set.restore(at, &recovered, Some(&mut current), &mut |bytes| {
-                    sink(Chunk::Data(bytes))
-                })
-                .map_err(|e| match e {
-                    par2::Error::Io(e) => e,
-                    other => io::Error::other(other.to_string()),
-                })
-            });
-            self.settle(i, outcome, &from);
+            // The other members of a pack are where the set says, under the store's root.
+            let paths: Vec<Option<PathBuf>> = set
+                .files
+                .iter()
+                .map(|f| crate::parity::resolve(&store.root, &f.name))
+                .collect();
+            self.rebuild_from(i, &set, at, &paths, &from);
         }
     }
 

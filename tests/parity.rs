@@ -1,0 +1,287 @@
+//! Parity: `protect` writes PAR2 that par2cmdline verifies and repairs with; `repair` uses
+//! intact's store and sets made by par2cmdline, and never trusts what it rebuilds until it
+//! hashes to the tag.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+
+fn run(args: &[&OsStr]) -> Run {
+    intact(args.iter().copied())
+}
+
+fn par2(dir: &Path, args: &[&OsStr]) -> (bool, String) {
+    let out = Command::new("par2")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("par2 (par2cmdline) is installed");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+/// The index files (`NAME.par2`, not volumes) under a store.
+fn index_files(store: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for dir in fs::read_dir(store).unwrap() {
+        let dir = dir.unwrap().path();
+        if !dir.is_dir() {
+            continue;
+        }
+        for f in fs::read_dir(&dir).unwrap() {
+            let f = f.unwrap().path();
+            let name = f.file_name().unwrap().to_string_lossy().into_owned();
+            if name.ends_with(".par2") && !name.contains(".vol") {
+                out.push(f);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn tree(t: &Tree) -> PathBuf {
+    t.write("src/big.bin", data(1_500_000, 1));
+    for i in 0..30 {
+        t.write(
+            format!("src/small/s{i:02}"),
+            data(100 + i * 97, 10 + i as u64),
+        );
+    }
+    t.path("src")
+}
+
+#[test]
+fn par2cmdline_verifies_and_repairs_what_protect_wrote() {
+    let t = Tree::new();
+    let src = tree(&t);
+    run(&["protect".as_ref(), src.as_os_str()]).expect_code(0);
+    let store = src.join(".intact-parity");
+    let sets = index_files(&store);
+    // One set for the large file, one pack for the thirty small ones.
+    assert_eq!(sets.len(), 2, "{sets:?}");
+    for set in &sets {
+        let (ok, out) = par2(
+            &src,
+            &[
+                "verify".as_ref(),
+                "-B".as_ref(),
+                src.as_os_str(),
+                set.as_os_str(),
+            ],
+        );
+        assert!(ok, "{}: {out}", set.display());
+    }
+    let good_big = fs::read(src.join("big.bin")).unwrap();
+    let good_small = fs::read(src.join("small/s07")).unwrap();
+    flip_byte(&src.join("big.bin"), 777_777);
+    flip_byte(&src.join("small/s07"), 3);
+    for set in &sets {
+        let (ok, out) = par2(
+            &src,
+            &[
+                "repair".as_ref(),
+                "-B".as_ref(),
+                src.as_os_str(),
+                set.as_os_str(),
+            ],
+        );
+        assert!(ok, "{}: {out}", set.display());
+    }
+    assert_eq!(fs::read(src.join("big.bin")).unwrap(), good_big);
+    assert_eq!(fs::read(src.join("small/s07")).unwrap(), good_small);
+}
+
+#[test]
+fn repair_from_the_store_finds_moved_files_and_verifies() {
+    for algo in ALGOS {
+        let t = Tree::new();
+        let src = tree(&t);
+        run(&[
+            "tag".as_ref(),
+            "--algo".as_ref(),
+            algo.as_ref(),
+            src.as_os_str(),
+        ])
+        .expect_code(0);
+        let r = run(&["protect".as_ref(), "--json".as_ref(), src.as_os_str()])
+            .expect_code(0)
+            .json();
+        assert_eq!(r.summary["actions"]["protected"], 31);
+        // Protecting again adds nothing.
+        let again = run(&["protect".as_ref(), "--json".as_ref(), src.as_os_str()])
+            .expect_code(0)
+            .json();
+        assert_eq!(
+            again.summary["actions"]["protected"], 0,
+            "{:?}",
+            again.summary
+        );
+
+        let good_big = fs::read(src.join("big.bin")).unwrap();
+        let good_small = fs::read(src.join("small/s20")).unwrap();
+        // A zeroed 64 KiB run in a file moved since, and a flipped bit in a small one.
+        fs::create_dir(src.join("moved")).unwrap();
+        fs::rename(src.join("big.bin"), src.join("moved/renamed.bin")).unwrap();
+        behind_the_back(&src.join("moved/renamed.bin"), |p| {
+            let mut b = fs::read(p).unwrap();
+            b[200_000..200_000 + 65536].fill(0);
+            fs::write(p, b).unwrap();
+        });
+        flip_byte(&src.join("small/s20"), 100);
+        run(&["check".as_ref(), src.as_os_str()]).expect_code(1);
+        // No --from: the tree's own store is used.
+        let r = run(&[
+            "repair".as_ref(),
+            "--discard-damaged".as_ref(),
+            src.as_os_str(),
+        ])
+        .expect_code(0);
+        assert!(r.stdout.contains("restored from parity in"), "{}", r.stdout);
+        assert_eq!(fs::read(src.join("moved/renamed.bin")).unwrap(), good_big);
+        assert_eq!(fs::read(src.join("small/s20")).unwrap(), good_small);
+        run(&["check".as_ref(), src.as_os_str()]).expect_code(0);
+    }
+}
+
+#[test]
+fn more_damage_than_the_redundancy_is_refused_and_the_original_kept() {
+    let t = Tree::new();
+    let src = tree(&t);
+    run(&[
+        "protect".as_ref(),
+        "--redundancy".as_ref(),
+        "1%".as_ref(),
+        src.as_os_str(),
+    ])
+    .expect_code(0);
+    let big = src.join("big.bin");
+    behind_the_back(&big, |p| {
+        let mut b = fs::read(p).unwrap();
+        for k in 0..200 {
+            b[k * 7000] ^= 1;
+        }
+        fs::write(p, b).unwrap();
+    });
+    let damaged = fs::read(&big).unwrap();
+    let r = run(&["repair".as_ref(), src.as_os_str()]).expect_code(1);
+    assert!(
+        r.stdout.contains("more damage than the redundancy covers"),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(fs::read(&big).unwrap(), damaged);
+}
+
+#[test]
+fn damaged_recovery_files_cost_only_their_damaged_slices() {
+    let t = Tree::new();
+    let src = tree(&t);
+    run(&["protect".as_ref(), src.as_os_str()]).expect_code(0);
+    // Rot inside the big file's volume: a few recovery packets fail their MD5.
+    let store = src.join(".intact-parity");
+    let set = index_files(&store)
+        .into_iter()
+        .find(|p| !p.to_string_lossy().contains("packs"))
+        .unwrap();
+    let dir = set.parent().unwrap();
+    let volume = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().contains(".vol"))
+        .unwrap();
+    let len = fs::metadata(&volume).unwrap().len();
+    for k in 1..5 {
+        flip_byte(&volume, len * k / 6);
+    }
+    let big = src.join("big.bin");
+    let good = fs::read(&big).unwrap();
+    flip_byte(&big, 1000);
+    run(&["repair".as_ref(), src.as_os_str()]).expect_code(0);
+    assert_eq!(fs::read(&big).unwrap(), good);
+}
+
+#[test]
+fn sets_made_by_par2cmdline_repair_bit_flips_zeroed_runs_and_truncations() {
+    let t = Tree::new();
+    let src = t.path("src");
+    let files = [
+        ("a.bin", data(400_000, 21)),
+        ("b.bin", data(300_000, 22)),
+        ("c.bin", data(200_000, 23)),
+    ];
+    for (name, bytes) in &files {
+        t.write(format!("src/{name}"), bytes);
+    }
+    run(&["tag".as_ref(), src.as_os_str()]).expect_code(0);
+    let (ok, out) = par2(
+        &src,
+        &[
+            "create", "-q", "-s8192", "-r25", "set.par2", "a.bin", "b.bin", "c.bin",
+        ]
+        .map(OsStr::new),
+    );
+    assert!(ok, "{out}");
+    // 110 slices of 8 KiB, 28 recovery slices; 1 + 9 + 7 slices damaged.
+    flip_byte(&src.join("a.bin"), 12_345);
+    behind_the_back(&src.join("b.bin"), |p| {
+        let mut b = fs::read(p).unwrap();
+        b[100_000..100_000 + 65536].fill(0);
+        fs::write(p, b).unwrap();
+    });
+    behind_the_back(&src.join("c.bin"), |p| {
+        fs::write(p, &fs::read(p).unwrap()[..150_000]).unwrap();
+    });
+    run(&["check".as_ref(), src.as_os_str()]).expect_code(1);
+    run(&[
+        "repair".as_ref(),
+        "--discard-damaged".as_ref(),
+        src.as_os_str(),
+        "--from".as_ref(),
+        src.join("set.par2").as_os_str(),
+    ])
+    .expect_code(0);
+    for (name, bytes) in &files {
+        assert_eq!(&fs::read(src.join(name)).unwrap(), bytes, "{name}");
+    }
+}
+
+#[test]
+fn hostile_names_in_a_set_are_never_followed() {
+    let t = Tree::new();
+    let f = t.write("root/f", data(50_000, 31));
+    run(&["tag".as_ref(), t.path("root").as_os_str()]).expect_code(0);
+    let good = fs::read(&f).unwrap();
+    // A valid set whose file is named to climb out of its directory.
+    let name = b"../root/f".to_vec();
+    let created = par2::create(
+        &[par2::Input {
+            name,
+            len: good.len() as u64,
+        }],
+        &mut |_| Ok(Box::new(std::io::Cursor::new(good.clone()))),
+        4096,
+        4,
+        1,
+    )
+    .unwrap();
+    fs::create_dir(t.path("sets")).unwrap();
+    fs::write(t.path("sets/evil.par2"), &created.index).unwrap();
+    fs::write(t.path("sets/evil.vol0+4.par2"), &created.volume).unwrap();
+    flip_byte(&f, 10);
+    let r = run(&[
+        "repair".as_ref(),
+        t.path("root").as_os_str(),
+        "--from".as_ref(),
+        t.path("sets/evil.par2").as_os_str(),
+    ])
+    .expect_code(1);
+    assert!(r.stdout.contains("no good copy found"), "{}", r.stdout);
+    assert_ne!(fs::read(&f).unwrap(), good);
+}
