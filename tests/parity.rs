@@ -273,7 +273,7 @@ fn hostile_names_in_a_set_are_never_followed() {
     .unwrap();
     fs::create_dir(t.path("sets")).unwrap();
     fs::write(t.path("sets/evil.par2"), &created.index).unwrap();
-    fs::write(t.path("sets/evil.vol0+4.par2"), &created.volume).unwrap();
+    fs::write(t.path("sets/evil.vol0+4.par2"), created.volume()).unwrap();
     flip_byte(&f, 10);
     let r = run(&[
         "repair".as_ref(),

@@ -79,6 +79,13 @@ pub enum Error {
 
 impl std::error::Error for Error {}
 
+impl Created {
+    /// A volume that stands alone: the recovery packets, then the description packets.
+    pub fn volume(&self) -> Vec<u8> {
+        [&self.recovery[..], &self.index[..]].concat()
+    }
+}
+
 impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -131,8 +138,9 @@ pub struct Created {
     pub id: Id,
     /// `NAME.par2`: the description packets, no recovery data.
     pub index: Vec<u8>,
-    /// `NAME.volXX+YY.par2`: the recovery slices, with the description packets repeated.
-    pub volume: Vec<u8>,
+    /// The recovery slice packets, for `NAME.volXX+YY.par2` (par2cmdline repeats the
+    /// description packets there too, so that the volume alone will do: see [`Created::volume`]).
+    pub recovery: Vec<u8>,
     /// How many recovery slices the volume holds.
     pub recovery_count: u32,
     /// The files, in set order.
@@ -178,27 +186,46 @@ pub fn create<'r>(
     let mut recovery = vec![vec![0u8; size]; recovery_count as usize];
     let mut entries = Vec::with_capacity(ids.len());
     let mut slice_index = 0;
-    // Slices are gathered into batches of about 32 MiB; while one batch is multiplied into
-    // the recovery slices on `threads` threads, the next is read and checksummed.
+    // Each slice's MD5 and CRC32, by global index: computed beside the multiplication.
+    let mut checksums: Vec<(Id, u32)> = vec![([0; 16], 0); total_slices as usize];
+    // Slices are gathered into batches of about 32 MiB. While one batch is checksummed and
+    // multiplied into the recovery slices on `threads` threads, the next is read (and the
+    // whole-file MD5, which cannot be split, is computed).
     let batch_slices = (32usize << 20).div_ceil(size).max(1);
     let mut batch: Vec<(Vec<u8>, u16)> = Vec::with_capacity(batch_slices);
+    type Job = (Vec<Vec<u8>>, usize, Vec<(Id, u32)>);
     std::thread::scope(|s| -> Result<(), Error> {
-        let mut running: Option<std::thread::ScopedJoinHandle<'_, Vec<Vec<u8>>>> = None;
-        let mut hand_over = |batch: Vec<(Vec<u8>, u16)>, running: &mut Option<_>| {
-            let mut rec = match running.take() {
-                Some(h) => std::thread::ScopedJoinHandle::join(h).expect("no panic"),
-                None => std::mem::take(&mut recovery),
-            };
-            *running = Some(s.spawn(move || {
-                accumulate(&mut rec, &batch, threads);
+        let mut running: Option<std::thread::ScopedJoinHandle<'_, Job>> = None;
+        let checksums = &mut checksums;
+        let mut finish = |running: &mut Option<std::thread::ScopedJoinHandle<'_, Job>>| {
+            running.take().map(|h| {
+                let (rec, first, sums) = h.join().expect("no panic");
+                checksums[first..first + sums.len()].copy_from_slice(&sums);
                 rec
+            })
+        };
+        let mut hand_over = |batch: Vec<(Vec<u8>, u16)>, first: usize, running: &mut Option<_>| {
+            let mut rec = finish(running).unwrap_or_else(|| std::mem::take(&mut recovery));
+            *running = Some(s.spawn(move || {
+                let sums = std::thread::scope(|t| {
+                    let sums = t.spawn(|| {
+                        batch
+                            .iter()
+                            .map(|(b, _)| (Md5::digest(b).into(), crc32fast::hash(b)))
+                            .collect::<Vec<_>>()
+                    });
+                    accumulate(&mut rec, &batch, threads);
+                    sums.join().expect("no panic")
+                });
+                (rec, first, sums)
             }));
         };
+        let mut batch_first = 0;
         for &(id, md5_16k, i) in &ids {
             let f = &inputs[i];
             let mut reader = open(i)?;
             let mut whole = Md5::new();
-            let mut slices = Vec::new();
+            let first = slice_index;
             let mut left = f.len;
             while left > 0 {
                 let mut buf = vec![0u8; size];
@@ -211,30 +238,37 @@ pub fn create<'r>(
                     )));
                 }
                 whole.update(&buf[..n]);
-                slices.push((Md5::digest(&buf).into(), crc32fast::hash(&buf)));
                 batch.push((buf, constants[slice_index]));
                 slice_index += 1;
                 left -= n as u64;
                 if batch.len() == batch_slices {
-                    hand_over(std::mem::take(&mut batch), &mut running);
+                    hand_over(std::mem::take(&mut batch), batch_first, &mut running);
+                    batch_first = slice_index;
                 }
             }
-            entries.push(FileEntry {
-                id,
-                md5: whole.finalize().into(),
-                md5_16k,
-                len: f.len,
-                name: f.name.clone(),
-                slices,
-            });
+            entries.push((
+                FileEntry {
+                    id,
+                    md5: whole.finalize().into(),
+                    md5_16k,
+                    len: f.len,
+                    name: f.name.clone(),
+                    slices: Vec::new(),
+                },
+                first..slice_index,
+            ));
         }
-        hand_over(std::mem::take(&mut batch), &mut running);
-        recovery = running
-            .take()
-            .map(|h| h.join().expect("no panic"))
-            .unwrap_or_default();
+        hand_over(std::mem::take(&mut batch), batch_first, &mut running);
+        recovery = finish(&mut running).unwrap_or_default();
         Ok(())
     })?;
+    let entries: Vec<FileEntry> = entries
+        .into_iter()
+        .map(|(mut e, range)| {
+            e.slices = checksums[range].to_vec();
+            e
+        })
+        .collect();
     // Empty files have no slices: as par2cmdline does, they are described but listed apart
     // from the recovery set.
     let (full, empty): (Vec<&FileEntry>, Vec<&FileEntry>) = entries.iter().partition(|e| e.len > 0);
@@ -262,19 +296,18 @@ pub fn create<'r>(
         critical.extend(packet::encode(&set, kind::IFSC, &[&ifsc]));
     }
     critical.extend(packet::encode(&set, kind::CREATOR, &[CREATOR.as_bytes()]));
-    let mut volume = Vec::new();
+    let mut packets = Vec::new();
     for (e, data) in recovery.iter().enumerate() {
-        volume.extend(packet::encode(
+        packets.extend(packet::encode(
             &set,
             kind::RECOVERY,
             &[&(e as u32).to_le_bytes(), data],
         ));
     }
-    volume.extend_from_slice(&critical);
     Ok(Created {
         id: set,
         index: critical,
-        volume,
+        recovery: packets,
         recovery_count,
         files: entries,
     })
@@ -585,7 +618,7 @@ mod tests {
     fn damage_within_capacity_is_repaired_beyond_it_refused() {
         let files = vec![data(10_000, 1), data(3_001, 2), Vec::new()];
         let created = make(&files, 512, 5);
-        let set = Set::load(&[&created.index, &created.volume]).unwrap();
+        let set = Set::load(&[&created.index, &created.volume()]).unwrap();
         assert_eq!(set.recovery.len(), 5);
         // Find which set position each input file took (the set is ordered by file ID).
         let pos = |name: &[u8]| set.files.iter().position(|f| f.name == name).unwrap();
@@ -634,7 +667,7 @@ mod tests {
     fn a_missing_file_is_rebuilt_whole() {
         let files = vec![data(2048, 3)];
         let created = make(&files, 256, 8);
-        let set = Set::load(&[&created.volume]).unwrap();
+        let set = Set::load(&[&created.volume()]).unwrap();
         let rec = set.recover(&mut |_| Ok(None), 1).unwrap();
         let mut out = Vec::new();
         set.restore(0, &rec, None, &mut |b| {

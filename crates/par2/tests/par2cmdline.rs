@@ -48,7 +48,7 @@ fn make_set(dir: &Path, names: &[&str], slice: u64, rec: u32) {
     )
     .unwrap();
     fs::write(dir.join("set.par2"), &created.index).unwrap();
-    fs::write(dir.join(volume_name("set", 0, rec)), &created.volume).unwrap();
+    fs::write(dir.join(volume_name("set", 0, rec)), created.volume()).unwrap();
 }
 
 fn flip(path: &Path, at: usize) {
