@@ -92,6 +92,37 @@ pub fn input_constants(count: usize) -> Vec<u16> {
 /// The most input slices a set can have: the constants run out after this many.
 pub const MAX_INPUT_SLICES: usize = 32768;
 
+/// A constant prepared for [`Multiplier::mul_add`]: its tables are built once, not per call.
+#[derive(Clone, Copy, Debug)]
+pub struct Multiplier {
+    c: u16,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    affine: [i64; 4],
+}
+
+impl Multiplier {
+    /// Prepares `c`.
+    pub fn new(c: u16) -> Self {
+        Multiplier {
+            c,
+            affine: affine_matrices(c),
+        }
+    }
+
+    /// `dst ^= c * src`, as [`mul_add`].
+    pub fn mul_add(&self, dst: &mut [u8], src: &[u8]) {
+        #[cfg(target_arch = "x86_64")]
+        if self.c > 1 && x86::has_gfni512() {
+            assert_eq!(dst.len(), src.len());
+            assert!(dst.len().is_multiple_of(2), "slices are whole words");
+            // SAFETY: AVX-512 (F, BW) and GFNI are present (checked just above).
+            let done = unsafe { x86::gfni512(dst, src, self.affine) };
+            return portable(&mut dst[done..], &src[done..], self.c);
+        }
+        mul_add(dst, src, self.c)
+    }
+}
+
 /// `dst ^= c * src`, word by word; both the same length, a multiple of 2.
 pub fn mul_add(dst: &mut [u8], src: &[u8], c: u16) {
     assert_eq!(dst.len(), src.len());
@@ -107,6 +138,16 @@ pub fn mul_add(dst: &mut [u8], src: &[u8], c: u16) {
     }
     #[cfg(target_arch = "x86_64")]
     {
+        if x86::has_gfni512() {
+            // SAFETY: AVX-512 (F, BW) and GFNI are present (checked just above).
+            let done = unsafe { x86::mul_add_gfni512(dst, src, c) };
+            return portable(&mut dst[done..], &src[done..], c);
+        }
+        if x86::has_gfni256() {
+            // SAFETY: AVX2 and GFNI are present (checked just above).
+            let done = unsafe { x86::mul_add_gfni256(dst, src, c) };
+            return portable(&mut dst[done..], &src[done..], c);
+        }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: AVX2 is present (checked just above).
             let done = unsafe { x86::mul_add_avx2(dst, src, c) };
@@ -125,6 +166,12 @@ pub fn mul_add(dst: &mut [u8], src: &[u8], c: u16) {
 pub fn simd() -> &'static str {
     #[cfg(target_arch = "x86_64")]
     {
+        if x86::has_gfni512() {
+            return "gfni-avx512";
+        }
+        if x86::has_gfni256() {
+            return "gfni-avx2";
+        }
         if std::arch::is_x86_feature_detected!("avx2") {
             return "avx2";
         }
@@ -168,9 +215,119 @@ fn nibble_tables(c: u16) -> [[u8; 16]; 8] {
     t
 }
 
+/// Multiplying by a constant is linear over GF(2): on the low and high bytes of a word it is
+/// four 8x8 bit matrices (low to low, high to low, low to high, high to high), in the layout
+/// of GF2P8AFFINEQB (the row for output bit i in byte 7 - i).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn affine_matrices(c: u16) -> [i64; 4] {
+    // Column j of each matrix is the image of bit j: c times bit j of the low or high byte.
+    let lo: [u16; 8] = std::array::from_fn(|j| mul(c, 1 << j));
+    let hi: [u16; 8] = std::array::from_fn(|j| mul(c, 1 << (j + 8)));
+    let matrix = |cols: &[u16; 8], shift: u32| {
+        let mut q = 0u64;
+        for i in 0..8 {
+            let row = (0..8).fold(0u8, |row, j| row | ((((cols[j] >> shift) >> i) & 1) as u8) << j);
+            q |= (row as u64) << (8 * (7 - i));
+        }
+        q as i64
+    };
+    [matrix(&lo, 0), matrix(&hi, 0), matrix(&lo, 8), matrix(&hi, 8)]
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+
+    pub fn has_gfni512() -> bool {
+        // Cached by std after the first call.
+        is_x86_feature_detected!("gfni")
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+    }
+
+    pub fn has_gfni256() -> bool {
+        is_x86_feature_detected!("gfni") && is_x86_feature_detected!("avx2")
+    }
+
+    /// 128 bytes (64 words) per step: low and high bytes packed apart, four affine
+    /// transforms (one per byte-to-byte matrix), interleaved back.
+    #[target_feature(enable = "avx512f,avx512bw,gfni")]
+    pub unsafe fn mul_add_gfni512(dst: &mut [u8], src: &[u8], c: u16) -> usize {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { gfni512(dst, src, super::affine_matrices(c)) }
+    }
+
+    /// The GFNI kernel with its matrices prepared.
+    #[target_feature(enable = "avx512f,avx512bw,gfni")]
+    pub unsafe fn gfni512(dst: &mut [u8], src: &[u8], matrices: [i64; 4]) -> usize {
+        let [ll, lh, hl, hh] = matrices;
+        let done = dst.len() / 128 * 128;
+        // SAFETY: every load and store below is within dst/src[..done]; unaligned forms.
+        unsafe {
+            let (ll, lh) = (_mm512_set1_epi64(ll), _mm512_set1_epi64(lh));
+            let (hl, hh) = (_mm512_set1_epi64(hl), _mm512_set1_epi64(hh));
+            let low = _mm512_set1_epi16(0x00ff);
+            let mut i = 0;
+            while i < done {
+                let a = _mm512_loadu_si512(src.as_ptr().add(i).cast());
+                let b = _mm512_loadu_si512(src.as_ptr().add(i + 64).cast());
+                let lo = _mm512_packus_epi16(_mm512_and_si512(a, low), _mm512_and_si512(b, low));
+                let hi = _mm512_packus_epi16(_mm512_srli_epi16(a, 8), _mm512_srli_epi16(b, 8));
+                let rl = _mm512_xor_si512(
+                    _mm512_gf2p8affine_epi64_epi8::<0>(lo, ll),
+                    _mm512_gf2p8affine_epi64_epi8::<0>(hi, lh),
+                );
+                let rh = _mm512_xor_si512(
+                    _mm512_gf2p8affine_epi64_epi8::<0>(lo, hl),
+                    _mm512_gf2p8affine_epi64_epi8::<0>(hi, hh),
+                );
+                let pa = _mm512_unpacklo_epi8(rl, rh);
+                let pb = _mm512_unpackhi_epi8(rl, rh);
+                let da = dst.as_mut_ptr().add(i);
+                let db = dst.as_mut_ptr().add(i + 64);
+                _mm512_storeu_si512(da.cast(), _mm512_xor_si512(_mm512_loadu_si512(da.cast()), pa));
+                _mm512_storeu_si512(db.cast(), _mm512_xor_si512(_mm512_loadu_si512(db.cast()), pb));
+                i += 128;
+            }
+        }
+        done
+    }
+
+    /// The same with 256-bit registers, 64 bytes per step.
+    #[target_feature(enable = "avx2,gfni")]
+    pub unsafe fn mul_add_gfni256(dst: &mut [u8], src: &[u8], c: u16) -> usize {
+        let [ll, lh, hl, hh] = super::affine_matrices(c);
+        let done = dst.len() / 64 * 64;
+        // SAFETY: every load and store below is within dst/src[..done]; unaligned forms.
+        unsafe {
+            let (ll, lh) = (_mm256_set1_epi64x(ll), _mm256_set1_epi64x(lh));
+            let (hl, hh) = (_mm256_set1_epi64x(hl), _mm256_set1_epi64x(hh));
+            let low = _mm256_set1_epi16(0x00ff);
+            let mut i = 0;
+            while i < done {
+                let a = _mm256_loadu_si256(src.as_ptr().add(i).cast());
+                let b = _mm256_loadu_si256(src.as_ptr().add(i + 32).cast());
+                let lo = _mm256_packus_epi16(_mm256_and_si256(a, low), _mm256_and_si256(b, low));
+                let hi = _mm256_packus_epi16(_mm256_srli_epi16(a, 8), _mm256_srli_epi16(b, 8));
+                let rl = _mm256_xor_si256(
+                    _mm256_gf2p8affine_epi64_epi8::<0>(lo, ll),
+                    _mm256_gf2p8affine_epi64_epi8::<0>(hi, lh),
+                );
+                let rh = _mm256_xor_si256(
+                    _mm256_gf2p8affine_epi64_epi8::<0>(lo, hl),
+                    _mm256_gf2p8affine_epi64_epi8::<0>(hi, hh),
+                );
+                let pa = _mm256_unpacklo_epi8(rl, rh);
+                let pb = _mm256_unpackhi_epi8(rl, rh);
+                let da = dst.as_mut_ptr().add(i).cast::<__m256i>();
+                let db = dst.as_mut_ptr().add(i + 32).cast::<__m256i>();
+                _mm256_storeu_si256(da, _mm256_xor_si256(_mm256_loadu_si256(da), pa));
+                _mm256_storeu_si256(db, _mm256_xor_si256(_mm256_loadu_si256(db), pb));
+                i += 64;
+            }
+        }
+        done
+    }
 
     /// 64 bytes (32 words) per step: the low bytes of all words packed into one register,
     /// the high bytes into another, each nibble looked up, then interleaved back.
@@ -345,6 +502,27 @@ mod tests {
             let mut port = vec![0x5au8; src.len()];
             portable(&mut port, &src, c);
             assert_eq!(port, slow);
+            #[cfg(target_arch = "x86_64")]
+            {
+                type Kernel = unsafe fn(&mut [u8], &[u8], u16) -> usize;
+                let kernels: [(&str, bool, Kernel); 4] = [
+                    ("gfni512", x86::has_gfni512(), x86::mul_add_gfni512),
+                    ("gfni256", x86::has_gfni256(), x86::mul_add_gfni256),
+                    ("avx2", is_x86_feature_detected!("avx2"), x86::mul_add_avx2),
+                    ("ssse3", is_x86_feature_detected!("ssse3"), x86::mul_add_ssse3),
+                ];
+                for (name, present, kernel) in kernels {
+                    if !present {
+                        eprintln!("{name}: not on this CPU");
+                        continue;
+                    }
+                    let mut out = vec![0x5au8; src.len()];
+                    // SAFETY: the CPU has the kernel's features (checked).
+                    let done = unsafe { kernel(&mut out, &src, c) };
+                    portable(&mut out[done..], &src[done..], c);
+                    assert_eq!(out, slow, "{name}, c = {c:#x}");
+                }
+            }
         }
     }
 

@@ -334,16 +334,21 @@ fn multiply_into(out: &mut [Vec<u8>], exponents: &[u64], batch: &[(Vec<u8>, u16)
     std::thread::scope(|s| {
         for (rows, exps) in out.chunks_mut(per).zip(exponents.chunks(per)) {
             s.spawn(move || {
-                let coefs: Vec<Vec<u16>> = exps
+                let coefs: Vec<Vec<gf::Multiplier>> = exps
                     .iter()
-                    .map(|&e| batch.iter().map(|(_, c)| gf::pow(*c, e)).collect())
+                    .map(|&e| {
+                        batch
+                            .iter()
+                            .map(|(_, c)| gf::Multiplier::new(gf::pow(*c, e)))
+                            .collect()
+                    })
                     .collect();
                 let len = rows[0].len();
                 for start in (0..len).step_by(CHUNK) {
                     let end = (start + CHUNK).min(len);
                     for (row, coefs) in rows.iter_mut().zip(&coefs) {
-                        for ((slice, _), &coef) in batch.iter().zip(coefs) {
-                            gf::mul_add(&mut row[start..end], &slice[start..end], coef);
+                        for ((slice, _), coef) in batch.iter().zip(coefs) {
+                            coef.mul_add(&mut row[start..end], &slice[start..end]);
                         }
                     }
                 }
