@@ -685,7 +685,7 @@ impl<'d> Temp<'d> {
                 format!("cannot give the repaired file its owner {uid}:{gid} ({e})"),
             ));
         }
-        rustix::fs::fchmod(&self.file, Mode::from_raw_mode(meta.mode() & 0o7777))?;
+        rustix::fs::fchmod(&self.file, Mode::from_raw_mode((meta.mode() & 0o7777) as _))?;
         set_times(&self.file, meta)?;
         self.file.sync_all()?;
         let kept = match keep {
