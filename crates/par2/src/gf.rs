@@ -226,12 +226,19 @@ fn affine_matrices(c: u16) -> [i64; 4] {
     let matrix = |cols: &[u16; 8], shift: u32| {
         let mut q = 0u64;
         for i in 0..8 {
-            let row = (0..8).fold(0u8, |row, j| row | ((((cols[j] >> shift) >> i) & 1) as u8) << j);
+            let row = (0..8).fold(0u8, |row, j| {
+                row | ((((cols[j] >> shift) >> i) & 1) as u8) << j
+            });
             q |= (row as u64) << (8 * (7 - i));
         }
         q as i64
     };
-    [matrix(&lo, 0), matrix(&hi, 0), matrix(&lo, 8), matrix(&hi, 8)]
+    [
+        matrix(&lo, 0),
+        matrix(&hi, 0),
+        matrix(&lo, 8),
+        matrix(&hi, 8),
+    ]
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -285,8 +292,14 @@ mod x86 {
                 let pb = _mm512_unpackhi_epi8(rl, rh);
                 let da = dst.as_mut_ptr().add(i);
                 let db = dst.as_mut_ptr().add(i + 64);
-                _mm512_storeu_si512(da.cast(), _mm512_xor_si512(_mm512_loadu_si512(da.cast()), pa));
-                _mm512_storeu_si512(db.cast(), _mm512_xor_si512(_mm512_loadu_si512(db.cast()), pb));
+                _mm512_storeu_si512(
+                    da.cast(),
+                    _mm512_xor_si512(_mm512_loadu_si512(da.cast()), pa),
+                );
+                _mm512_storeu_si512(
+                    db.cast(),
+                    _mm512_xor_si512(_mm512_loadu_si512(db.cast()), pb),
+                );
                 i += 128;
             }
         }
@@ -509,7 +522,11 @@ mod tests {
                     ("gfni512", x86::has_gfni512(), x86::mul_add_gfni512),
                     ("gfni256", x86::has_gfni256(), x86::mul_add_gfni256),
                     ("avx2", is_x86_feature_detected!("avx2"), x86::mul_add_avx2),
-                    ("ssse3", is_x86_feature_detected!("ssse3"), x86::mul_add_ssse3),
+                    (
+                        "ssse3",
+                        is_x86_feature_detected!("ssse3"),
+                        x86::mul_add_ssse3,
+                    ),
                 ];
                 for (name, present, kernel) in kernels {
                     if !present {
