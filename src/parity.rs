@@ -265,7 +265,7 @@ impl Store {
         let seen = Rc::new(RefCell::new(vec![None; files.len()]));
         let mut open = |i: usize| -> io::Result<Box<dyn Read>> {
             Ok(Box::new(Hashing {
-                file: open_nofollow(&files[i].path)?,
+                file: crate::sys::open_nofollow(&files[i].path)?,
                 hasher: Some(Hasher::new(files[i].digest.algo)),
                 seen: Rc::clone(&seen),
                 index: i,
@@ -392,16 +392,6 @@ impl Drop for Hashing {
             self.seen.borrow_mut()[self.index] = Some(h.finalize());
         }
     }
-}
-
-fn open_nofollow(path: &Path) -> io::Result<File> {
-    use rustix::fs::{Mode, OFlags};
-    let fd = rustix::fs::open(
-        path,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
-        Mode::empty(),
-    )?;
-    Ok(File::from(fd))
 }
 
 /// A PAR2 set given by one of its files (any `NAME.par2` or `NAME.volXX+YY.par2`), loaded

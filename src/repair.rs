@@ -331,7 +331,7 @@ impl Repairer {
             } else {
                 paths[j].as_ref()
             };
-            match path.map(|p| open_read(p)) {
+            match path.map(|p| crate::sys::open_nofollow(p)) {
                 None => Ok(None),
                 Some(Ok(f)) => Ok(Some(Box::new(f))),
                 Some(Err(e)) if e.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -355,7 +355,7 @@ impl Repairer {
             }
         };
         let outcome = self.restore(i, |sink| {
-            let mut current = open_read(&target)?;
+            let mut current = crate::sys::open_nofollow(&target)?;
             set.restore(at, &recovered, Some(&mut current), &mut |bytes| {
                 sink(Chunk::Data(bytes))
             })
@@ -900,19 +900,9 @@ fn copy_to(original: &File, path: &Path) -> io::Result<PathBuf> {
     Ok(path.to_path_buf())
 }
 
-/// Opens a file to read, never through a symlink at its end.
-fn open_read(path: &Path) -> io::Result<File> {
-    let fd = rustix::fs::open(
-        path,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
-        Mode::empty(),
-    )?;
-    Ok(File::from(fd))
-}
-
 /// Streams a file's bytes.
 fn read_file(path: &Path, sink: &mut dyn FnMut(Chunk<'_>) -> io::Result<()>) -> io::Result<()> {
-    let mut file = open_read(path)?;
+    let mut file = crate::sys::open_nofollow(path)?;
     crate::sys::advise_sequential(&file);
     let mut buf = vec![0u8; 1 << 20];
     loop {

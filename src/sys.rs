@@ -107,6 +107,13 @@ pub fn open_beneath(
     }
 }
 
+/// Opens a file to read, never through a symlink at its end, never blocking on a FIFO.
+pub fn open_nofollow(path: &std::path::Path) -> io::Result<File> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
+    Ok(File::from(rustix::fs::open(path, flags, Mode::empty())?))
+}
+
 /// Open flag that reads around the page cache.
 pub fn direct() -> rustix::fs::OFlags {
     #[cfg(target_os = "linux")]
