@@ -354,7 +354,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         ),
         _ => None,
     };
-    let mut stores = match &task {
+    let stores = match &task {
         Task::Protect(store, redundancy) => Some(open_stores(
             &roots,
             store.as_deref(),
@@ -378,7 +378,27 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
     let start = Instant::now();
     let mut io_error = None;
 
+    // Parity is computed by workers, several sets at a time, while the engine verifies the
+    // files that come next.
+    let (job_tx, job_rx) = crossbeam_channel::bounded::<(usize, parity::Job)>(config.threads * 2);
+    let (done_tx, done_rx) = crossbeam_channel::unbounded();
     std::thread::scope(|s| -> anyhow::Result<()> {
+        if let Some(stores) = &stores {
+            for _ in 0..config.threads {
+                let (job_rx, done_tx) = (job_rx.clone(), done_tx.clone());
+                s.spawn(move || {
+                    for (i, job) in job_rx {
+                        if INTERRUPTED.load(Ordering::Relaxed) {
+                            continue;
+                        }
+                        let (dir, store): &(PathBuf, parity::Store) = &stores[i];
+                        let _ = done_tx.send(store.run(job).map_err(|e| (dir.clone(), e)));
+                    }
+                });
+            }
+        }
+        drop((job_rx, done_tx));
+        let job_tx = job_tx;
         let bar = show_bar.then(|| progress_bar(s, &roots, &config.walk, &progress));
         let result = engine::run(&config, &roots, &INTERRUPTED, &progress, |mut report| {
             if io_error.is_some() || archive_error.is_some() {
@@ -392,13 +412,10 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
                 archive_error = Some(e);
                 return;
             }
-            if let Some(stores) = &mut stores
-                && let Err(e) = protect(stores, &roots, &mut report, &mut protect_stats)
+            if let Some(stores) = &stores
+                && let Some(job) = protect(stores, &roots, &mut report)
             {
-                // The store cannot be written (disk full?): stop.
-                INTERRUPTED.store(true, Ordering::SeqCst);
-                archive_error = Some(e);
-                return;
+                let _ = job_tx.send(job);
             }
             let report = match &mut repairer {
                 Some(r) => match r.want(report) {
@@ -423,6 +440,16 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         if let Some(bar) = bar {
             bar.finish_and_clear();
         }
+        if let Some(stores) = &stores
+            && !INTERRUPTED.load(Ordering::SeqCst)
+        {
+            for (i, (_, store)) in stores.iter().enumerate() {
+                if let Some(job) = store.take_pending() {
+                    let _ = job_tx.send((i, job));
+                }
+            }
+        }
+        drop(job_tx);
         result.context("walking")?;
         Ok(())
     })?;
@@ -449,15 +476,20 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         }
         trouble = Some(anyhow::Error::new(e).context("writing output"));
     }
-    if let Some(stores) = &mut stores
+    if let Some(stores) = &stores
         && !reporter.summary.interrupted
     {
-        for (dir, store) in stores.iter_mut() {
-            match store.flush() {
-                Ok(s) => protect_stats.add(s),
-                Err(e) => {
-                    trouble = Some(anyhow::anyhow!("writing a pack in {}: {e}", dir.display()));
+        for done in done_rx.try_iter() {
+            match done {
+                Ok(stats) => protect_stats.add(stats),
+                Err((dir, e)) => {
+                    trouble = Some(anyhow::anyhow!("writing parity in {}: {e}", dir.display()));
                 }
+            }
+        }
+        for (dir, store) in stores {
+            if let Err(e) = store.commit() {
+                trouble = Some(anyhow::anyhow!("writing parity in {}: {e}", dir.display()));
             }
         }
         for path in &protect_stats.changed {
@@ -476,12 +508,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         }
     }
     if let Some(e) = archive_error {
-        let what = if stores.is_some() {
-            "writing parity"
-        } else {
-            "writing the archive; nothing was left"
-        };
-        trouble = Some(anyhow::Error::new(e).context(what));
+        trouble = Some(anyhow::Error::new(e).context("writing the archive; nothing was left"));
     } else if let Some(w) = archiver
         && !reporter.summary.interrupted
     {
@@ -556,43 +583,37 @@ fn open_stores(
 }
 
 /// Gives a verified file to its root's store; damaged, unreadable and skipped files get none.
+/// Returns the set to compute, if the file completes one, with its store's index.
 fn protect(
-    stores: &mut [(PathBuf, parity::Store)],
+    stores: &[(PathBuf, parity::Store)],
     roots: &[PathBuf],
     report: &mut FileReport,
-    stats: &mut parity::Stats,
-) -> std::io::Result<()> {
+) -> Option<(usize, parity::Job)> {
     let (Some(digest), Some(size)) = (report.digest, report.size) else {
-        return Ok(());
+        return None;
     };
     if report.status.is_damage() || matches!(report.status, Status::Error | Status::Changed) {
-        return Ok(());
+        return None;
     }
-    let Some(i) = roots.iter().position(|r| report.path.starts_with(r)) else {
-        return Ok(());
-    };
+    let i = roots.iter().position(|r| report.path.starts_with(r))?;
     // Names are relative to the root (a root that is a file: its own name).
     let name = match report.path.strip_prefix(&roots[i]) {
         Ok(rel) if !rel.as_os_str().is_empty() => rel.as_os_str(),
         _ => report.path.file_name().unwrap_or_default(),
     };
-    let store = &mut stores[i].1;
-    let already = store.has(&digest);
-    let added = store.add(parity::Protectee {
+    let store = &stores[i].1;
+    if store.has(&digest) {
+        return None;
+    }
+    // Said before the set is written: a failure to write it is reported at the end.
+    report.action = Some(intact::engine::Action::Protected);
+    let job = store.add(parity::Protectee {
         path: report.path.clone(),
         name: name.as_bytes().to_vec(),
         size,
         digest,
     })?;
-    if added.changed.contains(&report.path) {
-        report.status = Status::Changed;
-        report.detail = Some("changed while its parity was computed: no parity".into());
-        report.action = None;
-    } else if !already {
-        report.action = Some(intact::engine::Action::Protected);
-    }
-    stats.add(added);
-    Ok(())
+    Some((i, job))
 }
 
 fn task_dest(task: &Task) -> PathBuf {

@@ -20,11 +20,12 @@
 //! many small files).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::path::{Component, Path, PathBuf};
 use std::rc::Rc;
+use std::sync::Mutex;
 
 use crate::digest::{Algo, Digest, Hasher};
 
@@ -60,18 +61,30 @@ pub struct Protectee {
     pub digest: Digest,
 }
 
-/// An open parity store.
+/// An open parity store. Sets are computed by [`Store::run`], which several threads may call
+/// at once; [`Store::add`] decides what goes in which set.
 pub struct Store {
     dir: PathBuf,
     /// The tree the names in its sets are relative to.
     pub root: PathBuf,
     /// Digests of files in packs, and the pack each is in.
-    packed: HashMap<Digest, PathBuf>,
+    packed: Mutex<HashMap<Digest, PathBuf>>,
+    /// Digests with a set on its way (a job handed out, not yet run).
+    queued: Mutex<HashSet<Digest>>,
     redundancy: f64,
     threads: usize,
-    pending: Vec<Protectee>,
-    pending_bytes: u64,
-    staged: RefCell<Staged>,
+    /// Small files waiting for their pack to fill, and their bytes.
+    pending: Mutex<(Vec<Protectee>, u64)>,
+    staged: Mutex<Staged>,
+}
+
+/// A set to compute: one large file's, or a pack of small ones.
+#[derive(Debug)]
+pub enum Job {
+    /// A file with a set of its own.
+    File(Protectee),
+    /// Small files sharing a set.
+    Pack(Vec<Protectee>),
 }
 
 /// What protecting did.
@@ -141,12 +154,12 @@ impl Store {
         Ok(Store {
             dir: dir.to_path_buf(),
             root,
-            packed,
+            packed: Mutex::new(packed),
+            queued: Mutex::new(HashSet::new()),
             redundancy: 0.0,
             threads: 1,
-            pending: Vec::new(),
-            pending_bytes: 0,
-            staged: RefCell::new(Staged::default()),
+            pending: Mutex::new((Vec::new(), 0)),
+            staged: Mutex::new(Staged::default()),
         })
     }
 
@@ -157,72 +170,92 @@ impl Store {
             .join(hex)
     }
 
-    /// Whether the content `digest` already has recovery data here.
+    /// Whether the content `digest` already has recovery data here (or on its way).
     pub fn has(&self, digest: &Digest) -> bool {
         let index = with_ext(&self.set_base(digest), "par2");
-        self.packed.contains_key(digest) || self.staged.borrow().has(&index) || index.exists()
+        lock(&self.packed).contains_key(digest)
+            || lock(&self.queued).contains(digest)
+            || lock(&self.staged).has(&index)
+            || index.exists()
     }
 
-    /// Adds a file: a large one gets its set now; a small one waits for its pack to fill.
-    /// Returns the sets written.
-    pub fn add(&mut self, file: Protectee) -> io::Result<Stats> {
+    /// Takes a file in: a large one makes a job at once; a small one waits for its pack to
+    /// fill, and the file that fills it makes the pack's job. `None`: nothing to run yet, or
+    /// the content is protected already.
+    pub fn add(&self, file: Protectee) -> Option<Job> {
         if self.has(&file.digest) {
-            return Ok(Stats::default());
+            return None;
         }
+        lock(&self.queued).insert(file.digest);
         if file.size >= PACK_LIMIT {
-            let base = self.set_base(&file.digest);
-            let slices = (file.size / MIN_SLICE).clamp(1, MAX_SLICES);
-            let slice = par2::slice_size_for(file.size, slices);
-            return match self.write_set(&[file], slice, &base, false) {
-                Ok(stats) => Ok(stats),
-                Err(ProtectError::Changed(changed)) => Ok(Stats {
+            return Some(Job::File(file));
+        }
+        let mut pending = lock(&self.pending);
+        pending.1 += file.size;
+        pending.0.push(file);
+        if pending.0.len() >= PACK_FILES || pending.1 >= PACK_BYTES {
+            pending.1 = 0;
+            return Some(Job::Pack(std::mem::take(&mut pending.0)));
+        }
+        None
+    }
+
+    /// The pack of the small files still waiting, if any.
+    pub fn take_pending(&self) -> Option<Job> {
+        let mut pending = lock(&self.pending);
+        pending.1 = 0;
+        let files = std::mem::take(&mut pending.0);
+        (!files.is_empty()).then_some(Job::Pack(files))
+    }
+
+    /// Computes and stages a job's set (made durable and put in place by [`Store::commit`]).
+    /// A file that changed since it was verified gets no parity (a pack is made of the
+    /// others), and is listed in the stats.
+    pub fn run(&self, job: Job) -> io::Result<Stats> {
+        match job {
+            Job::File(file) => {
+                let base = self.set_base(&file.digest);
+                let slices = (file.size / MIN_SLICE).clamp(1, MAX_SLICES);
+                let slice = par2::slice_size_for(file.size, slices);
+                match self.write_set(std::slice::from_ref(&file), slice, &base, false) {
+                    Ok(stats) => Ok(stats),
+                    Err(ProtectError::Changed(changed)) => Ok(Stats {
+                        changed,
+                        ..Stats::default()
+                    }),
+                    Err(ProtectError::Io(e)) => Err(e),
+                }
+            }
+            Job::Pack(mut files) => {
+                let mut changed = Vec::new();
+                while !files.is_empty() {
+                    match self.write_pack(&files) {
+                        Ok((mut stats, index)) => {
+                            let mut packed = lock(&self.packed);
+                            for f in files {
+                                packed.insert(f.digest, index.clone());
+                            }
+                            stats.changed = changed;
+                            return Ok(stats);
+                        }
+                        Err(ProtectError::Changed(paths)) => {
+                            files.retain(|f| !paths.contains(&f.path));
+                            changed.extend(paths);
+                        }
+                        Err(ProtectError::Io(e)) => return Err(e),
+                    }
+                }
+                Ok(Stats {
                     changed,
                     ..Stats::default()
-                }),
-                Err(ProtectError::Io(e)) => Err(e),
-            };
-        }
-        self.pending_bytes += file.size;
-        self.pending.push(file);
-        if self.pending.len() >= PACK_FILES || self.pending_bytes >= PACK_BYTES {
-            return self.write_pending();
-        }
-        Ok(Stats::default())
-    }
-
-    /// Writes the pack of the small files added so far, and makes every set written durable.
-    pub fn flush(&mut self) -> io::Result<Stats> {
-        let stats = self.write_pending()?;
-        self.staged.borrow_mut().commit()?;
-        Ok(stats)
-    }
-
-    /// Writes the pack of the small files added so far; a file that changed since it was
-    /// verified is left out, and the pack made of the others.
-    fn write_pending(&mut self) -> io::Result<Stats> {
-        let mut files = std::mem::take(&mut self.pending);
-        self.pending_bytes = 0;
-        let mut changed = Vec::new();
-        while !files.is_empty() {
-            match self.write_pack(&files) {
-                Ok((mut stats, index)) => {
-                    for f in files {
-                        self.packed.insert(f.digest, index.clone());
-                    }
-                    stats.changed = changed;
-                    return Ok(stats);
-                }
-                Err(ProtectError::Changed(paths)) => {
-                    files.retain(|f| !paths.contains(&f.path));
-                    changed.extend(paths);
-                }
-                Err(ProtectError::Io(e)) => return Err(e),
+                })
             }
         }
-        Ok(Stats {
-            changed,
-            ..Stats::default()
-        })
+    }
+
+    /// Makes every set staged so far durable and puts it in place.
+    pub fn commit(&self) -> io::Result<()> {
+        lock(&self.staged).commit()
     }
 
     /// Writes one pack; returns its index file too.
@@ -315,10 +348,9 @@ impl Store {
         } else {
             created.volume()
         };
-        self.staged.borrow_mut().stage(&volume, &volume_bytes)?;
-        self.staged
-            .borrow_mut()
-            .stage(&with_ext(base, "par2"), &index)?;
+        let mut staged = lock(&self.staged);
+        staged.stage(&volume, &volume_bytes)?;
+        staged.stage(&with_ext(base, "par2"), &index)?;
         Ok(Stats {
             sets: 1,
             bytes: (volume_bytes.len() + index.len()) as u64,
@@ -329,10 +361,10 @@ impl Store {
     /// The set that protects `digest`, loaded, and the position in it of the file with that
     /// content: its own set, or its pack.
     pub fn find(&self, digest: &Digest) -> Option<io::Result<(par2::Set, usize)>> {
-        if let Some(index) = self.packed.get(digest) {
+        if let Some(index) = lock(&self.packed).get(digest).cloned() {
             return Some((|| {
-                let bytes = std::fs::read(index)?;
-                let set = load_set(index, &bytes)?;
+                let bytes = std::fs::read(&index)?;
+                let set = load_set(&index, &bytes)?;
                 let id = pack_digests(&bytes)
                     .into_iter()
                     .find(|(_, d)| d == digest)
@@ -355,6 +387,11 @@ impl Store {
                 }),
         )
     }
+}
+
+/// A lock whose holder never panics mid-update (panics abort this program).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Why a set was not written.
