@@ -19,6 +19,12 @@ use std::io::{self, Read};
 use md5::{Digest as _, Md5};
 use packet::{Id, Packet, kind};
 
+/// The largest slice a set may have here: rebuilding holds a few slices per damaged one in
+/// memory.
+pub const MAX_SLICE: u64 = 1 << 30;
+/// The most memory a repair may hold for rebuilt slices.
+const MAX_REPAIR_MEMORY: u64 = 8 << 30;
+
 /// The PAR2 creator string intact writes.
 pub const CREATOR: &str = concat!("intact ", env!("CARGO_PKG_VERSION"));
 
@@ -179,7 +185,9 @@ pub fn create<'r>(
         let md5_16k: Id = Md5::digest(&head[..n]).into();
         ids.push((packet::file_id(&md5_16k, f.len, &f.name), md5_16k, i));
     }
-    ids.sort();
+    // The set's order is by file ID read as a little-endian 128-bit number, as the
+    // specification's integers are (and par2cmdline compares them).
+    ids.sort_by_key(|(id, _, _)| u128::from_le_bytes(*id));
     ids.dedup_by(|a, b| a.0 == b.0);
     let constants = gf::input_constants(total_slices as usize);
     let size = slice_size as usize;
@@ -269,8 +277,9 @@ pub fn create<'r>(
             e
         })
         .collect();
-    // Empty files have no slices: as par2cmdline does, they are described but listed apart
-    // from the recovery set.
+    // Empty files have no slices: they are described but listed apart from the recovery set
+    // (the specification's non-recovery files; par2cmdline 0.8.1 mis-counts them as damaged
+    // when they are in the recovery set).
     let (full, empty): (Vec<&FileEntry>, Vec<&FileEntry>) = entries.iter().partition(|e| e.len > 0);
     let mut main = packet::main_body(slice_size, &full.iter().map(|e| e.id).collect::<Vec<_>>());
     for e in &empty {
@@ -404,6 +413,9 @@ impl Set {
         if ids.len() > gf::MAX_INPUT_SLICES {
             return Err(Error::Malformed("too many files".into()));
         }
+        if slice_size > MAX_SLICE {
+            return Err(Error::Malformed(format!("slices of {slice_size} bytes")));
+        }
         let mut entries = Vec::with_capacity(ids.len());
         let mut total = 0u64;
         for fid in ids {
@@ -435,6 +447,12 @@ impl Set {
                 name,
                 slices,
             });
+        }
+        // A slice far larger than every file is not one any program made (a tiny file may
+        // have been given a generous slice size, up to a MiB).
+        let largest = entries.iter().map(|e| e.len).max().unwrap_or(0);
+        if slice_size > largest.next_multiple_of(4).max(1 << 20) {
+            return Err(Error::Malformed("the slice size exceeds every file".into()));
         }
         recovery.retain(|&e, data: &mut Vec<u8>| e < 65535 && data.len() as u64 == slice_size);
         Ok(Set {
@@ -470,9 +488,11 @@ impl Set {
                 Some(mut r) => {
                     let mut buf = vec![0u8; size];
                     for (k, expect) in entry.slices.iter().enumerate() {
-                        let n = read_full(&mut *r, &mut buf)?;
-                        buf[n..].fill(0);
+                        // Only the slice's own bytes: a file longer than described is damaged
+                        // past its end only, which costs no recovery slice.
                         let want = (entry.len - k as u64 * self.slice_size).min(self.slice_size);
+                        let n = read_full(&mut *r, &mut buf[..want as usize])?;
+                        buf[n..].fill(0);
                         let ok = n as u64 >= want
                             && crc32fast::hash(&buf) == expect.1
                             && <[u8; 16]>::from(Md5::digest(&buf)) == expect.0;
@@ -494,7 +514,32 @@ impl Set {
                 available: self.recovery.len(),
             });
         }
-        let exps: Vec<u32> = self.recovery.keys().copied().take(damaged.len()).collect();
+        // Memory for the solve: one buffer per damaged slice, twice.
+        if (damaged.len() as u64).saturating_mul(2 * self.slice_size) > MAX_REPAIR_MEMORY {
+            return Err(Error::Malformed(format!(
+                "{} damaged slices of {} bytes: too much to rebuild in memory",
+                damaged.len(),
+                self.slice_size
+            )));
+        }
+        // The first exponents at hand; PAR2's matrix is almost always invertible, and where
+        // not, a later window of exponents is tried.
+        let all: Vec<u32> = self.recovery.keys().copied().collect();
+        let (exps, inverse) = (0..=all.len() - damaged.len())
+            .find_map(|start| {
+                let exps = all[start..start + damaged.len()].to_vec();
+                let matrix: Vec<Vec<u16>> = exps
+                    .iter()
+                    .map(|&e| {
+                        damaged
+                            .iter()
+                            .map(|&j| gf::pow(constants[j], e as u64))
+                            .collect()
+                    })
+                    .collect();
+                gf::invert(matrix).map(|inv| (exps, inv))
+            })
+            .ok_or_else(|| Error::Malformed("recovery slices are not independent".into()))?;
         // Second pass: each used recovery slice minus the contributions of the good slices.
         let mut rhs: Vec<Vec<u8>> = exps.iter().map(|e| self.recovery[e].clone()).collect();
         let is_damaged: std::collections::HashSet<usize> = damaged.iter().copied().collect();
@@ -505,7 +550,8 @@ impl Set {
             let Some(mut r) = open(f)? else { continue };
             for k in 0..entry.slices.len() {
                 let mut buf = vec![0u8; size];
-                let n = read_full(&mut *r, &mut buf)?;
+                let want = (entry.len - k as u64 * self.slice_size).min(self.slice_size);
+                let n = read_full(&mut *r, &mut buf[..want as usize])?;
                 buf[n..].fill(0);
                 if !is_damaged.contains(&(base + k)) {
                     batch.push((buf, constants[base + k]));
@@ -518,17 +564,6 @@ impl Set {
         }
         subtract(&mut rhs, &exps, &batch, threads);
         // Solve: rhs[r] = sum_j c_{damaged j}^{exp r} * x_j.
-        let matrix: Vec<Vec<u16>> = exps
-            .iter()
-            .map(|&e| {
-                damaged
-                    .iter()
-                    .map(|&j| gf::pow(constants[j], e as u64))
-                    .collect()
-            })
-            .collect();
-        let inverse = gf::invert(matrix)
-            .ok_or_else(|| Error::Malformed("recovery slices are not independent".into()))?;
         let mut slices = HashMap::new();
         for (j, &slice) in damaged.iter().enumerate() {
             let mut out = vec![0u8; size];
@@ -681,6 +716,24 @@ mod tests {
         })
         .unwrap();
         assert_eq!(out, files[0]);
+    }
+
+    #[test]
+    fn a_hostile_slice_size_is_refused_before_any_allocation() {
+        // One byte of file in a slice of 2^62 bytes: consistent, and a 4 EiB allocation.
+        let md5_16k: Id = Md5::digest(b"x").into();
+        let id = packet::file_id(&md5_16k, 1, b"f");
+        let main = packet::main_body(1 << 62, &[id]);
+        let main_id: Id = Md5::digest(&main).into();
+        let mut bytes = packet::encode(&main_id, kind::MAIN, &[&main]);
+        bytes.extend(packet::encode(
+            &main_id,
+            kind::FILE_DESC,
+            &[&id, &md5_16k, &md5_16k, &1u64.to_le_bytes(), b"f"],
+        ));
+        bytes.extend(packet::encode(&main_id, kind::IFSC, &[&id, &[0u8; 20]]));
+        let err = Set::load(&[&bytes]).unwrap_err();
+        assert!(matches!(err, Error::Malformed(_)), "{err}");
     }
 
     #[test]
