@@ -570,10 +570,14 @@ fn open_stores(
         .iter()
         .map(|root| {
             let dir = given.map_or_else(|| store_dir(root), Path::to_path_buf);
+            // Names are relative to the root, or for a file to its directory.
             let base = if root.is_dir() {
                 root.clone()
             } else {
-                dir.parent().unwrap_or(Path::new(".")).to_path_buf()
+                root.parent()
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .unwrap_or(Path::new("."))
+                    .to_path_buf()
             };
             let store = parity::Store::open(&dir, &base, redundancy, threads)
                 .with_context(|| format!("opening the parity store {}", dir.display()))?;

@@ -120,6 +120,12 @@ impl Store {
             atomic_write(&marker, &text)?;
         }
         let mut store = Store::read(dir)?;
+        if store.root.canonicalize().ok().as_ref() != Some(&root) {
+            return Err(io::Error::other(format!(
+                "this store protects {}: give each tree its own store",
+                store.root.display()
+            )));
+        }
         store.root = root;
         store.redundancy = redundancy;
         store.threads = threads;
@@ -134,17 +140,27 @@ impl Store {
     /// Opens an existing store for reading.
     pub fn read(dir: &Path) -> io::Result<Store> {
         let marker = std::fs::read(dir.join(MARKER))?;
-        let root = marker
+        // A tree's own store goes where the tree goes: its root is its parent, wherever the
+        // tree has moved. A store elsewhere names its root in the marker.
+        let recorded = marker
             .split(|&b| b == b'\n')
             .find_map(|l| l.strip_prefix(b"root="))
-            .map(|r| PathBuf::from(std::ffi::OsStr::from_bytes(r)))
-            .unwrap_or_else(|| dir.parent().unwrap_or(dir).to_path_buf());
+            .map(|r| PathBuf::from(std::ffi::OsStr::from_bytes(r)));
+        let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+        let root = match (dir.file_name(), parent, recorded) {
+            (Some(n), Some(p), _) if n == DEFAULT_DIR => p.to_path_buf(),
+            (Some(n), None, _) if n == DEFAULT_DIR => PathBuf::from("."),
+            (_, _, Some(r)) => r,
+            (_, p, None) => p.unwrap_or(Path::new(".")).to_path_buf(),
+        };
         let mut packed = HashMap::new();
         if let Ok(entries) = std::fs::read_dir(dir.join("packs")) {
             for e in entries.flatten() {
                 let p = e.path();
-                if is_index(&p) {
-                    let bytes = std::fs::read(&p)?;
+                // An unreadable pack index loses that pack's files, not the store.
+                if is_index(&p)
+                    && let Ok(bytes) = std::fs::read(&p)
+                {
                     for (_, digest) in pack_digests(&bytes) {
                         packed.insert(digest, p.clone());
                     }
@@ -298,7 +314,8 @@ impl Store {
         let seen = Rc::new(RefCell::new(vec![None; files.len()]));
         let mut open = |i: usize| -> io::Result<Box<dyn Read>> {
             Ok(Box::new(Hashing {
-                file: crate::sys::open_nofollow(&files[i].path)?,
+                file: crate::sys::open_nofollow(&files[i].path).ok(),
+                left: files[i].size,
                 hasher: Some(Hasher::new(files[i].digest.algo)),
                 seen: Rc::clone(&seen),
                 index: i,
@@ -341,13 +358,9 @@ impl Store {
             }
             index.extend(par2::packet::encode(&created.id, DIGESTS, &[&body]));
         }
-        // A pack's descriptions, one per small file, would double its overhead if repeated
-        // in its volume: they live in its index only. A large file's set repeats its few.
-        let volume_bytes = if pack {
-            created.recovery
-        } else {
-            created.volume()
-        };
+        // The descriptions are repeated in the volume, as par2cmdline does: one flipped bit
+        // in an index must not cost a whole pack its parity.
+        let volume_bytes = created.volume();
         let mut staged = lock(&self.staged);
         staged.stage(&volume, &volume_bytes)?;
         staged.stage(&with_ext(base, "par2"), &index)?;
@@ -360,17 +373,17 @@ impl Store {
 
     /// The set that protects `digest`, loaded, and the position in it of the file with that
     /// content: its own set, or its pack.
-    pub fn find(&self, digest: &Digest) -> Option<io::Result<(par2::Set, usize)>> {
+    pub fn find(&self, digest: &Digest) -> Option<io::Result<Found>> {
         if let Some(index) = lock(&self.packed).get(digest).cloned() {
             return Some((|| {
                 let bytes = std::fs::read(&index)?;
                 let set = load_set(&index, &bytes)?;
-                let id = pack_digests(&bytes)
-                    .into_iter()
-                    .find(|(_, d)| d == digest)
-                    .map(|(id, _)| id);
-                let at = set.files.iter().position(|f| Some(f.id) == id);
-                at.map(|at| (set, at))
+                let digests = pack_digests(&bytes);
+                let of =
+                    |id: &par2::packet::Id| digests.iter().find(|(i, _)| i == id).map(|(_, d)| *d);
+                let members: Vec<Option<Digest>> = set.files.iter().map(|f| of(&f.id)).collect();
+                let at = members.iter().position(|d| d.as_ref() == Some(digest));
+                at.map(|at| Found { set, at, members })
                     .ok_or_else(|| io::Error::other("the pack does not describe the file"))
             })());
         }
@@ -380,13 +393,28 @@ impl Store {
         }
         Some(
             std::fs::read(&index)
+                .or_else(|_| Ok(Vec::new()))
                 .and_then(|bytes| load_set(&index, &bytes))
                 .and_then(|set| match set.files.len() {
-                    1 => Ok((set, 0)),
+                    1 => Ok(Found {
+                        set,
+                        at: 0,
+                        members: vec![Some(*digest)],
+                    }),
                     _ => Err(io::Error::other("a file's set describes other files")),
                 }),
         )
     }
+}
+
+/// A set found for a digest.
+pub struct Found {
+    /// The set.
+    pub set: par2::Set,
+    /// The position in it of the file with that digest.
+    pub at: usize,
+    /// Each of its files' digest, where the store knows it (a pack's members).
+    pub members: Vec<Option<Digest>>,
 }
 
 /// A lock whose holder never panics mid-update (panics abort this program).
@@ -405,9 +433,12 @@ enum ProtectError {
     Changed(Vec<PathBuf>),
 }
 
-/// Reads a file while hashing what goes by.
+/// Reads a file while hashing what goes by. A file that vanished, shrank or cannot be read
+/// reads as zeros to its expected size and leaves no digest: it is then reported as changed
+/// and left out, rather than costing the other files of its pack their parity.
 struct Hashing {
-    file: File,
+    file: Option<File>,
+    left: u64,
     hasher: Option<Hasher>,
     seen: Rc<RefCell<Vec<Option<Digest>>>>,
     index: usize,
@@ -415,10 +446,24 @@ struct Hashing {
 
 impl Read for Hashing {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.file.read(buf)?;
+        let want = buf.len().min(self.left.min(usize::MAX as u64) as usize);
+        if want == 0 {
+            return Ok(0);
+        }
+        let n = match self.file.as_mut().map(|f| f.read(&mut buf[..want])) {
+            Some(Ok(n)) if n > 0 => n,
+            Some(Err(e)) if e.kind() == io::ErrorKind::Interrupted => return Err(e),
+            _ => {
+                self.file = None;
+                self.hasher = None;
+                buf[..want].fill(0);
+                want
+            }
+        };
         if let Some(h) = self.hasher.as_mut() {
             h.update(&buf[..n]);
         }
+        self.left -= n as u64;
         Ok(n)
     }
 }
@@ -457,8 +502,12 @@ fn load_set(index: &Path, bytes: &[u8]) -> io::Result<par2::Set> {
     let mut files = vec![bytes.to_vec()];
     for e in std::fs::read_dir(dir)?.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with(&format!("{stem}.vol")) && name.ends_with(".par2") {
-            files.push(std::fs::read(e.path())?);
+        // An unreadable volume costs its packets, not the set.
+        if name.starts_with(&format!("{stem}.vol"))
+            && name.ends_with(".par2")
+            && let Ok(bytes) = std::fs::read(e.path())
+        {
+            files.push(bytes);
         }
     }
     let slices: Vec<&[u8]> = files.iter().map(|f| &f[..]).collect();
@@ -547,8 +596,10 @@ impl Staged {
         };
         sync_all_of(first, &self.files)?;
         let mut dirs = Vec::new();
-        for (temp, path) in self.files.drain(..) {
+        // One at a time: after a failed rename, the rest stay listed for Drop to remove.
+        while let Some((temp, path)) = self.files.first().cloned() {
             std::fs::rename(&temp, &path)?;
+            self.files.remove(0);
             if let Some(d) = path.parent()
                 && !dirs.iter().any(|x: &PathBuf| x == d)
             {
@@ -589,9 +640,13 @@ fn sync_all_of(any: &Path, files: &[(PathBuf, PathBuf)]) -> io::Result<()> {
     Ok(())
 }
 
+/// A temp name beside `path` that no other run, and no earlier call, uses.
 fn temp_name(path: &Path) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = crate::tag::Timestamp::now().nsec;
     let mut temp = path.as_os_str().to_os_string();
-    temp.push(format!(".intact-{}.tmp", std::process::id()));
+    temp.push(format!(".intact-{}-{n}-{nanos}.tmp", std::process::id()));
     PathBuf::from(temp)
 }
 

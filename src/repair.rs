@@ -378,6 +378,7 @@ impl Repairer {
                 return;
             }
         };
+        let mut by_digest = None;
         for i in 0..self.targets.len() {
             if cancel.load(Ordering::Relaxed) {
                 break;
@@ -385,7 +386,7 @@ impl Repairer {
             if self.targets[i].done {
                 continue;
             }
-            let (set, at) = match store.find(&self.targets[i].want.0) {
+            let found = match store.find(&self.targets[i].want.0) {
                 None => continue,
                 Some(Ok(found)) => found,
                 Some(Err(e)) => {
@@ -395,14 +396,46 @@ impl Repairer {
                     continue;
                 }
             };
-            // The other members of a pack are where the set says, under the store's root.
-            let paths: Vec<Option<PathBuf>> = set
+            // The other members of a pack are where the set says, under the store's root;
+            // one that is not (moved, renamed) is looked for by its digest in the trees.
+            let paths: Vec<Option<PathBuf>> = found
+                .set
                 .files
                 .iter()
-                .map(|f| crate::parity::resolve(&store.root, &f.name))
+                .zip(&found.members)
+                .map(|(f, digest)| {
+                    let named = crate::parity::resolve(&store.root, &f.name)
+                        .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.len() == f.len));
+                    named.or_else(|| digest.and_then(|d| self.locate(&d, &mut by_digest)))
+                })
                 .collect();
-            self.rebuild_from(i, &set, at, &paths, &from);
+            self.rebuild_from(i, &found.set, found.at, &paths, &from);
         }
+    }
+
+    /// Where a file with `digest` is now, from the tags in the trees being repaired (read
+    /// once, on first need).
+    fn locate(
+        &self,
+        digest: &Digest,
+        by_digest: &mut Option<HashMap<Digest, PathBuf>>,
+    ) -> Option<PathBuf> {
+        let map = by_digest.get_or_insert_with(|| {
+            let mut map = HashMap::new();
+            let _ = walk::walk(&self.roots, &WalkOptions::default(), |entry| {
+                if let Entry::File { path, .. } = entry
+                    && let Ok(file) = crate::sys::open_nofollow(&path)
+                    && let Ok(stored) = store::read(&file)
+                {
+                    for t in stored.tags {
+                        map.entry(t.digest).or_insert_with(|| path.clone());
+                    }
+                }
+                ControlFlow::Continue(())
+            });
+            map
+        });
+        map.get(digest).cloned()
     }
 
     fn relative(&self, i: usize) -> PathBuf {

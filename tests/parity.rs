@@ -285,3 +285,55 @@ fn hostile_names_in_a_set_are_never_followed() {
     assert!(r.stdout.contains("no good copy found"), "{}", r.stdout);
     assert_ne!(fs::read(&f).unwrap(), good);
 }
+
+#[test]
+fn a_pack_survives_its_members_moving_and_its_index_rotting() {
+    let t = Tree::new();
+    let src = tree(&t);
+    run(&["protect".as_ref(), src.as_os_str()]).expect_code(0);
+    // Every small file moves (30 of them: ten times what the pack's 3 recovery slices could
+    // rebuild if they counted as missing), and the pack's index file rots.
+    fs::rename(src.join("small"), src.join("renamed")).unwrap();
+    let pack = index_files(&src.join(".intact-parity"))
+        .into_iter()
+        .find(|p| p.to_string_lossy().contains("packs"))
+        .unwrap();
+    flip_byte(&pack, 100);
+    let victim = src.join("renamed/s11");
+    let good = fs::read(&victim).unwrap();
+    flip_byte(&victim, 50);
+    run(&[
+        "repair".as_ref(),
+        "--discard-damaged".as_ref(),
+        src.as_os_str(),
+    ])
+    .expect_code(0);
+    assert_eq!(fs::read(&victim).unwrap(), good);
+}
+
+#[test]
+fn a_store_serves_one_tree() {
+    let t = Tree::new();
+    t.write("one/f", data(1000, 41));
+    t.write("two/g", data(1000, 42));
+    let store = t.path("store");
+    run(&[
+        "protect".as_ref(),
+        "--store".as_ref(),
+        store.as_os_str(),
+        t.path("one").as_os_str(),
+    ])
+    .expect_code(0);
+    let r = run(&[
+        "protect".as_ref(),
+        "--store".as_ref(),
+        store.as_os_str(),
+        t.path("two").as_os_str(),
+    ]);
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr.contains("give each tree its own store"),
+        "{}",
+        r.stderr
+    );
+}
