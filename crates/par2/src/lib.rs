@@ -115,7 +115,13 @@ impl From<io::Error> for Error {
 /// few enough slices for the constants (at most 32768).
 pub fn slice_size_for(total: u64, target: u64) -> u64 {
     let target = target.clamp(1, gf::MAX_INPUT_SLICES as u64);
-    let size = total.div_ceil(target).max(4).next_multiple_of(4);
+    let size = total.div_ceil(target).max(4);
+    // Whole 128-byte blocks for the SIMD kernels, where that costs little padding.
+    let size = if size >= 4096 {
+        size.next_multiple_of(128)
+    } else {
+        size.next_multiple_of(4)
+    };
     // Rounding can leave one slice too many at the cap.
     if total.div_ceil(size) > gf::MAX_INPUT_SLICES as u64 {
         size + 4
@@ -215,14 +221,24 @@ pub fn create<'r>(
         let mut hand_over = |batch: Vec<(Vec<u8>, u16)>, first: usize, running: &mut Option<_>| {
             let mut rec = finish(running).unwrap_or_else(|| std::mem::take(&mut recovery));
             *running = Some(s.spawn(move || {
+                // The checksums need the plain bytes and the multiplication a native copy:
+                // both at once.
+                let native: Vec<(Vec<u8>, u16)> = batch
+                    .iter()
+                    .map(|(b, c)| {
+                        let mut n = b.clone();
+                        gf::to_native(&mut n);
+                        (n, *c)
+                    })
+                    .collect();
                 let sums = std::thread::scope(|t| {
                     let sums = t.spawn(|| {
                         batch
                             .iter()
                             .map(|(b, _)| (Md5::digest(b).into(), crc32fast::hash(b)))
-                            .collect::<Vec<_>>()
+                            .collect::<Vec<(Id, u32)>>()
                     });
-                    accumulate(&mut rec, &batch, threads);
+                    accumulate(&mut rec, &native, threads);
                     sums.join().expect("no panic")
                 });
                 (rec, first, sums)
@@ -270,6 +286,9 @@ pub fn create<'r>(
         recovery = finish(&mut running).unwrap_or_default();
         Ok(())
     })?;
+    for r in &mut recovery {
+        gf::from_native(r);
+    }
     let entries: Vec<FileEntry> = entries
         .into_iter()
         .map(|(mut e, range)| {
@@ -334,7 +353,8 @@ fn accumulate(recovery: &mut [Vec<u8>], batch: &[(Vec<u8>, u16)], threads: usize
 const CHUNK: usize = 16 << 10;
 
 /// `out[r] ^= sum over the batch of c^exponents[r] * slice`, the rows of `out` shared out
-/// among `threads`, cache-blocked by [`CHUNK`].
+/// among `threads`, cache-blocked by [`CHUNK`]. Rows and slices are in the native layout
+/// ([`gf::to_native`]).
 fn multiply_into(out: &mut [Vec<u8>], exponents: &[u64], batch: &[(Vec<u8>, u16)], threads: usize) {
     if batch.is_empty() || out.is_empty() {
         return;
@@ -357,7 +377,7 @@ fn multiply_into(out: &mut [Vec<u8>], exponents: &[u64], batch: &[(Vec<u8>, u16)
                     let end = (start + CHUNK).min(len);
                     for (row, coefs) in rows.iter_mut().zip(&coefs) {
                         for ((slice, _), coef) in batch.iter().zip(coefs) {
-                            coef.mul_add(&mut row[start..end], &slice[start..end]);
+                            coef.mul_add_native(&mut row[start..end], &slice[start..end]);
                         }
                     }
                 }
@@ -542,6 +562,9 @@ impl Set {
             .ok_or_else(|| Error::Malformed("recovery slices are not independent".into()))?;
         // Second pass: each used recovery slice minus the contributions of the good slices.
         let mut rhs: Vec<Vec<u8>> = exps.iter().map(|e| self.recovery[e].clone()).collect();
+        for r in &mut rhs {
+            gf::to_native(r);
+        }
         let is_damaged: std::collections::HashSet<usize> = damaged.iter().copied().collect();
         let batch_slices = (32usize << 20).div_ceil(size).max(1);
         let mut batch: Vec<(Vec<u8>, u16)> = Vec::new();
@@ -554,6 +577,7 @@ impl Set {
                 let n = read_full(&mut *r, &mut buf[..want as usize])?;
                 buf[n..].fill(0);
                 if !is_damaged.contains(&(base + k)) {
+                    gf::to_native(&mut buf);
                     batch.push((buf, constants[base + k]));
                     if batch.len() == batch_slices {
                         subtract(&mut rhs, &exps, &batch, threads);
@@ -568,8 +592,9 @@ impl Set {
         for (j, &slice) in damaged.iter().enumerate() {
             let mut out = vec![0u8; size];
             for (r, data) in rhs.iter().enumerate() {
-                gf::mul_add(&mut out, data, inverse[j][r]);
+                gf::Multiplier::new(inverse[j][r]).mul_add_native(&mut out, data);
             }
+            gf::from_native(&mut out);
             slices.insert(slice, out);
         }
         Ok(Recovered { slices })
