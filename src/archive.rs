@@ -68,9 +68,20 @@ pub struct Writer {
     links: HashMap<(u64, u64), Vec<u8>>,
     buf: AlignedBuf,
     opts: Options,
+    /// The zstd frame being written, and the file data in it so far.
+    frame: u64,
+    frame_bytes: u64,
     /// Running totals.
     pub stats: Stats,
 }
+
+/// A new zstd frame starts at the first member boundary past this much data: damage to the
+/// archive then costs the members of one frame, and reading resumes at the next.
+pub const FRAME_BYTES: u64 = 16 << 20;
+
+/// The PAX comment that opens each frame with its number (in a global header, which tar
+/// ignores), so that reading can resume after damage without visiting a member twice.
+const FRAME_MARK: &str = "intact frame ";
 
 impl Writer {
     /// Starts an archive at `dest` for files found under `roots`. Members are named as
@@ -96,21 +107,44 @@ impl Writer {
             links: HashMap::new(),
             buf: AlignedBuf::new(crate::digest::BUF_SIZE),
             opts,
+            frame: 0,
+            frame_bytes: 0,
             stats: Stats::default(),
         };
-        let mut enc = zstd::stream::write::Encoder::new(
-            BufWriter::with_capacity(1 << 20, file),
-            writer.opts.level,
-        )?;
-        enc.include_checksum(true)?;
-        enc.multithread(writer.opts.threads)?;
-        writer.out = Some(BufWriter::with_capacity(1 << 20, enc));
+        writer.start_frame(BufWriter::with_capacity(1 << 20, file))?;
         Ok(writer)
+    }
+
+    /// Opens a zstd frame on `file` and writes its numbered global header.
+    fn start_frame(&mut self, file: BufWriter<File>) -> io::Result<()> {
+        let mut enc = zstd::stream::write::Encoder::new(file, self.opts.level)?;
+        enc.include_checksum(true)?;
+        enc.multithread(self.opts.threads)?;
+        let mut out = BufWriter::with_capacity(1 << 20, enc);
+        let mut pax = Pax::default();
+        pax.add("comment", format!("{FRAME_MARK}{}", self.frame).as_bytes());
+        pax.write_as(&mut out, tar::EntryType::XGlobalHeader)?;
+        self.out = Some(out);
+        self.frame_bytes = 0;
+        Ok(())
+    }
+
+    /// Ends the frame and starts the next, once the frame holds enough.
+    fn next_frame_if_full(&mut self) -> io::Result<()> {
+        if self.frame_bytes < FRAME_BYTES {
+            return Ok(());
+        }
+        let out = self.out.take().expect("open until finished");
+        let encoder = out.into_inner().map_err(|e| e.into_error())?;
+        let file = encoder.finish()?;
+        self.frame += 1;
+        self.start_frame(file)
     }
 
     /// Archives the file `report` is about, if its verdict allows, noting in the report what
     /// was done. An `Err` is a failure to write the archive itself, which ends the run.
     pub fn add(&mut self, report: &mut FileReport) -> io::Result<()> {
+        self.next_frame_if_full()?;
         let Some(root) = self
             .roots
             .iter()
@@ -233,6 +267,7 @@ impl Writer {
         pad(out, body)?;
         self.stats.members += 1;
         self.stats.bytes += before.len();
+        self.frame_bytes += body;
         if before.nlink() > 1 {
             self.links
                 .insert((before.dev(), before.ino()), name.to_vec());
@@ -545,6 +580,12 @@ impl Pax {
     }
 
     fn write(&self, out: &mut impl Write) -> io::Result<()> {
+        self.write_as(out, tar::EntryType::XHeader)
+    }
+
+    /// Writes the records as an extended header of `kind` (`x` for the next member, `g` for
+    /// all that follow).
+    fn write_as(&self, out: &mut impl Write, kind: tar::EntryType) -> io::Result<()> {
         if self.0.is_empty() {
             return Ok(());
         }
@@ -552,7 +593,7 @@ impl Pax {
         set_name(&mut header, b"././@PaxHeader");
         header.set_mode(0o644);
         header.set_size(self.0.len() as u64);
-        header.set_entry_type(tar::EntryType::XHeader);
+        header.set_entry_type(kind);
         header.set_cksum();
         out.write_all(header.as_bytes())?;
         out.write_all(&self.0)?;
@@ -732,7 +773,7 @@ pub struct ReadError {
 pub struct Visit<'a, 'r> {
     /// The member's metadata.
     pub member: &'a Member,
-    entry: &'a mut tar::Entry<'r, zstd::stream::read::Decoder<'static, BufReader<File>>>,
+    entry: &'a mut tar::Entry<'r, Stream>,
     read: bool,
 }
 
@@ -767,66 +808,135 @@ impl Visit<'_, '_> {
     }
 }
 
-/// Opens an archive for reading: a `.tar.zst`, or a plain tar.
-fn open(
-    path: &Path,
-) -> io::Result<tar::Archive<zstd::stream::read::Decoder<'static, BufReader<File>>>> {
+/// The decompressed stream of an archive from some frame on, counting the compressed bytes
+/// taken from the file (where to look for the next frame after damage).
+type Stream = zstd::stream::read::Decoder<'static, BufReader<Counting>>;
+
+/// A file read from an offset, counting what it gave.
+struct Counting {
+    file: File,
+    taken: u64,
+}
+
+impl Read for Counting {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.file.read(buf)?;
+        self.taken += n as u64;
+        Ok(n)
+    }
+}
+
+/// Bytes of compressed input read ahead of the decompressor.
+const READ_AHEAD: usize = 128 << 10;
+
+/// The archive's tar stream from the frame at compressed offset `at`.
+fn open_at(path: &Path, at: u64) -> io::Result<tar::Archive<Stream>> {
+    use std::io::Seek;
     let mut file = File::open(path)?;
+    file.seek(io::SeekFrom::Start(at))?;
+    let reader = BufReader::with_capacity(READ_AHEAD, Counting { file, taken: 0 });
+    Ok(tar::Archive::new(zstd::stream::read::Decoder::with_buffer(
+        reader,
+    )?))
+}
+
+/// Checks that `path` is a zstd stream at all.
+fn check_magic(path: &Path) -> io::Result<()> {
     let mut magic = [0u8; 4];
-    let n = file.read(&mut magic)?;
-    if n < 4 || magic != [0x28, 0xb5, 0x2f, 0xfd] {
+    let n = File::open(path)?.read(&mut magic)?;
+    if n < 4 || magic != ZSTD_MAGIC {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "not a zstd-compressed archive (intact archives are .tar.zst)",
         ));
     }
-    drop(file);
-    let decoder = zstd::stream::read::Decoder::new(File::open(path)?)?;
-    Ok(tar::Archive::new(decoder))
+    Ok(())
+}
+
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+
+/// Where a member visit stood when a frame turned out damaged.
+struct Broken {
+    error: ReadError,
+    /// Compressed bytes taken from the file before the error.
+    reached: u64,
 }
 
 /// Visits each member of the archive at `path` in order, until `visit` breaks. Member names
-/// are data, never paths to write to. A damaged archive ends the visit with an error naming
-/// the member it was reading; after the last member, the rest of the stream is read too, so
-/// that zstd's checksum of the whole frame is verified.
+/// are data, never paths to write to. Damage ends the frame it is in (its remaining members
+/// are lost); reading resumes at the next intact frame, and the first damage met is
+/// returned at the end. The stream is read to its end, so that zstd's checksum of every
+/// frame is verified.
 pub fn read(
     path: &Path,
     mut visit: impl FnMut(Visit<'_, '_>) -> ControlFlow<()>,
 ) -> Result<(), ReadError> {
-    let top = |error| ReadError {
-        member: None,
-        damaged: true,
-        error,
-    };
-    let mut archive = open(path).map_err(|error| ReadError {
+    check_magic(path).map_err(|error| ReadError {
         member: None,
         damaged: false,
         error,
     })?;
+    let mut first_damage = None;
+    let mut at = 0;
+    let mut frame = None;
+    loop {
+        match read_from(path, at, &mut frame, &mut visit) {
+            Ok(()) => break,
+            Err(broken) => {
+                first_damage.get_or_insert(broken.error);
+                // The next frame starts after the error, which is at most a read-ahead before
+                // what the decompressor had taken.
+                let from = (at + broken.reached).saturating_sub(READ_AHEAD as u64 + 4);
+                match next_frame(path, from.max(at + 1), frame) {
+                    Some(next) => at = next,
+                    None => break,
+                }
+            }
+        }
+    }
+    first_damage.map_or(Ok(()), Err)
+}
+
+/// Reads members from the frame at `at` to the end (or until `visit` breaks), keeping
+/// `frame` at the number of the last frame entered.
+fn read_from(
+    path: &Path,
+    at: u64,
+    frame: &mut Option<u64>,
+    visit: &mut impl FnMut(Visit<'_, '_>) -> ControlFlow<()>,
+) -> Result<(), Broken> {
+    let mut archive = open_at(path, at).map_err(|error| Broken {
+        error: ReadError {
+            member: None,
+            damaged: true,
+            error,
+        },
+        reached: 0,
+    })?;
     let mut stopped = false;
-    {
+    let mut member_name: Option<Vec<u8>> = None;
+    let result = (|| -> io::Result<()> {
         // Raw entries: tar-rs splits PAX records at newlines, which names and binary xattr
         // values may contain, so the extended headers are parsed here, by their lengths.
-        let entries = archive.entries().map_err(top)?.raw(true);
+        let entries = archive.entries()?.raw(true);
         let mut pax: Option<Vec<u8>> = None;
         let mut long_name: Option<Vec<u8>> = None;
         let mut long_link: Option<Vec<u8>> = None;
         for entry in entries {
-            let mut entry = entry.map_err(top)?;
+            let mut entry = entry?;
             let kind = entry.header().entry_type();
-            let extension = match kind {
-                tar::EntryType::XHeader => Some(&mut pax),
-                tar::EntryType::GNULongName => Some(&mut long_name),
-                tar::EntryType::GNULongLink => Some(&mut long_link),
-                tar::EntryType::XGlobalHeader => None,
+            let slot = match kind {
+                tar::EntryType::XHeader | tar::EntryType::XGlobalHeader => &mut pax,
+                tar::EntryType::GNULongName => &mut long_name,
+                tar::EntryType::GNULongLink => &mut long_link,
                 _ => {
                     let member = member(
                         &mut entry,
                         pax.take().as_deref(),
                         long_name.take(),
                         long_link.take(),
-                    )
-                    .map_err(top)?;
+                    )?;
+                    member_name = Some(member.name.clone());
                     let flow = visit(Visit {
                         member: &member,
                         entry: &mut entry,
@@ -834,11 +944,8 @@ pub fn read(
                     });
                     // Reading on to the next member needs the data consumed; a broken stream
                     // shows here if the visitor did not read it.
-                    io::copy(&mut entry, &mut io::sink()).map_err(|error| ReadError {
-                        member: Some(member.name.clone()),
-                        damaged: true,
-                        error,
-                    })?;
+                    io::copy(&mut entry, &mut io::sink())?;
+                    member_name = None;
                     if flow.is_break() {
                         stopped = true;
                         break;
@@ -847,25 +954,88 @@ pub fn read(
                 }
             };
             if entry.size() > MAX_EXTENSION {
-                return Err(top(malformed("extended header too large")));
+                return Err(malformed("extended header too large"));
             }
             let mut data = Vec::with_capacity(entry.size() as usize);
-            entry.read_to_end(&mut data).map_err(top)?;
-            if let Some(slot) = extension {
-                if kind != tar::EntryType::XHeader {
-                    // GNU long names end in a NUL.
-                    while data.last() == Some(&0) {
-                        data.pop();
-                    }
+            entry.read_to_end(&mut data)?;
+            if kind == tar::EntryType::XGlobalHeader {
+                if let Some(n) = frame_number(&data) {
+                    *frame = Some(n);
                 }
-                *slot = Some(data);
+                continue;
+            }
+            if kind != tar::EntryType::XHeader {
+                // GNU long names end in a NUL.
+                while data.last() == Some(&0) {
+                    data.pop();
+                }
+            }
+            *slot = Some(data);
+        }
+        Ok(())
+    })();
+    let mut stream = archive.into_inner();
+    let result = result.and_then(|()| {
+        if stopped {
+            return Ok(());
+        }
+        io::copy(&mut stream, &mut io::sink()).map(drop)
+    });
+    result.map_err(|error| Broken {
+        reached: stream.get_ref().get_ref().taken,
+        error: ReadError {
+            member: member_name,
+            damaged: true,
+            error,
+        },
+    })
+}
+
+/// The frame number a global header announces, if it is one of ours.
+fn frame_number(records: &[u8]) -> Option<u64> {
+    parse_pax(records).ok()?.into_iter().find_map(|(k, v)| {
+        let v = std::str::from_utf8(v).ok()?;
+        (k == b"comment").then(|| v.strip_prefix(FRAME_MARK)?.parse().ok())?
+    })
+}
+
+/// The offset, at or after `from`, of the first frame that starts a numbered part of the
+/// archive later than `after`: a zstd magic whose stream opens with our global header.
+fn next_frame(path: &Path, from: u64, after: Option<u64>) -> Option<u64> {
+    use std::io::Seek;
+    let mut file = File::open(path).ok()?;
+    file.seek(io::SeekFrom::Start(from)).ok()?;
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let mut offset = from;
+    let mut window = [0u8; 4];
+    let mut filled = 0;
+    let mut byte = [0u8; 1];
+    while reader.read_exact(&mut byte).is_ok() {
+        window.rotate_left(1);
+        window[3] = byte[0];
+        filled += 1;
+        offset += 1;
+        if filled >= 4 && window == ZSTD_MAGIC {
+            let start = offset - 4;
+            if frame_at(path, start).is_some_and(|n| after.is_none_or(|a| n > a)) {
+                return Some(start);
             }
         }
     }
-    if !stopped {
-        io::copy(&mut archive.into_inner(), &mut io::sink()).map_err(top)?;
+    None
+}
+
+/// The number of the frame at `at`, if a frame of ours starts there.
+fn frame_at(path: &Path, at: u64) -> Option<u64> {
+    let mut archive = open_at(path, at).ok()?;
+    let mut entries = archive.entries().ok()?.raw(true);
+    let mut entry = entries.next()?.ok()?;
+    if entry.header().entry_type() != tar::EntryType::XGlobalHeader || entry.size() > 4096 {
+        return None;
     }
-    Ok(())
+    let mut data = Vec::new();
+    entry.read_to_end(&mut data).ok()?;
+    frame_number(&data)
 }
 
 /// Upper bound on an extended header (names, xattrs) of one member.

@@ -393,3 +393,46 @@ fn a_retag_to_another_algorithm_is_what_the_member_carries() {
     .json();
     assert_eq!(v.status("f"), "ok");
 }
+
+#[test]
+fn damage_costs_one_frame_and_reading_resumes_after_it() {
+    let t = Tree::new();
+    // Frames close at member boundaries past 16 MiB: a, b and c each get their own.
+    let size = 17 << 20;
+    for (name, seed) in [("a", 61), ("b", 62), ("c", 63)] {
+        t.write(format!("src/{name}"), data(size, seed));
+    }
+    let archive = t.path("a.tar.zst");
+    intact([
+        "archive".as_ref(),
+        "create".as_ref(),
+        archive.as_os_str(),
+        t.path("src").as_os_str(),
+    ])
+    .expect_code(0);
+    // Rot in the middle of a's frame.
+    flip_byte(&archive, size as u64 / 2);
+    let v = intact([
+        "archive".as_ref(),
+        "verify".as_ref(),
+        "--json".as_ref(),
+        archive.as_os_str(),
+    ])
+    .expect_code(1);
+    let j = v.json();
+    assert_ne!(j.status("a"), "ok", "{}", v.stdout);
+    assert_eq!(j.status("b"), "ok", "{}", v.stdout);
+    assert_eq!(j.status("c"), "ok", "{}", v.stdout);
+    // And the copies after the damage still repair.
+    let c = t.path("src/c");
+    let good = fs::read(&c).unwrap();
+    flip_byte(&c, 12345);
+    intact([
+        "repair".as_ref(),
+        t.path("src").as_os_str(),
+        "--from".as_ref(),
+        archive.as_os_str(),
+    ])
+    .expect_code(0);
+    assert_eq!(fs::read(&c).unwrap(), good);
+}
