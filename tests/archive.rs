@@ -397,8 +397,8 @@ fn a_retag_to_another_algorithm_is_what_the_member_carries() {
 #[test]
 fn damage_costs_one_frame_and_reading_resumes_after_it() {
     let t = Tree::new();
-    // Frames close at member boundaries past 16 MiB: a, b and c each get their own.
-    let size = 17 << 20;
+    // Frames close at member boundaries past 64 MiB: a, b and c each get their own.
+    let size = 65 << 20;
     for (name, seed) in [("a", 61), ("b", 62), ("c", 63)] {
         t.write(format!("src/{name}"), data(size, seed));
     }
