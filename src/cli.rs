@@ -25,7 +25,9 @@ Exit codes:
     long_about = "intact stores a SHA-256 (or BLAKE3) digest of each file's data in an extended \
 attribute on the file itself (user.intact), so it follows the file through moves, renames and \
 xattr-preserving copies. `check` later proves the data still matches, and tells silent \
-corruption (data changed, mtime not) apart from a legitimate edit (mtime moved too).",
+corruption (data changed, mtime not) apart from a legitimate edit (mtime moved too). \
+`archive`, `protect` and `repair` keep redundant copies and PAR2 parity, and restore damaged files \
+from them once the restored bytes match the tag.",
     after_help = EXIT_CODES,
     propagate_version = true
 )]
