@@ -321,26 +321,46 @@ impl Store {
                 index: i,
             }))
         };
-        let created = par2::create(&inputs, &mut open, slice, recovery, self.threads).map_err(
-            |e| match e {
-                par2::Error::Io(e) => ProtectError::Io(e),
-                other => ProtectError::Io(io::Error::other(other.to_string())),
-            },
-        )?;
+        if let Some(dir) = base.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let name = base.file_name().expect("a set name").to_string_lossy();
+        let volume = base.with_file_name(par2::volume_name(&name, 0, recovery));
+        // The volume is written in place as it is computed (in passes for a large file), to
+        // a temp name; it is staged with the index once both are whole.
+        let temp = temp_name(&volume);
+        let made = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&temp)
+            .map_err(ProtectError::Io)
+            .and_then(|mut file| {
+                let created =
+                    par2::create(&inputs, &mut open, slice, recovery, self.threads, &mut file)
+                        .map_err(|e| match e {
+                            par2::Error::Io(e) => ProtectError::Io(e),
+                            other => ProtectError::Io(io::Error::other(other.to_string())),
+                        })?;
+                Ok((created, file.metadata()?.len()))
+            });
+        let (created, volume_len) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                let _ = std::fs::remove_file(&temp);
+                return Err(e);
+            }
+        };
         let seen = seen.borrow();
         let changed: Vec<usize> = (0..files.len())
             .filter(|&i| seen[i].as_ref() != Some(&files[i].digest))
             .collect();
         if !changed.is_empty() {
+            let _ = std::fs::remove_file(&temp);
             return Err(ProtectError::Changed(
                 changed.into_iter().map(|i| files[i].path.clone()).collect(),
             ));
         }
-        if let Some(dir) = base.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let name = base.file_name().expect("a set name").to_string_lossy();
-        let volume = base.with_file_name(par2::volume_name(&name, 0, created.recovery_count));
         let mut index = created.index.clone();
         if pack {
             // Each member's digest by its file ID, so that a moved member is still found.
@@ -358,15 +378,14 @@ impl Store {
             }
             index.extend(par2::packet::encode(&created.id, DIGESTS, &[&body]));
         }
-        // The descriptions are repeated in the volume, as par2cmdline does: one flipped bit
-        // in an index must not cost a whole pack its parity.
-        let volume_bytes = created.volume();
+        // The volume repeats the descriptions, as par2cmdline's do: one flipped bit in an
+        // index must not cost a whole pack its parity.
         let mut staged = lock(&self.staged);
-        staged.stage(&volume, &volume_bytes)?;
+        staged.adopt(temp, volume)?;
         staged.stage(&with_ext(base, "par2"), &index)?;
         Ok(Stats {
             sets: 1,
-            bytes: (volume_bytes.len() + index.len()) as u64,
+            bytes: volume_len + index.len() as u64,
             changed: Vec::new(),
         })
     }
@@ -577,7 +596,12 @@ impl Staged {
             let _ = std::fs::remove_file(&temp);
             return Err(e);
         }
-        self.files.push((temp, path.to_path_buf()));
+        self.adopt(temp, path.to_path_buf())
+    }
+
+    /// Takes in a file already written under a temp name, to be renamed to `path`.
+    fn adopt(&mut self, temp: PathBuf, path: PathBuf) -> io::Result<()> {
+        self.files.push((temp, path));
         if self.files.len() >= Self::BATCH {
             self.commit()?;
         }

@@ -260,6 +260,8 @@ fn hostile_names_in_a_set_are_never_followed() {
     let good = fs::read(&f).unwrap();
     // A valid set whose file is named to climb out of its directory.
     let name = b"../root/f".to_vec();
+    fs::create_dir(t.path("sets")).unwrap();
+    let mut volume = fs::File::create(t.path("sets/evil.vol0+4.par2")).unwrap();
     let created = par2::create(
         &[par2::Input {
             name,
@@ -269,11 +271,10 @@ fn hostile_names_in_a_set_are_never_followed() {
         4096,
         4,
         1,
+        &mut volume,
     )
     .unwrap();
-    fs::create_dir(t.path("sets")).unwrap();
     fs::write(t.path("sets/evil.par2"), &created.index).unwrap();
-    fs::write(t.path("sets/evil.vol0+4.par2"), created.volume()).unwrap();
     flip_byte(&f, 10);
     let r = run(&[
         "repair".as_ref(),

@@ -85,13 +85,6 @@ pub enum Error {
 
 impl std::error::Error for Error {}
 
-impl Created {
-    /// A volume that stands alone: the recovery packets, then the description packets.
-    pub fn volume(&self) -> Vec<u8> {
-        [&self.recovery[..], &self.index[..]].concat()
-    }
-}
-
 impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -144,30 +137,58 @@ fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> io::Result<usize> {
     Ok(n)
 }
 
-/// A set made by [`create`], as the bytes of its two files.
+/// A set made by [`create`]: its index, and what it wrote to the volume.
 pub struct Created {
     /// The set's ID.
     pub id: Id,
     /// `NAME.par2`: the description packets, no recovery data.
     pub index: Vec<u8>,
-    /// The recovery slice packets, for `NAME.volXX+YY.par2` (par2cmdline repeats the
-    /// description packets there too, so that the volume alone will do: see [`Created::volume`]).
-    pub recovery: Vec<u8>,
     /// How many recovery slices the volume holds.
     pub recovery_count: u32,
     /// The files, in set order.
     pub files: Vec<FileEntry>,
 }
 
+/// Somewhere to write a volume: recovery data is written in passes, each slice's packet
+/// filled in piece by piece.
+pub trait Volume: io::Write + io::Seek {}
+impl<T: io::Write + io::Seek> Volume for T {}
+
+/// At most this much recovery data is held in memory: a larger set is computed in passes
+/// over byte ranges of its slices, each pass reading the files again.
+pub const RECOVERY_MEMORY: u64 = 256 << 20;
+
 /// Makes a recovery set of `recovery_count` slices of `slice_size` bytes over `inputs`,
-/// reading each file through `open` (called once per file for its first 16 KiB, and once to
-/// read it whole). `threads` share the arithmetic.
+/// reading each file through `open` (called once per file for its first 16 KiB, and once a
+/// pass to read it whole), and writes its volume (recovery slices, then the descriptions, as
+/// par2cmdline does, so the volume alone will do) to `volume`. `threads` share the arithmetic.
 pub fn create<'r>(
     inputs: &[Input],
     open: &mut dyn FnMut(usize) -> io::Result<Box<dyn Read + 'r>>,
     slice_size: u64,
     recovery_count: u32,
     threads: usize,
+    volume: &mut dyn Volume,
+) -> Result<Created, Error> {
+    create_in(
+        inputs,
+        open,
+        slice_size,
+        recovery_count,
+        threads,
+        volume,
+        RECOVERY_MEMORY,
+    )
+}
+
+fn create_in<'r>(
+    inputs: &[Input],
+    open: &mut dyn FnMut(usize) -> io::Result<Box<dyn Read + 'r>>,
+    slice_size: u64,
+    recovery_count: u32,
+    threads: usize,
+    volume: &mut dyn Volume,
+    memory: u64,
 ) -> Result<Created, Error> {
     if slice_size == 0 || !slice_size.is_multiple_of(4) {
         return Err(Error::Malformed(
@@ -195,99 +216,76 @@ pub fn create<'r>(
     // specification's integers are (and par2cmdline compares them).
     ids.sort_by_key(|(id, _, _)| u128::from_le_bytes(*id));
     ids.dedup_by(|a, b| a.0 == b.0);
+    // The set ID is the main packet's MD5: known before any recovery data. Empty files have
+    // no slices: they are described but listed apart from the recovery set (the
+    // specification's non-recovery files; par2cmdline 0.8.1 mis-counts them as damaged when
+    // they are in the recovery set).
+    let (full, empty): (Vec<&Ordered>, Vec<&Ordered>) =
+        ids.iter().partition(|(_, _, i)| inputs[*i].len > 0);
+    let mut main = packet::main_body(slice_size, &full.iter().map(|e| e.0).collect::<Vec<_>>());
+    for e in &empty {
+        main.extend_from_slice(&e.0);
+    }
+    let set: Id = Md5::digest(&main).into();
+
     let constants = gf::input_constants(total_slices as usize);
     let size = slice_size as usize;
-    let mut recovery = vec![vec![0u8; size]; recovery_count as usize];
-    let mut entries = Vec::with_capacity(ids.len());
-    let mut slice_index = 0;
-    // Each slice's MD5 and CRC32, by global index: computed beside the multiplication.
+    // Each recovery slice's packet: placed in the volume up front, its MD5 fed piece by piece.
+    let packet_len = 64 + 4 + slice_size;
+    let mut hashes: Vec<Md5> = (0..recovery_count)
+        .map(|e| {
+            let mut h = Md5::new();
+            h.update(set);
+            h.update(kind::RECOVERY);
+            h.update(e.to_le_bytes());
+            h
+        })
+        .collect();
+    let width = match memory / (recovery_count.max(1) as u64) {
+        w if w >= slice_size => slice_size,
+        w => (w / 128 * 128).max(128).min(slice_size),
+    };
+    let mut entries: Vec<(FileEntry, std::ops::Range<usize>)> = Vec::with_capacity(ids.len());
+    // Each slice's MD5 and CRC32, by global index: computed in the first pass, beside the
+    // multiplication.
     let mut checksums: Vec<(Id, u32)> = vec![([0; 16], 0); total_slices as usize];
-    // Slices are gathered into batches of about 32 MiB. While one batch is checksummed and
-    // multiplied into the recovery slices on `threads` threads, the next is read (and the
-    // whole-file MD5, which cannot be split, is computed).
-    let batch_slices = (32usize << 20).div_ceil(size).max(1);
-    let mut batch: Vec<(Vec<u8>, u16)> = Vec::with_capacity(batch_slices);
-    type Job = (Vec<Vec<u8>>, usize, Vec<(Id, u32)>);
-    std::thread::scope(|s| -> Result<(), Error> {
-        let mut running: Option<std::thread::ScopedJoinHandle<'_, Job>> = None;
-        let checksums = &mut checksums;
-        let mut finish = |running: &mut Option<std::thread::ScopedJoinHandle<'_, Job>>| {
-            running.take().map(|h| {
-                let (rec, first, sums) = h.join().expect("no panic");
-                checksums[first..first + sums.len()].copy_from_slice(&sums);
-                rec
-            })
-        };
-        let mut hand_over = |batch: Vec<(Vec<u8>, u16)>, first: usize, running: &mut Option<_>| {
-            let mut rec = finish(running).unwrap_or_else(|| std::mem::take(&mut recovery));
-            *running = Some(s.spawn(move || {
-                // The checksums need the plain bytes and the multiplication a native copy:
-                // both at once.
-                let native: Vec<(Vec<u8>, u16)> = batch
-                    .iter()
-                    .map(|(b, c)| {
-                        let mut n = b.clone();
-                        gf::to_native(&mut n);
-                        (n, *c)
-                    })
-                    .collect();
-                let sums = std::thread::scope(|t| {
-                    let sums = t.spawn(|| {
-                        batch
-                            .iter()
-                            .map(|(b, _)| (Md5::digest(b).into(), crc32fast::hash(b)))
-                            .collect::<Vec<(Id, u32)>>()
-                    });
-                    accumulate(&mut rec, &native, threads);
-                    sums.join().expect("no panic")
-                });
-                (rec, first, sums)
-            }));
-        };
-        let mut batch_first = 0;
-        for &(id, md5_16k, i) in &ids {
-            let f = &inputs[i];
-            let mut reader = open(i)?;
-            let mut whole = Md5::new();
-            let first = slice_index;
-            let mut left = f.len;
-            while left > 0 {
-                let mut buf = vec![0u8; size];
-                let want = left.min(slice_size) as usize;
-                let n = read_full(&mut *reader, &mut buf[..want])?;
-                if n < want {
-                    return Err(Error::Io(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "a file shrank while its parity was made",
-                    )));
-                }
-                whole.update(&buf[..n]);
-                batch.push((buf, constants[slice_index]));
-                slice_index += 1;
-                left -= n as u64;
-                if batch.len() == batch_slices {
-                    hand_over(std::mem::take(&mut batch), batch_first, &mut running);
-                    batch_first = slice_index;
-                }
-            }
-            entries.push((
-                FileEntry {
-                    id,
-                    md5: whole.finalize().into(),
-                    md5_16k,
-                    len: f.len,
-                    name: f.name.clone(),
-                    slices: Vec::new(),
-                },
-                first..slice_index,
-            ));
+    let mut from = 0u64;
+    loop {
+        let range = from as usize..(from + width).min(slice_size) as usize;
+        let first_pass = from == 0;
+        let recovery = pass(
+            inputs,
+            open,
+            &ids,
+            &constants,
+            size,
+            range.clone(),
+            recovery_count,
+            threads,
+            first_pass.then_some((&mut entries, &mut checksums)),
+        )?;
+        for (e, mut data) in recovery.into_iter().enumerate() {
+            gf::from_native(&mut data);
+            hashes[e].update(&data);
+            volume.seek(io::SeekFrom::Start(e as u64 * packet_len + 68 + from))?;
+            volume.write_all(&data)?;
         }
-        hand_over(std::mem::take(&mut batch), batch_first, &mut running);
-        recovery = finish(&mut running).unwrap_or_default();
-        Ok(())
-    })?;
-    for r in &mut recovery {
-        gf::from_native(r);
+        from = range.end as u64;
+        if from >= slice_size {
+            break;
+        }
+    }
+    // The headers, now that each packet's MD5 is known.
+    for (e, h) in hashes.into_iter().enumerate() {
+        let mut header = Vec::with_capacity(68);
+        header.extend_from_slice(packet::MAGIC);
+        header.extend_from_slice(&packet_len.to_le_bytes());
+        header.extend_from_slice(&h.finalize());
+        header.extend_from_slice(&set);
+        header.extend_from_slice(kind::RECOVERY);
+        header.extend_from_slice(&(e as u32).to_le_bytes());
+        volume.seek(io::SeekFrom::Start(e as u64 * packet_len))?;
+        volume.write_all(&header)?;
     }
     let entries: Vec<FileEntry> = entries
         .into_iter()
@@ -296,15 +294,6 @@ pub fn create<'r>(
             e
         })
         .collect();
-    // Empty files have no slices: they are described but listed apart from the recovery set
-    // (the specification's non-recovery files; par2cmdline 0.8.1 mis-counts them as damaged
-    // when they are in the recovery set).
-    let (full, empty): (Vec<&FileEntry>, Vec<&FileEntry>) = entries.iter().partition(|e| e.len > 0);
-    let mut main = packet::main_body(slice_size, &full.iter().map(|e| e.id).collect::<Vec<_>>());
-    for e in &empty {
-        main.extend_from_slice(&e.id);
-    }
-    let set: Id = Md5::digest(&main).into();
     let mut critical = packet::encode(&set, kind::MAIN, &[&main]);
     for e in &entries {
         critical.extend(packet::encode(
@@ -324,21 +313,151 @@ pub fn create<'r>(
         critical.extend(packet::encode(&set, kind::IFSC, &[&ifsc]));
     }
     critical.extend(packet::encode(&set, kind::CREATOR, &[CREATOR.as_bytes()]));
-    let mut packets = Vec::new();
-    for (e, data) in recovery.iter().enumerate() {
-        packets.extend(packet::encode(
-            &set,
-            kind::RECOVERY,
-            &[&(e as u32).to_le_bytes(), data],
-        ));
-    }
+    volume.seek(io::SeekFrom::Start(recovery_count as u64 * packet_len))?;
+    volume.write_all(&critical)?;
     Ok(Created {
         id: set,
         index: critical,
-        recovery: packets,
         recovery_count,
         files: entries,
     })
+}
+
+/// A file in set order: its ID, the MD5 of its first 16 KiB, its index among the inputs.
+type Ordered = (Id, Id, usize);
+
+/// What the first pass learns of the files: their entries with the range of their slices,
+/// and every slice's MD5 and CRC32.
+type Description<'a> = (
+    &'a mut Vec<(FileEntry, std::ops::Range<usize>)>,
+    &'a mut Vec<(Id, u32)>,
+);
+
+/// One pass over the files: every slice's bytes in `range` multiplied into the recovery
+/// slices, returned in the native layout. The first pass also describes the files
+/// (`describe`: their entries and each slice's checksums). While one batch of slices (about
+/// 32 MiB) is multiplied on `threads` threads, the next is read.
+#[allow(clippy::too_many_arguments)]
+fn pass<'r>(
+    inputs: &[Input],
+    open: &mut dyn FnMut(usize) -> io::Result<Box<dyn Read + 'r>>,
+    ids: &[Ordered],
+    constants: &[u16],
+    size: usize,
+    range: std::ops::Range<usize>,
+    recovery_count: u32,
+    threads: usize,
+    mut describe: Option<Description<'_>>,
+) -> Result<Vec<Vec<u8>>, Error> {
+    let mut recovery = vec![vec![0u8; range.len()]; recovery_count as usize];
+    let batch_slices = (32usize << 20).div_ceil(size).max(1);
+    let mut batch: Vec<(Vec<u8>, u16)> = Vec::with_capacity(batch_slices);
+    let checksum = describe.is_some();
+    type Job = (Vec<Vec<u8>>, usize, Vec<(Id, u32)>);
+    let mut slice_index = 0;
+    std::thread::scope(|s| -> Result<(), Error> {
+        let mut running: Option<std::thread::ScopedJoinHandle<'_, Job>> = None;
+        let finish = |running: &mut Option<std::thread::ScopedJoinHandle<'_, Job>>,
+                      describe: &mut Option<(_, &mut Vec<(Id, u32)>)>| {
+            running.take().map(|h| {
+                let (rec, first, sums) = h.join().expect("no panic");
+                if let Some((_, checksums)) = describe {
+                    checksums[first..first + sums.len()].copy_from_slice(&sums);
+                }
+                rec
+            })
+        };
+        let range = &range;
+        let mut hand_over = |batch: Vec<(Vec<u8>, u16)>,
+                             first: usize,
+                             running: &mut Option<_>,
+                             describe: &mut Option<_>| {
+            let mut rec =
+                finish(running, describe).unwrap_or_else(|| std::mem::take(&mut recovery));
+            *running = Some(s.spawn(move || {
+                // The checksums need the plain bytes and the multiplication a native copy of
+                // the pass's range: both at once.
+                let native: Vec<(Vec<u8>, u16)> = batch
+                    .iter()
+                    .map(|(b, c)| {
+                        let mut n = b[range.clone()].to_vec();
+                        gf::to_native(&mut n);
+                        (n, *c)
+                    })
+                    .collect();
+                let sums = std::thread::scope(|t| {
+                    let sums = t.spawn(|| {
+                        if !checksum {
+                            return Vec::new();
+                        }
+                        batch
+                            .iter()
+                            .map(|(b, _)| (Md5::digest(b).into(), crc32fast::hash(b)))
+                            .collect::<Vec<(Id, u32)>>()
+                    });
+                    accumulate(&mut rec, &native, threads);
+                    sums.join().expect("no panic")
+                });
+                (rec, first, sums)
+            }));
+        };
+        let mut batch_first = 0;
+        for &(id, md5_16k, i) in ids {
+            let f = &inputs[i];
+            let mut reader = open(i)?;
+            let mut whole = Md5::new();
+            let first = slice_index;
+            let mut left = f.len;
+            while left > 0 {
+                let mut buf = vec![0u8; size];
+                let want = left.min(size as u64) as usize;
+                let n = read_full(&mut *reader, &mut buf[..want])?;
+                if n < want {
+                    return Err(Error::Io(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "a file shrank while its parity was made",
+                    )));
+                }
+                if checksum {
+                    whole.update(&buf[..n]);
+                }
+                batch.push((buf, constants[slice_index]));
+                slice_index += 1;
+                left -= n as u64;
+                if batch.len() == batch_slices {
+                    hand_over(
+                        std::mem::take(&mut batch),
+                        batch_first,
+                        &mut running,
+                        &mut describe,
+                    );
+                    batch_first = slice_index;
+                }
+            }
+            if let Some((entries, _)) = describe.as_mut() {
+                entries.push((
+                    FileEntry {
+                        id,
+                        md5: whole.finalize().into(),
+                        md5_16k,
+                        len: f.len,
+                        name: f.name.clone(),
+                        slices: Vec::new(),
+                    },
+                    first..slice_index,
+                ));
+            }
+        }
+        hand_over(
+            std::mem::take(&mut batch),
+            batch_first,
+            &mut running,
+            &mut describe,
+        );
+        recovery = finish(&mut running, &mut describe).unwrap_or_default();
+        Ok(())
+    })?;
+    Ok(recovery)
 }
 
 /// Adds each slice of `batch` (with its constant) into every recovery slice, the recovery
@@ -667,7 +786,8 @@ mod tests {
             .collect()
     }
 
-    fn make(files: &[Vec<u8>], slice: u64, rec: u32) -> Created {
+    /// A set over `files`, and its volume, made holding at most `memory` of recovery data.
+    fn make_in(files: &[Vec<u8>], slice: u64, rec: u32, memory: u64) -> (Created, Vec<u8>) {
         let inputs: Vec<Input> = files
             .iter()
             .enumerate()
@@ -676,14 +796,40 @@ mod tests {
                 len: f.len() as u64,
             })
             .collect();
-        create(&inputs, &mut |i| Ok(Box::new(&files[i][..])), slice, rec, 2).unwrap()
+        let mut volume = std::io::Cursor::new(Vec::new());
+        let created = create_in(
+            &inputs,
+            &mut |i| Ok(Box::new(&files[i][..])),
+            slice,
+            rec,
+            2,
+            &mut volume,
+            memory,
+        )
+        .unwrap();
+        (created, volume.into_inner())
+    }
+
+    fn make(files: &[Vec<u8>], slice: u64, rec: u32) -> (Created, Vec<u8>) {
+        make_in(files, slice, rec, RECOVERY_MEMORY)
+    }
+
+    #[test]
+    fn passes_over_slice_ranges_make_the_same_volume() {
+        let files = vec![data(100_000, 7), data(33_333, 8)];
+        let (one, whole) = make(&files, 4096, 9);
+        // 9 recovery slices in 1 KiB of memory: passes of 128 bytes over 4 KiB slices.
+        let (many, passes) = make_in(&files, 4096, 9, 1024);
+        assert_eq!(one.index, many.index);
+        assert_eq!(whole, passes);
+        assert_eq!(Set::load(&[&passes]).unwrap().recovery.len(), 9);
     }
 
     #[test]
     fn damage_within_capacity_is_repaired_beyond_it_refused() {
         let files = vec![data(10_000, 1), data(3_001, 2), Vec::new()];
-        let created = make(&files, 512, 5);
-        let set = Set::load(&[&created.index, &created.volume()]).unwrap();
+        let (created, volume) = make(&files, 512, 5);
+        let set = Set::load(&[&created.index, &volume]).unwrap();
         assert_eq!(set.recovery.len(), 5);
         // Find which set position each input file took (the set is ordered by file ID).
         let pos = |name: &[u8]| set.files.iter().position(|f| f.name == name).unwrap();
@@ -731,8 +877,8 @@ mod tests {
     #[test]
     fn a_missing_file_is_rebuilt_whole() {
         let files = vec![data(2048, 3)];
-        let created = make(&files, 256, 8);
-        let set = Set::load(&[&created.volume()]).unwrap();
+        let (_, volume) = make(&files, 256, 8);
+        let set = Set::load(&[&volume]).unwrap();
         let rec = set.recover(&mut |_| Ok(None), 1).unwrap();
         let mut out = Vec::new();
         set.restore(0, &rec, None, &mut |b| {

@@ -39,16 +39,17 @@ fn make_set(dir: &Path, names: &[&str], slice: u64, rec: u32) {
             len: fs::metadata(dir.join(n)).unwrap().len(),
         })
         .collect();
+    let mut volume = fs::File::create(dir.join(volume_name("set", 0, rec))).unwrap();
     let created = create(
         &inputs,
         &mut |i| Ok(Box::new(fs::File::open(dir.join(names[i]))?) as Box<dyn Read>),
         slice,
         rec,
         2,
+        &mut volume,
     )
     .unwrap();
     fs::write(dir.join("set.par2"), &created.index).unwrap();
-    fs::write(dir.join(volume_name("set", 0, rec)), created.volume()).unwrap();
 }
 
 fn flip(path: &Path, at: usize) {
