@@ -396,7 +396,7 @@ impl Store {
         if let Some(index) = lock(&self.packed).get(digest).cloned() {
             return Some((|| {
                 let bytes = std::fs::read(&index)?;
-                let set = load_set(&index, &bytes)?;
+                let set = load_set(&index)?;
                 let digests = pack_digests(&bytes);
                 let of =
                     |id: &par2::packet::Id| digests.iter().find(|(i, _)| i == id).map(|(_, d)| *d);
@@ -410,19 +410,14 @@ impl Store {
         if !index.exists() {
             return None;
         }
-        Some(
-            std::fs::read(&index)
-                .or_else(|_| Ok(Vec::new()))
-                .and_then(|bytes| load_set(&index, &bytes))
-                .and_then(|set| match set.files.len() {
-                    1 => Ok(Found {
-                        set,
-                        at: 0,
-                        members: vec![Some(*digest)],
-                    }),
-                    _ => Err(io::Error::other("a file's set describes other files")),
-                }),
-        )
+        Some(load_set(&index).and_then(|set| match set.files.len() {
+            1 => Ok(Found {
+                set,
+                at: 0,
+                members: vec![Some(*digest)],
+            }),
+            _ => Err(io::Error::other("a file's set describes other files")),
+        }))
     }
 }
 
@@ -506,31 +501,29 @@ pub fn load(path: &Path) -> io::Result<par2::Set> {
         Some(i) => &name[..i],
         None => name.trim_end_matches(".par2"),
     };
-    let index = path.with_file_name(format!("{stem}.par2"));
-    let bytes = std::fs::read(&index).or_else(|_| std::fs::read(path))?;
-    load_set(&index, &bytes)
+    load_set(&path.with_file_name(format!("{stem}.par2")))
 }
 
-/// A set's index file (`bytes`, read from `index`) and all its volumes, parsed together.
-fn load_set(index: &Path, bytes: &[u8]) -> io::Result<par2::Set> {
+/// A set's index file and all its volumes, checked together; recovery data stays on disk
+/// until a repair reads the slices it needs.
+fn load_set(index: &Path) -> io::Result<par2::Set> {
     let dir = index.parent().unwrap_or(Path::new("."));
     let stem = index
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let mut files = vec![bytes.to_vec()];
+    // An unreadable index or volume costs its packets, not the set.
+    let mut files: Vec<File> = File::open(index).into_iter().collect();
     for e in std::fs::read_dir(dir)?.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        // An unreadable volume costs its packets, not the set.
         if name.starts_with(&format!("{stem}.vol"))
             && name.ends_with(".par2")
-            && let Ok(bytes) = std::fs::read(e.path())
+            && let Ok(file) = File::open(e.path())
         {
-            files.push(bytes);
+            files.push(file);
         }
     }
-    let slices: Vec<&[u8]> = files.iter().map(|f| &f[..]).collect();
-    par2::Set::load(&slices).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+    par2::Set::open(files).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
 }
 
 /// Bytes per entry of a pack's digest packet: file ID, algorithm, digest.

@@ -55,7 +55,7 @@ pub struct FileEntry {
 }
 
 /// A recovery set: its files in set order and the recovery slices at hand.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Set {
     /// The recovery set ID.
     pub id: Id,
@@ -64,7 +64,19 @@ pub struct Set {
     /// The files covered by recovery data, in set order.
     pub files: Vec<FileEntry>,
     /// Recovery slices by exponent.
-    pub recovery: BTreeMap<u32, Vec<u8>>,
+    pub recovery: BTreeMap<u32, Recovery>,
+    /// The PAR2 files a set opened with [`Set::open`] reads its recovery slices from.
+    sources: Vec<std::fs::File>,
+}
+
+/// Where a recovery slice's data is.
+#[derive(Clone, Debug)]
+pub enum Recovery {
+    /// In memory.
+    Bytes(Vec<u8>),
+    /// In one of the set's files, at an offset: read when needed, so that a set's memory
+    /// does not grow with its recovery data.
+    At(usize, u64),
 }
 
 /// What went wrong.
@@ -509,21 +521,62 @@ impl Set {
     /// Assembles the set from the packets of one or more PAR2 files (their bytes). The set
     /// is the one whose main packet comes first; packets of other sets are ignored.
     pub fn load(files: &[&[u8]]) -> Result<Set, Error> {
+        let found: Vec<(packet::Found, Option<Recovery>)> = files
+            .iter()
+            .flat_map(|b| {
+                packet::parse(b).into_iter().map(|f| {
+                    let data = match &f.packet {
+                        Packet::Recovery { data, .. } => {
+                            Some(Recovery::Bytes(b[data.clone()].to_vec()))
+                        }
+                        _ => None,
+                    };
+                    (f, data)
+                })
+            })
+            .collect();
+        Set::assemble(found, Vec::new())
+    }
+
+    /// Assembles the set from PAR2 files on disk, reading each once from end to end to check
+    /// its packets; recovery slices stay in the files until a repair needs them.
+    pub fn open(files: Vec<std::fs::File>) -> Result<Set, Error> {
+        let mut found = Vec::new();
+        for (i, file) in files.iter().enumerate() {
+            scan(file, &mut |f, at| {
+                found.push((f, at.map(|offset| Recovery::At(i, offset))));
+            })?;
+        }
+        Set::assemble(found, files)
+    }
+
+    /// A recovery slice's data.
+    fn recovery_data(&self, exponent: u32) -> io::Result<Vec<u8>> {
+        match &self.recovery[&exponent] {
+            Recovery::Bytes(b) => Ok(b.clone()),
+            Recovery::At(file, offset) => {
+                use std::os::unix::fs::FileExt;
+                let mut buf = vec![0u8; self.slice_size as usize];
+                self.sources[*file].read_exact_at(&mut buf, *offset)?;
+                Ok(buf)
+            }
+        }
+    }
+
+    fn assemble(
+        found: Vec<(packet::Found, Option<Recovery>)>,
+        sources: Vec<std::fs::File>,
+    ) -> Result<Set, Error> {
         let mut main = None;
         let mut descs: HashMap<Id, (Id, Id, u64, Vec<u8>)> = HashMap::new();
         let mut ifscs: HashMap<Id, Vec<(Id, u32)>> = HashMap::new();
         let mut recovery = BTreeMap::new();
-        let found: Vec<(usize, packet::Found)> = files
-            .iter()
-            .enumerate()
-            .flat_map(|(i, b)| packet::parse(b).into_iter().map(move |f| (i, f)))
-            .collect();
         let id = found
             .iter()
-            .find(|(_, f)| matches!(f.packet, Packet::Main { .. }))
-            .map(|(_, f)| f.set)
+            .find(|(f, _)| matches!(f.packet, Packet::Main { .. }))
+            .map(|(f, _)| f.set)
             .ok_or_else(|| Error::Malformed("no main packet".into()))?;
-        for (i, f) in found.into_iter().filter(|(_, f)| f.set == id) {
+        for (f, data) in found.into_iter().filter(|(f, _)| f.set == id) {
             match f.packet {
                 Packet::Main {
                     slice_size, files, ..
@@ -540,10 +593,15 @@ impl Set {
                 Packet::Ifsc { id, slices } => {
                     ifscs.insert(id, slices);
                 }
-                Packet::Recovery { exponent, data } => {
-                    recovery
-                        .entry(exponent)
-                        .or_insert_with(|| files[i][data].to_vec());
+                Packet::Recovery {
+                    exponent,
+                    data: range,
+                } => {
+                    if let Some(data) = data {
+                        recovery
+                            .entry(exponent)
+                            .or_insert((data, range.len() as u64));
+                    }
                 }
                 _ => {}
             }
@@ -593,12 +651,17 @@ impl Set {
         if slice_size > largest.next_multiple_of(4).max(1 << 20) {
             return Err(Error::Malformed("the slice size exceeds every file".into()));
         }
-        recovery.retain(|&e, data: &mut Vec<u8>| e < 65535 && data.len() as u64 == slice_size);
+        let recovery = recovery
+            .into_iter()
+            .filter(|&(e, (_, len))| e < 65535 && len == slice_size)
+            .map(|(e, (data, _))| (e, data))
+            .collect();
         Ok(Set {
             id,
             slice_size,
             files: entries,
             recovery,
+            sources,
         })
     }
 
@@ -680,7 +743,10 @@ impl Set {
             })
             .ok_or_else(|| Error::Malformed("recovery slices are not independent".into()))?;
         // Second pass: each used recovery slice minus the contributions of the good slices.
-        let mut rhs: Vec<Vec<u8>> = exps.iter().map(|e| self.recovery[e].clone()).collect();
+        let mut rhs: Vec<Vec<u8>> = exps
+            .iter()
+            .map(|&e| self.recovery_data(e))
+            .collect::<io::Result<_>>()?;
         for r in &mut rhs {
             gf::to_native(r);
         }
@@ -749,6 +815,72 @@ impl Set {
         }
         Ok(())
     }
+}
+
+/// Packets bigger than this are never held in memory: recovery packets are checked as they
+/// stream by, and no description packet is this large.
+const MAX_HELD_PACKET: u64 = 64 << 20;
+
+/// Reads `file` from end to end and hands each intact packet to `each`, a recovery packet
+/// with the offset of its data instead of the data.
+fn scan(file: &std::fs::File, each: &mut dyn FnMut(packet::Found, Option<u64>)) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let len = file.metadata()?.len();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut pos = 0u64;
+    while pos + 64 <= len {
+        let n = (len - pos).min(buf.len() as u64) as usize;
+        file.read_exact_at(&mut buf[..n], pos)?;
+        let Some(i) = buf[..n].windows(8).position(|w| w == packet::MAGIC) else {
+            // Keep the last bytes: a magic may straddle the chunks.
+            pos += (n as u64).saturating_sub(7).max(1);
+            continue;
+        };
+        let at = pos + i as u64;
+        pos = at + 1;
+        let mut header = [0u8; 64];
+        if at + 64 > len || file.read_exact_at(&mut header, at).is_err() {
+            continue;
+        }
+        let plen = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
+        if plen < 64 || !plen.is_multiple_of(4) || plen > len - at {
+            continue;
+        }
+        if &header[48..64] == kind::RECOVERY && plen >= 68 {
+            // Checked by streaming its MD5, never held.
+            let mut h = Md5::new();
+            h.update(&header[32..]);
+            let mut done = 64;
+            while done < plen {
+                let k = (plen - done).min(buf.len() as u64) as usize;
+                file.read_exact_at(&mut buf[..k], at + done)?;
+                h.update(&buf[..k]);
+                done += k as u64;
+            }
+            if <[u8; 16]>::from(h.finalize())[..] != header[16..32] {
+                continue;
+            }
+            let mut exponent = [0u8; 4];
+            file.read_exact_at(&mut exponent, at + 64)?;
+            let found = packet::Found {
+                set: header[32..48].try_into().expect("16 bytes"),
+                packet: Packet::Recovery {
+                    exponent: u32::from_le_bytes(exponent),
+                    data: 0..(plen - 68) as usize,
+                },
+            };
+            each(found, Some(at + 68));
+            pos = at + plen;
+        } else if plen <= MAX_HELD_PACKET {
+            let mut packet = vec![0u8; plen as usize];
+            file.read_exact_at(&mut packet, at)?;
+            if let [found] = &packet::parse(&packet)[..] {
+                each(found.clone(), None);
+                pos = at + plen;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Rebuilt slices, by global slice index.
@@ -872,6 +1004,43 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn sets_opened_from_files_keep_recovery_on_disk_and_skip_damage() {
+        let files = vec![data(50_000, 5)];
+        let (created, mut volume) = make(&files, 1024, 6);
+        // Damage the second recovery packet's data: it fails its MD5 and is left out.
+        volume[(68 + 1024) + 68 + 10] ^= 1;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("s.par2"), &created.index).unwrap();
+        std::fs::write(dir.path().join("s.vol"), &volume).unwrap();
+        let open = |n: &str| std::fs::File::open(dir.path().join(n)).unwrap();
+        let set = Set::open(vec![open("s.par2"), open("s.vol")]).unwrap();
+        assert_eq!(
+            set.recovery.keys().copied().collect::<Vec<_>>(),
+            vec![0, 2, 3, 4, 5]
+        );
+        assert!(
+            set.recovery
+                .values()
+                .all(|r| matches!(r, Recovery::At(1, _)))
+        );
+        let mut damaged = files[0].clone();
+        for at in [0, 20_000, 40_000] {
+            damaged[at] ^= 0xff;
+        }
+        let rec = set
+            .recover(&mut |_| Ok(Some(Box::new(&damaged[..]))), 1)
+            .unwrap();
+        let mut out = Vec::new();
+        let mut cur: &[u8] = &damaged;
+        set.restore(0, &rec, Some(&mut cur), &mut |b| {
+            out.extend_from_slice(b);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(out, files[0]);
     }
 
     #[test]
