@@ -611,15 +611,7 @@ mod tests {
 
     #[test]
     fn simd_matches_the_scalar_definition() {
-        let mut x = 0x9e3779b97f4a7c15u64;
-        let src: Vec<u8> = (0..4096 + 38)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let src = crate::test_data(4096 + 38, 0x9e3779b97f4a7c15);
         for c in [0u16, 1, 2, 0x100b, 0xffff, 0x1234] {
             let mut fast = vec![0x5au8; src.len()];
             mul_add(&mut fast, &src, c);
@@ -662,19 +654,9 @@ mod tests {
 
     #[test]
     fn the_native_layout_adds_up_like_the_plain_one() {
-        let mut x = 0x1234_5678_9abc_def1u64;
-        let mut bytes = |n: usize| -> Vec<u8> {
-            (0..n)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect()
-        };
         for len in [0usize, 2, 126, 128, 256 + 6, 4096 + 130] {
-            let (a, b, start) = (bytes(len), bytes(len), bytes(len));
+            let bytes = |seed| crate::test_data(len, seed);
+            let (a, b, start) = (bytes(1), bytes(2), bytes(3));
             let (ca, cb) = (0x1d3bu16, 0x8001u16);
             let mut want = start.clone();
             mul_add(&mut want, &a, ca);

@@ -13,6 +13,20 @@
 pub mod gf;
 pub mod packet;
 
+/// Deterministic pseudo-random bytes for the unit tests.
+#[cfg(test)]
+fn test_data(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Read};
 
@@ -906,17 +920,7 @@ pub fn volume_name(base: &str, first: u32, count: u32) -> String {
 mod tests {
     use super::*;
 
-    fn data(len: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
+    use crate::test_data as data;
 
     /// A set over `files`, and its volume, made holding at most `memory` of recovery data.
     fn make_in(files: &[Vec<u8>], slice: u64, rec: u32, memory: u64) -> (Created, Vec<u8>) {
