@@ -92,7 +92,8 @@ pub fn input_constants(count: usize) -> Vec<u16> {
 /// The most input slices a set can have: the constants run out after this many.
 pub const MAX_INPUT_SLICES: usize = 32768;
 
-/// A constant prepared for [`Multiplier::mul_add`]: its tables are built once, not per call.
+/// A constant prepared for [`Multiplier::mul_add_native`]: its matrices are built once, not
+/// per call.
 #[derive(Clone, Copy, Debug)]
 pub struct Multiplier {
     c: u16,
@@ -109,33 +110,28 @@ impl Multiplier {
         }
     }
 
-    /// `dst ^= c * src`, as [`mul_add`].
-    pub fn mul_add(&self, dst: &mut [u8], src: &[u8]) {
-        #[cfg(target_arch = "x86_64")]
-        if self.c > 1 && x86::has_gfni512() {
-            assert_eq!(dst.len(), src.len());
-            assert!(dst.len().is_multiple_of(2), "slices are whole words");
-            // SAFETY: AVX-512 (F, BW) and GFNI are present (checked just above).
-            let done = unsafe { x86::gfni512(dst, src, self.affine) };
-            return portable(&mut dst[done..], &src[done..], self.c);
-        }
-        mul_add(dst, src, self.c)
-    }
-}
-
-impl Multiplier {
     /// `dst ^= c * src` on buffers in the native layout (see [`to_native`]): what the
     /// multiply-accumulate of a whole set uses, so that no call packs or unpacks bytes.
     pub fn mul_add_native(&self, dst: &mut [u8], src: &[u8]) {
         #[cfg(target_arch = "x86_64")]
-        if self.c > 1 && x86::has_gfni512() {
+        if self.c > 1 {
             assert_eq!(dst.len(), src.len());
             assert!(dst.len().is_multiple_of(2), "slices are whole words");
-            // SAFETY: AVX-512 (F, BW) and GFNI are present (checked just above).
-            let done = unsafe { x86::gfni512_native(dst, src, self.affine) };
-            return portable(&mut dst[done..], &src[done..], self.c);
+            // SAFETY: each kernel runs only where its features were detected.
+            let done = unsafe {
+                if x86::has_gfni512() {
+                    Some(x86::gfni512_native(dst, src, self.affine))
+                } else if x86::has_gfni256() {
+                    Some(x86::gfni256(dst, src, self.affine))
+                } else {
+                    None
+                }
+            };
+            if let Some(done) = done {
+                return portable(&mut dst[done..], &src[done..], self.c);
+            }
         }
-        self.mul_add(dst, src)
+        mul_add(dst, src, self.c)
     }
 }
 
@@ -179,14 +175,9 @@ pub fn mul_add(dst: &mut [u8], src: &[u8], c: u16) {
     }
     #[cfg(target_arch = "x86_64")]
     {
-        if x86::has_gfni512() {
-            // SAFETY: AVX-512 (F, BW) and GFNI are present (checked just above).
-            let done = unsafe { x86::mul_add_gfni512(dst, src, c) };
-            return portable(&mut dst[done..], &src[done..], c);
-        }
         if x86::has_gfni256() {
             // SAFETY: AVX2 and GFNI are present (checked just above).
-            let done = unsafe { x86::mul_add_gfni256(dst, src, c) };
+            let done = unsafe { x86::gfni256(dst, src, affine_matrices(c)) };
             return portable(&mut dst[done..], &src[done..], c);
         }
         if std::arch::is_x86_feature_detected!("avx2") {
@@ -297,56 +288,6 @@ mod x86 {
         is_x86_feature_detected!("gfni") && is_x86_feature_detected!("avx2")
     }
 
-    /// 128 bytes (64 words) per step: low and high bytes packed apart, four affine
-    /// transforms (one per byte-to-byte matrix), interleaved back.
-    #[target_feature(enable = "avx512f,avx512bw,gfni")]
-    pub unsafe fn mul_add_gfni512(dst: &mut [u8], src: &[u8], c: u16) -> usize {
-        // SAFETY: the caller's promise, passed on.
-        unsafe { gfni512(dst, src, super::affine_matrices(c)) }
-    }
-
-    /// The GFNI kernel with its matrices prepared.
-    #[target_feature(enable = "avx512f,avx512bw,gfni")]
-    pub unsafe fn gfni512(dst: &mut [u8], src: &[u8], matrices: [i64; 4]) -> usize {
-        let [ll, lh, hl, hh] = matrices;
-        let done = dst.len() / 128 * 128;
-        // SAFETY: every load and store below is within dst/src[..done]; unaligned forms.
-        unsafe {
-            let (ll, lh) = (_mm512_set1_epi64(ll), _mm512_set1_epi64(lh));
-            let (hl, hh) = (_mm512_set1_epi64(hl), _mm512_set1_epi64(hh));
-            let low = _mm512_set1_epi16(0x00ff);
-            let mut i = 0;
-            while i < done {
-                let a = _mm512_loadu_si512(src.as_ptr().add(i).cast());
-                let b = _mm512_loadu_si512(src.as_ptr().add(i + 64).cast());
-                let lo = _mm512_packus_epi16(_mm512_and_si512(a, low), _mm512_and_si512(b, low));
-                let hi = _mm512_packus_epi16(_mm512_srli_epi16(a, 8), _mm512_srli_epi16(b, 8));
-                let rl = _mm512_xor_si512(
-                    _mm512_gf2p8affine_epi64_epi8::<0>(lo, ll),
-                    _mm512_gf2p8affine_epi64_epi8::<0>(hi, lh),
-                );
-                let rh = _mm512_xor_si512(
-                    _mm512_gf2p8affine_epi64_epi8::<0>(lo, hl),
-                    _mm512_gf2p8affine_epi64_epi8::<0>(hi, hh),
-                );
-                let pa = _mm512_unpacklo_epi8(rl, rh);
-                let pb = _mm512_unpackhi_epi8(rl, rh);
-                let da = dst.as_mut_ptr().add(i);
-                let db = dst.as_mut_ptr().add(i + 64);
-                _mm512_storeu_si512(
-                    da.cast(),
-                    _mm512_xor_si512(_mm512_loadu_si512(da.cast()), pa),
-                );
-                _mm512_storeu_si512(
-                    db.cast(),
-                    _mm512_xor_si512(_mm512_loadu_si512(db.cast()), pb),
-                );
-                i += 128;
-            }
-        }
-        done
-    }
-
     /// Low bytes of each 128-byte block's words first, then the high bytes.
     #[target_feature(enable = "avx512f,avx512bw")]
     pub unsafe fn split512(buf: &mut [u8]) {
@@ -423,10 +364,11 @@ mod x86 {
         done
     }
 
-    /// The same with 256-bit registers, 64 bytes per step.
+    /// 64 bytes (32 words) per step on the plain layout: low and high bytes packed apart,
+    /// four affine transforms (one per byte-to-byte matrix), interleaved back.
     #[target_feature(enable = "avx2,gfni")]
-    pub unsafe fn mul_add_gfni256(dst: &mut [u8], src: &[u8], c: u16) -> usize {
-        let [ll, lh, hl, hh] = super::affine_matrices(c);
+    pub unsafe fn gfni256(dst: &mut [u8], src: &[u8], matrices: [i64; 4]) -> usize {
+        let [ll, lh, hl, hh] = matrices;
         let done = dst.len() / 64 * 64;
         // SAFETY: every load and store below is within dst/src[..done]; unaligned forms.
         unsafe {
@@ -627,9 +569,12 @@ mod tests {
             #[cfg(target_arch = "x86_64")]
             {
                 type Kernel = unsafe fn(&mut [u8], &[u8], u16) -> usize;
-                let kernels: [(&str, bool, Kernel); 4] = [
-                    ("gfni512", x86::has_gfni512(), x86::mul_add_gfni512),
-                    ("gfni256", x86::has_gfni256(), x86::mul_add_gfni256),
+                unsafe fn gfni256(dst: &mut [u8], src: &[u8], c: u16) -> usize {
+                    // SAFETY: the caller's promise, passed on.
+                    unsafe { x86::gfni256(dst, src, affine_matrices(c)) }
+                }
+                let kernels: [(&str, bool, Kernel); 3] = [
+                    ("gfni256", x86::has_gfni256(), gfni256),
                     ("avx2", is_x86_feature_detected!("avx2"), x86::mul_add_avx2),
                     (
                         "ssse3",
