@@ -700,18 +700,10 @@ fn copy_data(
     }
     let mut error = Ok(());
     let mut at = 0;
-    let zeros = vec![0u8; 64 << 10];
-    let hash_zeros = |hasher: &mut Option<Hasher>, mut n: u64| {
-        while let Some(h) = hasher.as_mut()
-            && n > 0
-        {
-            let k = n.min(zeros.len() as u64) as usize;
-            h.update(&zeros[..k]);
-            n -= k as u64;
-        }
-    };
     for &(offset, len) in segments {
-        hash_zeros(&mut hasher, offset - at);
+        if let Some(h) = hasher.as_mut() {
+            h.update_zeros(offset - at);
+        }
         let mut done = 0;
         while done < len {
             let want = (len - done).min(buf.len() as u64) as usize;
@@ -745,7 +737,9 @@ fn copy_data(
         }
         at = offset + len;
     }
-    hash_zeros(&mut hasher, size - at);
+    if let Some(h) = hasher.as_mut() {
+        h.update_zeros(size - at);
+    }
     // A short file is a change, reported by the caller from its size; not a read error.
     if let Err(e) = &error
         && e.kind() == io::ErrorKind::UnexpectedEof
@@ -1336,7 +1330,6 @@ pub fn verify_member(visit: &mut Visit<'_, '_>) -> FileReport {
         return report;
     }
     let mut hasher = Hasher::new(tag.digest.algo);
-    let zeros = vec![0u8; 64 << 10];
     let mut bytes = 0;
     let read = visit.data(|chunk| {
         match chunk {
@@ -1344,13 +1337,7 @@ pub fn verify_member(visit: &mut Visit<'_, '_>) -> FileReport {
                 hasher.update(d);
                 bytes += d.len() as u64;
             }
-            Chunk::Hole(mut n) => {
-                while n > 0 {
-                    let k = n.min(zeros.len() as u64) as usize;
-                    hasher.update(&zeros[..k]);
-                    n -= k as u64;
-                }
-            }
+            Chunk::Hole(n) => hasher.update_zeros(n),
         }
         Ok(())
     });

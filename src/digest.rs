@@ -113,6 +113,16 @@ impl Hasher {
         }
     }
 
+    /// Feeds `n` zero bytes: a sparse file's hole.
+    pub fn update_zeros(&mut self, mut n: u64) {
+        static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+        while n > 0 {
+            let k = n.min(ZEROS.len() as u64) as usize;
+            self.update(&ZEROS[..k]);
+            n -= k as u64;
+        }
+    }
+
     /// The digest of everything fed so far.
     pub fn finalize(self) -> Digest {
         match self {

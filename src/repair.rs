@@ -517,7 +517,6 @@ impl Repairer {
         };
         let mut hasher = Hasher::new(digest.algo);
         let mut len = 0u64;
-        let zeros = [0u8; 64 << 10];
         // Why the stream was stopped from this side: the target could not be written, or
         // the copy is longer than the file it should restore.
         let mut write_err = None;
@@ -538,12 +537,7 @@ impl Repairer {
                     temp.as_mut().map_or(Ok(()), |t| t.file.write_all(d))
                 }
                 Chunk::Hole(n) => {
-                    let mut left = n;
-                    while left > 0 {
-                        let k = left.min(zeros.len() as u64) as usize;
-                        hasher.update(&zeros[..k]);
-                        left -= k as u64;
-                    }
+                    hasher.update_zeros(n);
                     temp.as_mut().map_or(Ok(()), |t| {
                         let n = i64::try_from(n).map_err(io::Error::other)?;
                         t.file.seek(io::SeekFrom::Current(n)).map(drop)
