@@ -358,6 +358,11 @@ impl Writer {
         Ok(())
     }
 
+    /// Where the archive goes.
+    pub fn dest(&self) -> &Path {
+        &self.dest
+    }
+
     /// Ends the archive, makes it durable and moves it into place.
     pub fn finish(mut self) -> io::Result<Stats> {
         let mut out = self.out.take().expect("open until finished");

@@ -512,10 +512,11 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
     } else if let Some(w) = archiver
         && !reporter.summary.interrupted
     {
+        let dest = w.dest().to_path_buf();
         match w.finish() {
             Ok(stats) if !output.quiet && !output.json => eprintln!(
                 "archive: wrote {}: {} members, {} of data in {} compressed",
-                intact::report::escape(&task_dest(&task)),
+                intact::report::escape(&dest),
                 stats.members,
                 intact::report::bytes(stats.bytes),
                 intact::report::bytes(stats.compressed),
@@ -605,25 +606,19 @@ fn protect(
         Ok(rel) if !rel.as_os_str().is_empty() => rel.as_os_str(),
         _ => report.path.file_name().unwrap_or_default(),
     };
-    let store = &stores[i].1;
-    if store.has(&digest) {
-        return None;
-    }
-    // Said before the set is written: a failure to write it is reported at the end.
-    report.action = Some(intact::engine::Action::Protected);
-    let job = store.add(parity::Protectee {
+    let added = stores[i].1.add(parity::Protectee {
         path: report.path.clone(),
         name: name.as_bytes().to_vec(),
         size,
         digest,
-    })?;
-    Some((i, job))
-}
-
-fn task_dest(task: &Task) -> PathBuf {
-    match task {
-        Task::Archive(dest, _) => dest.clone(),
-        _ => PathBuf::new(),
+    });
+    if !matches!(added, parity::Added::Already) {
+        // Said before the set is written: a failure to write it is reported at the end.
+        report.action = Some(intact::engine::Action::Protected);
+    }
+    match added {
+        parity::Added::Run(job) => Some((i, job)),
+        _ => None,
     }
 }
 

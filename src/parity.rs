@@ -78,6 +78,17 @@ pub struct Store {
     staged: Mutex<Staged>,
 }
 
+/// What became of a file given to [`Store::add`].
+#[derive(Debug)]
+pub enum Added {
+    /// Its content has recovery data already (or on its way).
+    Already,
+    /// It waits in a pack that is not full yet.
+    Waiting,
+    /// A set to compute now, with it in.
+    Run(Job),
+}
+
 /// A set to compute: one large file's, or a pack of small ones.
 #[derive(Debug)]
 pub enum Job {
@@ -117,7 +128,9 @@ impl Store {
             let mut text = b"intact parity store v1\nroot=".to_vec();
             text.extend_from_slice(root.as_os_str().as_encoded_bytes());
             text.push(b'\n');
-            atomic_write(&marker, &text)?;
+            let mut staged = Staged::default();
+            staged.stage(&marker, &text)?;
+            staged.commit()?;
         }
         let mut store = Store::read(dir)?;
         if store.root.canonicalize().ok().as_ref() != Some(&root) {
@@ -196,24 +209,23 @@ impl Store {
     }
 
     /// Takes a file in: a large one makes a job at once; a small one waits for its pack to
-    /// fill, and the file that fills it makes the pack's job. `None`: nothing to run yet, or
-    /// the content is protected already.
-    pub fn add(&self, file: Protectee) -> Option<Job> {
+    /// fill, and the file that fills it makes the pack's job.
+    pub fn add(&self, file: Protectee) -> Added {
         if self.has(&file.digest) {
-            return None;
+            return Added::Already;
         }
         lock(&self.queued).insert(file.digest);
         if file.size >= PACK_LIMIT {
-            return Some(Job::File(file));
+            return Added::Run(Job::File(file));
         }
         let mut pending = lock(&self.pending);
         pending.1 += file.size;
         pending.0.push(file);
         if pending.0.len() >= PACK_FILES || pending.1 >= PACK_BYTES {
             pending.1 = 0;
-            return Some(Job::Pack(std::mem::take(&mut pending.0)));
+            return Added::Run(Job::Pack(std::mem::take(&mut pending.0)));
         }
-        None
+        Added::Waiting
     }
 
     /// The pack of the small files still waiting, if any.
@@ -665,24 +677,6 @@ fn temp_name(path: &Path) -> PathBuf {
     let mut temp = path.as_os_str().to_os_string();
     temp.push(format!(".intact-{}-{n}-{nanos}.tmp", std::process::id()));
     PathBuf::from(temp)
-}
-
-/// Writes `bytes` to `path` through a temp file, fsynced and renamed.
-fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let temp = temp_name(path);
-    let written = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&temp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&temp, path)
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    written
 }
 
 /// A name stored in a set, as a path under `root`: only plain components, so no name can
