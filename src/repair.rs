@@ -231,20 +231,10 @@ impl Repairer {
     fn search_tree(&mut self, tree: &Path, cancel: &AtomicBool) {
         let wanted = self.wanted();
         let mut candidates: HashMap<Digest, Vec<PathBuf>> = HashMap::new();
-        let roots = [tree.to_path_buf()];
-        let anchor = Anchor::new(tree);
-        let _ = walk::walk(&roots, &WalkOptions::default(), |entry| {
-            if cancel.load(Ordering::Relaxed) {
-                return ControlFlow::Break(());
-            }
-            if let Entry::File { path, .. } = entry
-                && let Ok(file) = anchor.open(&path, false)
-                && let Ok(stored) = store::read(&file)
-                && let Some(t) = stored.tags.iter().find(|t| wanted.contains_key(&t.digest))
-            {
+        walk_tags(&[tree.to_path_buf()], cancel, |path, tags| {
+            if let Some(t) = tags.iter().find(|t| wanted.contains_key(&t.digest)) {
                 candidates.entry(t.digest).or_default().push(path);
             }
-            ControlFlow::Continue(())
         });
         let shown = crate::report::escape(tree);
         for (digest, indices) in wanted {
@@ -422,16 +412,10 @@ impl Repairer {
     ) -> Option<PathBuf> {
         let map = by_digest.get_or_insert_with(|| {
             let mut map = HashMap::new();
-            let _ = walk::walk(&self.roots, &WalkOptions::default(), |entry| {
-                if let Entry::File { path, .. } = entry
-                    && let Ok(file) = crate::sys::open_nofollow(&path)
-                    && let Ok(stored) = store::read(&file)
-                {
-                    for t in stored.tags {
-                        map.entry(t.digest).or_insert_with(|| path.clone());
-                    }
+            walk_tags(&self.roots, &AtomicBool::new(false), |path, tags| {
+                for t in tags {
+                    map.entry(t.digest).or_insert_with(|| path.clone());
                 }
-                ControlFlow::Continue(())
             });
             map
         });
@@ -940,6 +924,29 @@ fn read_file(path: &Path, sink: &mut dyn FnMut(Chunk<'_>) -> io::Result<()>) -> 
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Every file under `roots` with the tags it carries (read without reading data; files are
+/// opened beneath their root, never through a symlink).
+fn walk_tags(
+    roots: &[PathBuf],
+    cancel: &AtomicBool,
+    mut each: impl FnMut(PathBuf, Vec<crate::tag::Tag>),
+) {
+    let anchors: Vec<Anchor> = roots.iter().map(|r| Anchor::new(r)).collect();
+    let _ = walk::walk(roots, &WalkOptions::default(), |entry| {
+        if cancel.load(Ordering::Relaxed) {
+            return ControlFlow::Break(());
+        }
+        if let Entry::File { path, root, .. } = entry
+            && let Ok(file) = anchors[root].open(&path, false)
+            && let Ok(stored) = store::read(&file)
+            && !stored.tags.is_empty()
+        {
+            each(path, stored.tags);
+        }
+        ControlFlow::Continue(())
+    });
 }
 
 /// How many trailing path components two paths share.
