@@ -193,18 +193,18 @@ impl Writer {
         let file = match self.anchors[root].open(&report.path, false) {
             Ok(f) => f,
             Err(e) => {
-                fail(report, FileError::Open(e));
+                report.fail(FileError::Open(e));
                 return Ok(());
             }
         };
         let (before, attrs) = match (file.metadata(), store::read_all(&file)) {
             (Ok(m), Ok(a)) => (m, a),
             (Err(e), _) => {
-                fail(report, FileError::Read(e));
+                report.fail(FileError::Read(e));
                 return Ok(());
             }
             (_, Err(e)) => {
-                fail(report, FileError::ReadTags(e));
+                report.fail(FileError::ReadTags(e));
                 return Ok(());
             }
         };
@@ -275,7 +275,7 @@ impl Writer {
                 .insert((before.dev(), before.ino()), name.to_vec());
         }
         if let Err(e) = copied.error {
-            fail(report, FileError::Read(e));
+            report.fail(FileError::Read(e));
             report.detail = Some("the archived copy is incomplete and fails verify".into());
             return Ok(());
         }
@@ -309,7 +309,7 @@ impl Writer {
         ) {
             (Ok(m), Ok(t)) if m.file_type().is_symlink() => (m, t),
             (Err(e), _) | (_, Err(e)) => {
-                fail(report, FileError::Open(e));
+                report.fail(FileError::Open(e));
                 return Ok(());
             }
             _ => return Ok(()),
@@ -392,14 +392,6 @@ impl Drop for Writer {
             let _ = std::fs::remove_file(&self.temp);
         }
     }
-}
-
-fn fail(report: &mut FileReport, error: FileError) {
-    if !report.status.is_damage() {
-        report.status = Status::Error;
-    }
-    report.action = None;
-    report.error = Some(error);
 }
 
 fn changed(report: &mut FileReport, what: &str) {

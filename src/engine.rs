@@ -314,6 +314,16 @@ impl FileReport {
         }
     }
 
+    /// Attaches an error. A damage verdict already reached stays the status: the error (say,
+    /// a re-tag that could not be written) must not hide the corruption.
+    pub(crate) fn fail(&mut self, error: FileError) {
+        if !self.status.is_damage() {
+            self.status = Status::Error;
+        }
+        self.action = None;
+        self.error = Some(error);
+    }
+
     fn skipped(path: PathBuf, reason: SkipReason) -> Self {
         FileReport {
             skip: Some(reason),
@@ -962,14 +972,9 @@ fn unique(algos: impl IntoIterator<Item = Algo>) -> Vec<Algo> {
     out
 }
 
-/// Attaches an error. A damage verdict already reached stays the status: the error (say, a
-/// re-tag that could not be written) must not hide the corruption.
+/// `report` with `error` attached (see [`FileReport::fail`]).
 fn fail(mut report: FileReport, error: FileError) -> FileReport {
-    if !report.status.is_damage() {
-        report.status = Status::Error;
-    }
-    report.action = None;
-    report.error = Some(error);
+    report.fail(error);
     report
 }
 
