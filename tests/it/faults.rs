@@ -1,8 +1,6 @@
 //! Faults: each gets a clear message naming the file and the cause, the run goes on over the
 //! other files, nothing is left half-written, and the exit code says so.
 
-mod common;
-
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
@@ -10,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn no_xattr_support_is_a_clear_error_and_the_run_goes_on() {

@@ -1,8 +1,6 @@
 //! Archives: stock GNU tar restores them byte for byte with xattrs, sparse files and links;
 //! damaged files stay out; `archive verify` catches damage inside the archive.
 
-mod common;
-
 use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
@@ -10,7 +8,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 /// A tree with the awkward cases: a sparse file, xattrs, odd names, an empty file, hard and
 /// symbolic links.

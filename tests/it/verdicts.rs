@@ -1,11 +1,9 @@
 //! The classification table end to end: real files, real xattrs, real damage.
 
-mod common;
-
 use std::fs;
 use std::os::unix::fs::FileExt;
 
-use common::*;
+use crate::common::*;
 
 fn tagged_tree(algo: &str) -> Tree {
     let t = Tree::new();

@@ -1,15 +1,13 @@
 //! Meeting other tools where they are: their tags written and read back byte for byte,
 //! manifests round-tripped through sha256sum, b3sum, rhash and hashdeep.
 
-mod common;
-
 use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 use sha2::Digest as _;
 
 fn sha256(data: &[u8]) -> [u8; 32] {

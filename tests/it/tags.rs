@@ -1,11 +1,9 @@
 //! Tags written by hand with raw setxattr: malformed ones, and those of cshatag/shatag and
 //! the Dintch family.
 
-mod common;
-
 use std::fs;
 
-use common::*;
+use crate::common::*;
 use sha2::Digest as _;
 
 fn sha256(data: &[u8]) -> [u8; 32] {

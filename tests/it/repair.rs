@@ -1,8 +1,6 @@
 //! Repair: damaged files get their bytes back from archives and backup trees, found by
 //! digest, verified before anything is replaced, and nothing is written outside the tree.
 
-mod common;
-
 use std::ffi::OsStr;
 use std::fs;
 use std::io::Write;
@@ -10,7 +8,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 fn run(args: &[&OsStr]) -> Run {
     intact(args.iter().copied())

@@ -1,13 +1,11 @@
 //! Walking trees: what is followed (nothing), skipped, escaped, excluded, and in what order.
 
-mod common;
-
 use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::symlink;
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn symlinks_are_never_followed() {

@@ -162,7 +162,7 @@ pub fn is_root() -> bool {
 #[macro_export]
 macro_rules! require_root {
     () => {
-        if !common::is_root() {
+        if !$crate::common::is_root() {
             eprintln!("SKIPPED: needs root");
             return;
         }

@@ -2,14 +2,12 @@
 //! intact's store and sets made by par2cmdline, and never trusts what it rebuilds until it
 //! hashes to the tag.
 
-mod common;
-
 use std::ffi::OsStr;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 fn run(args: &[&OsStr]) -> Run {
     intact(args.iter().copied())

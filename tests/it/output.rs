@@ -1,8 +1,6 @@
 //! What people and scripts see: lines, JSON, verbosity, exit codes, generated docs.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 #[test]
 fn json_fields_for_each_kind_of_file() {

@@ -1,0 +1,15 @@
+//! The integration tests: the real `intact` binary on real files in temp trees, with real
+//! xattrs, real corruption and real faults. One binary, one module per feature.
+
+#[macro_use]
+mod common;
+
+mod archive;
+mod faults;
+mod interop;
+mod output;
+mod parity;
+mod repair;
+mod tags;
+mod verdicts;
+mod walking;
