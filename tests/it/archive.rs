@@ -81,11 +81,14 @@ fn gnu_tar_restores_everything_byte_for_byte() {
         let t = Tree::new();
         awkward_tree(&t);
         let archive = t.path("a.tar.zst");
-        let r = intact(
-            ["archive", "create", "--algo", algo, "--json"]
-                .map(OsStr::new)
-                .into_iter()
-                .chain([archive.as_os_str(), t.path("src").as_os_str()]),
+        let r = intact!(
+            "archive",
+            "create",
+            "--algo",
+            algo,
+            "--json",
+            archive,
+            t.path("src")
         )
         .expect_code(0)
         .json();
@@ -131,7 +134,7 @@ fn gnu_tar_restores_everything_byte_for_byte() {
             sparse.blocks()
         );
         // And the restored tree checks clean against the tags it brought along.
-        intact(["check".as_ref(), out.as_os_str()]).expect_code(0);
+        intact!("check", out).expect_code(0);
     }
 }
 
@@ -147,13 +150,7 @@ fn owners_are_kept() {
     )
     .unwrap();
     let archive = t.path("a.tar.zst");
-    intact([
-        "archive".as_ref(),
-        "create".as_ref(),
-        archive.as_os_str(),
-        t.path("src").as_os_str(),
-    ])
-    .expect_code(0);
+    intact!("archive", "create", archive, t.path("src")).expect_code(0);
     tar_extract(&archive, &t.path("out"));
     let m = fs::metadata(t.path("out/src/owned")).unwrap();
     assert_eq!((m.uid(), m.gid()), (1234, 5678));
@@ -164,26 +161,15 @@ fn verify_and_list_read_every_member() {
     let t = Tree::new();
     awkward_tree(&t);
     let archive = t.path("a.tar.zst");
-    intact([
-        "archive".as_ref(),
-        "create".as_ref(),
-        archive.as_os_str(),
-        t.path("src").as_os_str(),
-    ])
-    .expect_code(0);
-    let v = intact([
-        "archive".as_ref(),
-        "verify".as_ref(),
-        "--json".as_ref(),
-        archive.as_os_str(),
-    ])
-    .expect_code(0)
-    .json();
+    intact!("archive", "create", archive, t.path("src")).expect_code(0);
+    let v = intact!("archive", "verify", "--json", archive)
+        .expect_code(0)
+        .json();
     assert_eq!(v.count("ok"), 7);
     assert_eq!(v.status("sparse.img"), "ok");
     assert_eq!(v.status("new\\nline"), "ok");
 
-    let list = intact(["archive".as_ref(), "list".as_ref(), archive.as_os_str()]).expect_code(0);
+    let list = intact!("archive", "list", archive).expect_code(0);
     // Walk order is by name: the inode goes in as `hardlink`, `plain.txt` links to it.
     let plain = format!(
         "{} src/hardlink",
@@ -218,51 +204,40 @@ fn damaged_files_stay_out_unless_asked_and_then_are_marked() {
     let t = Tree::new();
     let good = t.write("src/good", data(10_000, 3));
     let bad = t.write("src/bad", data(10_000, 4));
-    intact(["tag".as_ref(), t.path("src").as_os_str()]).expect_code(0);
+    intact!("tag", t.path("src")).expect_code(0);
     flip_byte(&bad, 5000);
     let archive = t.path("a.tar.zst");
-    let r = intact([
-        "archive".as_ref(),
-        "create".as_ref(),
-        archive.as_os_str(),
-        t.path("src").as_os_str(),
-    ])
-    .expect_code(1);
+    let r = intact!("archive", "create", archive, t.path("src")).expect_code(1);
     assert!(
         r.stdout.contains("corrupt  ") && r.stdout.contains("src/bad: not archived"),
         "{}",
         r.stdout
     );
     // The damaged file kept its tag: the evidence.
-    let list = intact(["archive".as_ref(), "list".as_ref(), archive.as_os_str()]).expect_code(0);
+    let list = intact!("archive", "list", archive).expect_code(0);
     assert!(
         list.stdout.contains("src/good") && !list.stdout.contains("src/bad"),
         "{}",
         list.stdout
     );
 
-    intact([
-        "archive".as_ref(),
-        "create".as_ref(),
-        "--include-damaged".as_ref(),
-        archive.as_os_str(),
-        t.path("src").as_os_str(),
-    ])
+    intact!(
+        "archive",
+        "create",
+        "--include-damaged",
+        archive,
+        t.path("src")
+    )
     .expect_code(1);
-    let list = intact(["archive".as_ref(), "list".as_ref(), archive.as_os_str()]).expect_code(0);
+    let list = intact!("archive", "list", archive).expect_code(0);
     assert!(
         list.stdout.contains("src/bad  [archived although corrupt]"),
         "{}",
         list.stdout
     );
-    let v = intact([
-        "archive".as_ref(),
-        "verify".as_ref(),
-        "--json".as_ref(),
-        archive.as_os_str(),
-    ])
-    .expect_code(1)
-    .json();
+    let v = intact!("archive", "verify", "--json", archive)
+        .expect_code(1)
+        .json();
     assert_eq!(v.status("bad"), "corrupt");
     assert_eq!(v.status("good"), "ok");
     let _ = good;
@@ -273,23 +248,11 @@ fn untagged_leaves_the_files_alone() {
     let t = Tree::new();
     let f = t.write("src/f", b"never tagged");
     let archive = t.path("a.tar.zst");
-    intact([
-        "archive".as_ref(),
-        "create".as_ref(),
-        "--untagged".as_ref(),
-        archive.as_os_str(),
-        t.path("src").as_os_str(),
-    ])
-    .expect_code(0);
+    intact!("archive", "create", "--untagged", archive, t.path("src")).expect_code(0);
     assert_eq!(getxattr(&f, TAG), None);
-    let v = intact([
-        "archive".as_ref(),
-        "verify".as_ref(),
-        "--json".as_ref(),
-        archive.as_os_str(),
-    ])
-    .expect_code(0)
-    .json();
+    let v = intact!("archive", "verify", "--json", archive)
+        .expect_code(0)
+        .json();
     assert_eq!(v.status("f"), "new");
 }
 
@@ -299,18 +262,12 @@ fn damage_inside_the_archive_is_found() {
     t.write("src/a", data(2 << 20, 5));
     t.write("src/b", b"after the damage".repeat(1000));
     let archive = t.path("a.tar.zst");
-    intact([
-        "archive".as_ref(),
-        "create".as_ref(),
-        archive.as_os_str(),
-        t.path("src").as_os_str(),
-    ])
-    .expect_code(0);
+    intact!("archive", "create", archive, t.path("src")).expect_code(0);
     // Random data is stored raw by zstd: a flip in the middle lands in member data, which
     // only the member's own digest (and the frame checksum at the end) can catch.
     let len = fs::metadata(&archive).unwrap().len();
     flip_byte(&archive, len / 2);
-    let v = intact(["archive".as_ref(), "verify".as_ref(), archive.as_os_str()]).expect_code(1);
+    let v = intact!("archive", "verify", archive).expect_code(1);
     assert!(
         v.stdout.contains("corrupt  src/a"),
         "{}{}",
@@ -319,7 +276,7 @@ fn damage_inside_the_archive_is_found() {
     );
     // A flip in the zstd frame header is damage too, not a usage error.
     flip_byte(&archive, 5);
-    let v = intact(["archive".as_ref(), "verify".as_ref(), archive.as_os_str()]).expect_code(1);
+    let v = intact!("archive", "verify", archive).expect_code(1);
     assert!(v.stderr.contains("intact: error:"), "{}", v.stderr);
 }
 
@@ -327,18 +284,13 @@ fn damage_inside_the_archive_is_found() {
 fn not_an_archive_is_trouble_not_damage() {
     let t = Tree::new();
     let f = t.write("plain.txt", b"hello");
-    let v = intact(["archive".as_ref(), "verify".as_ref(), f.as_os_str()]).expect_code(3);
+    let v = intact!("archive", "verify", f).expect_code(3);
     assert!(
         v.stderr.contains("not a zstd-compressed archive"),
         "{}",
         v.stderr
     );
-    intact([
-        "archive".as_ref(),
-        "verify".as_ref(),
-        t.path("missing").as_os_str(),
-    ])
-    .expect_code(3);
+    intact!("archive", "verify", t.path("missing")).expect_code(3);
 }
 
 #[test]
@@ -348,13 +300,7 @@ fn a_failed_archive_leaves_nothing_behind() {
     t.write("src/big", data(3 << 20, 6));
     let m = Mount::new("tmpfs", "size=1m", t.path("small"));
     let archive = m.0.join("a.tar.zst");
-    let r = intact([
-        "archive".as_ref(),
-        "create".as_ref(),
-        archive.as_os_str(),
-        t.path("src").as_os_str(),
-    ])
-    .expect_code(3);
+    let r = intact!("archive", "create", archive, t.path("src")).expect_code(3);
     assert!(r.stderr.contains("No space left"), "{}", r.stderr);
     assert_eq!(
         fs::read_dir(&m.0).unwrap().count(),
@@ -368,27 +314,22 @@ fn a_failed_archive_leaves_nothing_behind() {
 fn a_retag_to_another_algorithm_is_what_the_member_carries() {
     let t = Tree::new();
     let f = t.write("src/f", b"old and then edited");
-    intact(["tag".as_ref(), t.path("src").as_os_str()]).expect_code(0);
+    intact!("tag", t.path("src")).expect_code(0);
     let archive = t.path("a.tar.zst");
-    intact([
-        "archive".as_ref(),
-        "create".as_ref(),
-        "--algo".as_ref(),
-        "blake3".as_ref(),
-        archive.as_os_str(),
-        t.path("src").as_os_str(),
-    ])
+    intact!(
+        "archive",
+        "create",
+        "--algo",
+        "blake3",
+        archive,
+        t.path("src")
+    )
     .expect_code(0);
     // Upgraded on the file, and the member carries that same tag.
     assert!(getxattr(&f, TAG).unwrap().starts_with(b"v=1 blake3="));
-    let v = intact([
-        "archive".as_ref(),
-        "verify".as_ref(),
-        "--json".as_ref(),
-        archive.as_os_str(),
-    ])
-    .expect_code(0)
-    .json();
+    let v = intact!("archive", "verify", "--json", archive)
+        .expect_code(0)
+        .json();
     assert_eq!(v.status("f"), "ok");
 }
 
@@ -401,22 +342,10 @@ fn damage_costs_one_frame_and_reading_resumes_after_it() {
         t.write(format!("src/{name}"), data(size, seed));
     }
     let archive = t.path("a.tar.zst");
-    intact([
-        "archive".as_ref(),
-        "create".as_ref(),
-        archive.as_os_str(),
-        t.path("src").as_os_str(),
-    ])
-    .expect_code(0);
+    intact!("archive", "create", archive, t.path("src")).expect_code(0);
     // Rot in the middle of a's frame.
     flip_byte(&archive, size as u64 / 2);
-    let v = intact([
-        "archive".as_ref(),
-        "verify".as_ref(),
-        "--json".as_ref(),
-        archive.as_os_str(),
-    ])
-    .expect_code(1);
+    let v = intact!("archive", "verify", "--json", archive).expect_code(1);
     let j = v.json();
     assert_ne!(j.status("a"), "ok", "{}", v.stdout);
     assert_eq!(j.status("b"), "ok", "{}", v.stdout);
@@ -425,12 +354,6 @@ fn damage_costs_one_frame_and_reading_resumes_after_it() {
     let c = t.path("src/c");
     let good = fs::read(&c).unwrap();
     flip_byte(&c, 12345);
-    intact([
-        "repair".as_ref(),
-        t.path("src").as_os_str(),
-        "--from".as_ref(),
-        archive.as_os_str(),
-    ])
-    .expect_code(0);
+    intact!("repair", t.path("src"), "--from", archive).expect_code(0);
     assert_eq!(fs::read(&c).unwrap(), good);
 }

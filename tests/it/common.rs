@@ -1,11 +1,12 @@
 //! A small harness: temp trees with real files and xattrs, and the real `intact` binary.
 #![allow(dead_code)]
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -129,28 +130,109 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_intact")
 }
 
-/// Runs `intact ARGS...`.
-pub fn intact<I, S>(args: I) -> Run
-where
-    I: IntoIterator<Item = S>,
-    S: AsRef<OsStr>,
-{
-    Run::from(Command::new(bin()).args(args).output().unwrap())
+/// `intact ARGS...` to be run: as root or `nobody`, with a time limit, with extra environment.
+pub struct Cmd {
+    args: Vec<OsString>,
+    nobody: bool,
+    limit: Option<Duration>,
+    env: Vec<(OsString, OsString)>,
+}
+
+impl Cmd {
+    pub fn new(args: &[&OsStr]) -> Cmd {
+        Cmd {
+            args: args.iter().map(|a| a.to_os_string()).collect(),
+            nobody: false,
+            limit: None,
+            env: Vec::new(),
+        }
+    }
+
+    /// Runs as the unprivileged user `nobody`.
+    pub fn nobody(mut self) -> Self {
+        self.nobody = true;
+        self
+    }
+
+    /// Fails the test (and kills intact) if the run takes longer: a hang is a failure.
+    pub fn within(mut self, limit: Duration) -> Self {
+        self.limit = Some(limit);
+        self
+    }
+
+    pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
+        self.env
+            .push((key.as_ref().to_os_string(), value.as_ref().to_os_string()));
+        self
+    }
+
+    /// The process, not yet started, with stdout and stderr piped.
+    pub fn command(&self) -> Command {
+        let mut c = if self.nobody {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+                .arg(bin());
+            c
+        } else {
+            Command::new(bin())
+        };
+        c.args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+
+    pub fn run(self) -> Run {
+        let child = self.command().spawn().unwrap();
+        let Some(limit) = self.limit else {
+            return Run::from(child.wait_with_output().unwrap());
+        };
+        let id = child.id();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            let out = child.wait_with_output().unwrap();
+            let _ = done_tx.send(());
+            out
+        });
+        let hung = done_rx.recv_timeout(limit).is_err();
+        if hung {
+            // SAFETY: a plain kill(2) of the child, still unreaped (the waiter reaps it).
+            unsafe { libc::kill(id as i32, libc::SIGKILL) };
+        }
+        let run = Run::from(waiter.join().unwrap());
+        assert!(
+            !hung,
+            "intact {:?} still running after {limit:?}: killed\n--- stdout\n{}--- stderr\n{}",
+            self.args, run.stdout, run.stderr
+        );
+        run
+    }
+}
+
+/// `intact ARGS...`, not yet run (see [`Cmd`]); each argument anything that is `AsRef<OsStr>`.
+#[macro_export]
+macro_rules! cmd {
+    ($($arg:expr),* $(,)?) => {
+        $crate::common::Cmd::new(&[$(::std::convert::AsRef::<::std::ffi::OsStr>::as_ref(&$arg)),*])
+    };
+}
+
+/// Runs `intact ARGS...` and waits for it.
+#[macro_export]
+macro_rules! intact {
+    ($($arg:expr),* $(,)?) => {
+        $crate::cmd!($($arg),*).run()
+    };
 }
 
 /// Runs `intact ARGS...` as the unprivileged user `nobody`.
-pub fn intact_as_nobody<I, S>(args: I) -> Run
-where
-    I: IntoIterator<Item = S>,
-    S: AsRef<OsStr>,
-{
-    let out = Command::new("setpriv")
-        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
-        .arg(bin())
-        .args(args)
-        .output()
-        .unwrap();
-    Run::from(out)
+#[macro_export]
+macro_rules! intact_as_nobody {
+    ($($arg:expr),* $(,)?) => {
+        $crate::cmd!($($arg),*).nobody().run()
+    };
 }
 
 pub fn is_root() -> bool {

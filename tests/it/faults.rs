@@ -19,7 +19,7 @@ fn no_xattr_support_is_a_clear_error_and_the_run_goes_on() {
     fs::write(m.0.join("file.txt"), b"ramfs has no user xattrs").unwrap();
     t.write("z-normal.txt", b"ext4 too");
 
-    let r = intact(["tag".as_ref(), t.root().as_os_str()]).expect_code(3);
+    let r = intact!("tag", t.root()).expect_code(3);
     assert!(
         r.stdout.contains(&format!(
             "{}: cannot write tag: the file system does not support user extended attributes",
@@ -30,9 +30,7 @@ fn no_xattr_support_is_a_clear_error_and_the_run_goes_on() {
     );
     assert!(getxattr(&t.path("a-normal.txt"), TAG).is_some());
     assert!(getxattr(&t.path("z-normal.txt"), TAG).is_some());
-    let j = intact(["update".as_ref(), "--json".as_ref(), t.root().as_os_str()])
-        .expect_code(3)
-        .json();
+    let j = intact!("update", "--json", t.root()).expect_code(3).json();
     assert_eq!(j.file("file.txt")["error_kind"], "no-xattr-support");
     assert_eq!(j.count("error"), 1);
 }
@@ -44,16 +42,11 @@ fn a_corrupt_file_whose_retag_fails_is_still_reported_corrupt() {
     t.open_to_all();
     let p = t.write("rotten", b"original bytes");
     rustix::fs::chown(&p, Some(rustix::process::Uid::from_raw(65534)), None).unwrap();
-    intact(["tag".as_ref(), p.as_os_str()]).expect_code(0);
+    intact!("tag", p).expect_code(0);
     flip_byte(&p, 3);
     fs::set_permissions(&p, fs::Permissions::from_mode(0o444)).unwrap();
     // nobody owns the file but may not write its xattrs: the accepted re-tag fails.
-    let r = intact_as_nobody([
-        "update".as_ref(),
-        "--accept-corrupt".as_ref(),
-        "--json".as_ref(),
-        p.as_os_str(),
-    ]);
+    let r = intact_as_nobody!("update", "--accept-corrupt", "--json", p);
     let j = r.expect_code(1).json();
     assert_eq!(j.status("rotten"), "corrupt");
     assert_eq!(j.file("rotten")["error_kind"], "permission-denied");
@@ -73,7 +66,7 @@ fn unreadable_and_read_only_files_as_a_normal_user() {
     fs::set_permissions(&fine, fs::Permissions::from_mode(0o666)).unwrap();
     rustix::fs::chown(&fine, Some(rustix::process::Uid::from_raw(65534)), None).unwrap();
 
-    let r = intact_as_nobody(["tag".as_ref(), t.root().as_os_str()]).expect_code(3);
+    let r = intact_as_nobody!("tag", t.root()).expect_code(3);
     assert!(
         r.stdout.contains(&format!(
             "error    {}: cannot open: Permission denied",
@@ -97,8 +90,8 @@ fn unreadable_and_read_only_files_as_a_normal_user() {
     assert!(getxattr(&readonly, TAG).is_none());
 
     // check as nobody: the unreadable file is an error, the readable ones are verified.
-    intact(["tag".as_ref(), t.root().as_os_str()]).expect_code(0);
-    let j = intact_as_nobody(["check".as_ref(), "--json".as_ref(), t.root().as_os_str()])
+    intact!("tag", t.root()).expect_code(0);
+    let j = intact_as_nobody!("check", "--json", t.root())
         .expect_code(3)
         .json();
     assert_eq!(j.status("secret"), "error");
@@ -122,13 +115,7 @@ fn a_file_growing_while_hashed_is_never_tagged() {
                 }
             });
             std::thread::sleep(Duration::from_millis(20));
-            let r = intact([
-                "tag".as_ref(),
-                "--algo".as_ref(),
-                algo.as_ref(),
-                "--json".as_ref(),
-                t.root().as_os_str(),
-            ]);
+            let r = intact!("tag", "--algo", algo, "--json", t.root());
             stop.store(true, Ordering::Relaxed);
             r
         });
@@ -212,9 +199,7 @@ fn full_xattr_space_is_reported() {
         eprintln!("SKIPPED: this file system never runs out of xattr space");
         return;
     }
-    let j = intact(["tag".as_ref(), "--json".as_ref(), t.root().as_os_str()])
-        .expect_code(3)
-        .json();
+    let j = intact!("tag", "--json", t.root()).expect_code(3).json();
     assert_eq!(j.file("crowded")["error_kind"], "no-space");
     assert!(
         j.file("crowded")["error"]
@@ -229,12 +214,7 @@ fn full_xattr_space_is_reported() {
 fn missing_paths_are_errors_and_the_rest_is_processed() {
     let t = Tree::new();
     t.write("here", b"present");
-    let r = intact([
-        "tag".as_ref(),
-        t.path("gone").as_os_str(),
-        t.path("here").as_os_str(),
-    ])
-    .expect_code(3);
+    let r = intact!("tag", t.path("gone"), t.path("here")).expect_code(3);
     assert!(
         r.stdout
             .contains(&format!("error    {}: ", t.path("gone").display())),
@@ -299,7 +279,7 @@ fn background_checks_leave_the_page_cache_as_they_found_it() {
     let t = Tree::new();
     let cached = t.write("cached", data(16 << 20, 1));
     let cold = t.write("cold", data(16 << 20, 2));
-    intact(["tag".as_ref(), t.root().as_os_str()]).expect_code(0);
+    intact!("tag", t.root()).expect_code(0);
     flip_byte(&cold, 5 << 20);
     // One file in the cache (the user's working set), one out of it.
     fs::read(&cached).unwrap();
@@ -309,15 +289,9 @@ fn background_checks_leave_the_page_cache_as_they_found_it() {
     assert_eq!(resident(&cached), 16 << 20);
     assert_eq!(resident(&cold), 0);
 
-    let j = intact([
-        "check".as_ref(),
-        "--speed".as_ref(),
-        "background".as_ref(),
-        "--json".as_ref(),
-        t.root().as_os_str(),
-    ])
-    .expect_code(1)
-    .json();
+    let j = intact!("check", "--speed", "background", "--json", t.root())
+        .expect_code(1)
+        .json();
     assert_eq!(j.status("cached"), "ok");
     // Read from the disk, not from a cached copy, the damage is seen.
     assert_eq!(j.status("cold"), "corrupt");

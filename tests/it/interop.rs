@@ -47,15 +47,9 @@ fn stock(dir: &Path, program: &str, args: &[&str]) -> (i32, String) {
 #[test]
 fn export_passes_sha256sum_and_fails_after_damage() {
     let (t, files) = odd_tree(true);
-    intact(["tag".as_ref(), t.root().as_os_str()]).expect_code(0);
+    intact!("tag", t.root()).expect_code(0);
     let manifest = t.path("SHA256SUMS");
-    let r = intact([
-        "export".as_ref(),
-        "-o".as_ref(),
-        manifest.as_os_str(),
-        t.root().as_os_str(),
-    ])
-    .expect_code(0);
+    let r = intact!("export", "-o", manifest, t.root()).expect_code(0);
     assert_eq!(r.stdout, "", "the manifest went to the file");
     let text = fs::read(&manifest).unwrap();
     assert_eq!(
@@ -87,20 +81,8 @@ fn export_passes_sha256sum_and_fails_after_damage() {
 fn export_blake3_passes_b3sum_and_fails_after_damage() {
     // b3sum cannot check names that are not UTF-8, so none here.
     let (t, files) = odd_tree(false);
-    intact([
-        "tag".as_ref(),
-        "--algo".as_ref(),
-        "blake3".as_ref(),
-        t.root().as_os_str(),
-    ])
-    .expect_code(0);
-    let r = intact([
-        "export".as_ref(),
-        "--algo".as_ref(),
-        "blake3".as_ref(),
-        t.root().as_os_str(),
-    ])
-    .expect_code(0);
+    intact!("tag", "--algo", "blake3", t.root()).expect_code(0);
+    let r = intact!("export", "--algo", "blake3", t.root()).expect_code(0);
     fs::write(t.path("B3SUMS"), &r.stdout).unwrap();
     let (code, out) = stock(t.root(), "b3sum", &["-c", "B3SUMS"]);
     assert_eq!(code, 0, "{out}");
@@ -115,14 +97,8 @@ fn export_blake3_passes_b3sum_and_fails_after_damage() {
 fn export_never_passes_off_a_partial_manifest() {
     let t = Tree::new();
     t.write("b3", b"blake3 tagged");
-    intact([
-        "tag".as_ref(),
-        "--algo".as_ref(),
-        "blake3".as_ref(),
-        t.root().as_os_str(),
-    ])
-    .expect_code(0);
-    let r = intact(["export".as_ref(), t.root().as_os_str()]).expect_code(3);
+    intact!("tag", "--algo", "blake3", t.root()).expect_code(0);
+    let r = intact!("export", t.root()).expect_code(3);
     assert_eq!(r.stdout, "");
     assert!(
         r.stderr
@@ -131,13 +107,7 @@ fn export_never_passes_off_a_partial_manifest() {
         r.stderr
     );
     // And tag --compat says when it cannot copy a SHA-256 it does not have.
-    let r = intact([
-        "tag".as_ref(),
-        "--compat".as_ref(),
-        "shatag".as_ref(),
-        t.root().as_os_str(),
-    ])
-    .expect_code(0);
+    let r = intact!("tag", "--compat", "shatag", t.root()).expect_code(0);
     assert!(r.stdout.contains("no compat tags added"), "{}", r.stdout);
 }
 
@@ -146,12 +116,12 @@ fn export_reads_no_data_and_leaves_out_stale_tags() {
     let t = Tree::new();
     t.write("same", b"unchanged");
     let edited = t.write("edited", b"before");
-    intact(["tag".as_ref(), t.root().as_os_str()]).expect_code(0);
+    intact!("tag", t.root()).expect_code(0);
     let (sec, nsec) = mtime(&edited);
     fs::write(&edited, b"after").unwrap();
     set_mtime(&edited, (sec + 5, nsec));
     t.write("untagged", b"x");
-    let r = intact(["export".as_ref(), "--json".as_ref(), t.root().as_os_str()]);
+    let r = intact!("export", "--json", t.root());
     // JSON and the manifest would share stdout: per-file reports go to stderr for export.
     let lines: Vec<&str> = r.stdout.lines().collect();
     assert_eq!(
@@ -232,7 +202,7 @@ fn import_manifests_from_stock_tools() {
         let manifest = t.path("manifest.txt");
         fs::write(&manifest, &out.stdout).unwrap();
         flip_byte(&t.path("plain.txt"), 1);
-        let r = intact(["import".as_ref(), "--json".as_ref(), manifest.as_os_str()]).expect_code(1);
+        let r = intact!("import", "--json", manifest).expect_code(1);
         let j = r.json();
         assert_eq!(j.status("plain.txt"), "mismatch", "{name}");
         assert!(
@@ -242,13 +212,9 @@ fn import_manifests_from_stock_tools() {
         assert_eq!(j.file("deep.bin")["action"], "tagged", "{name}");
         assert_eq!(j.file("with space.txt")["action"], "tagged", "{name}");
         // What was imported now checks out from the xattrs alone.
-        let c = intact([
-            "check".as_ref(),
-            "--json".as_ref(),
-            t.path("sub").as_os_str(),
-        ])
-        .expect_code(0)
-        .json();
+        let c = intact!("check", "--json", t.path("sub"))
+            .expect_code(0)
+            .json();
         assert_eq!(c.status("deep.bin"), "ok");
     }
     // b3sum manifests need --algo blake3: the lines look like sha256sum's.
@@ -259,15 +225,9 @@ fn import_manifests_from_stock_tools() {
         .output()
         .unwrap();
     fs::write(t.path("B3SUMS"), &out.stdout).unwrap();
-    let j = intact([
-        "import".as_ref(),
-        "--algo".as_ref(),
-        "blake3".as_ref(),
-        "--json".as_ref(),
-        t.path("B3SUMS").as_os_str(),
-    ])
-    .expect_code(0)
-    .json();
+    let j = intact!("import", "--algo", "blake3", "--json", t.path("B3SUMS"))
+        .expect_code(0)
+        .json();
     assert_eq!(j.count("ok"), 3);
     let tag = String::from_utf8(getxattr(&t.path("new\nline.txt"), TAG).unwrap()).unwrap();
     assert!(tag.starts_with("v=1 blake3="), "{tag}");
@@ -276,27 +236,15 @@ fn import_manifests_from_stock_tools() {
 #[test]
 fn check_against_a_manifest_without_xattrs() {
     let (t, files) = odd_tree(true);
-    intact(["tag".as_ref(), t.root().as_os_str()]).expect_code(0);
+    intact!("tag", t.root()).expect_code(0);
     let manifest = t.path("../manifest-for-check");
-    intact([
-        "export".as_ref(),
-        "-o".as_ref(),
-        manifest.as_os_str(),
-        t.root().as_os_str(),
-    ])
-    .expect_code(0);
+    intact!("export", "-o", manifest, t.root()).expect_code(0);
     // A copy on media without xattrs: strip them all.
-    intact(["strip".as_ref(), t.root().as_os_str()]).expect_code(0);
+    intact!("strip", t.root()).expect_code(0);
     let check = |code| {
-        intact([
-            "check".as_ref(),
-            "--manifest".as_ref(),
-            manifest.as_os_str(),
-            "--json".as_ref(),
-            t.root().as_os_str(),
-        ])
-        .expect_code(code)
-        .json()
+        intact!("check", "--manifest", manifest, "--json", t.root())
+            .expect_code(code)
+            .json()
     };
     let j = check(0);
     assert_eq!(j.count("ok"), files.len() as u64);
@@ -328,24 +276,12 @@ fn absolute_manifest_paths_under_the_root_match() {
         .output()
         .unwrap();
     fs::write(t.path("HASHES"), &out.stdout).unwrap();
-    let j = intact([
-        "import".as_ref(),
-        "--json".as_ref(),
-        t.path("HASHES").as_os_str(),
-    ])
-    .json();
+    let j = intact!("import", "--json", t.path("HASHES")).json();
     // Names with a newline are lost in hashdeep's own format; the rest are imported.
     assert_eq!(j.file("deep.bin")["action"], "tagged");
     assert_eq!(j.file("plain.txt")["action"], "tagged");
     assert_eq!(j.count("missing"), 0);
-    let c = intact([
-        "check".as_ref(),
-        "--manifest".as_ref(),
-        t.path("HASHES").as_os_str(),
-        "--json".as_ref(),
-        t.root().as_os_str(),
-    ])
-    .json();
+    let c = intact!("check", "--manifest", t.path("HASHES"), "--json", t.root()).json();
     assert_eq!(c.status("deep.bin"), "ok");
 }
 
@@ -353,7 +289,7 @@ fn absolute_manifest_paths_under_the_root_match() {
 fn import_never_rebaselines_a_file_its_own_tag_finds_damaged() {
     let t = Tree::new();
     let p = t.write("photo.jpg", data(50_000, 3));
-    intact(["tag".as_ref(), p.as_os_str()]).expect_code(0);
+    intact!("tag", p).expect_code(0);
     let good_tag = getxattr(&p, TAG).unwrap();
     flip_byte(&p, 100);
     // A manifest made after the damage matches the damaged bytes...
@@ -363,13 +299,9 @@ fn import_never_rebaselines_a_file_its_own_tag_finds_damaged() {
         .output()
         .unwrap();
     fs::write(t.path("SUMS"), &out.stdout).unwrap();
-    let j = intact([
-        "import".as_ref(),
-        "--json".as_ref(),
-        t.path("SUMS").as_os_str(),
-    ])
-    .expect_code(1)
-    .json();
+    let j = intact!("import", "--json", t.path("SUMS"))
+        .expect_code(1)
+        .json();
     // ... but the file's own tag knows better.
     assert_eq!(j.status("photo.jpg"), "corrupt");
     assert_eq!(j.file("photo.jpg")["action"], "kept");
@@ -382,13 +314,7 @@ fn compat_tags_are_written_byte_exact_and_stripped() {
     let body = b"interoperable".as_slice();
     let p = t.write("f", body);
     set_mtime(&p, (1_600_000_000, 42));
-    intact([
-        "tag".as_ref(),
-        "--compat".as_ref(),
-        "shatag,dintch".as_ref(),
-        t.root().as_os_str(),
-    ])
-    .expect_code(0);
+    intact!("tag", "--compat", "shatag,dintch", t.root()).expect_code(0);
     let digest = sha256(body);
     assert_eq!(
         getxattr(&p, "user.shatag.sha256").unwrap(),
@@ -414,13 +340,7 @@ fn compat_tags_are_written_byte_exact_and_stripped() {
     let (sec, nsec) = mtime(&p);
     fs::write(&p, b"edited since").unwrap();
     set_mtime(&p, (sec + 10, nsec));
-    intact([
-        "update".as_ref(),
-        "--compat".as_ref(),
-        "shatag,dintch".as_ref(),
-        t.root().as_os_str(),
-    ])
-    .expect_code(0);
+    intact!("update", "--compat", "shatag,dintch", t.root()).expect_code(0);
     let body = b"edited since".as_slice();
     let digest = sha256(body);
     assert_eq!(
@@ -437,19 +357,11 @@ fn compat_tags_are_written_byte_exact_and_stripped() {
     );
 
     // Each tag on its own checks the file: remove intact's and the others still work.
-    intact(["strip".as_ref(), t.root().as_os_str()]).expect_code(0);
-    let j = intact(["check".as_ref(), "--json".as_ref(), t.root().as_os_str()])
-        .expect_code(0)
-        .json();
+    intact!("strip", t.root()).expect_code(0);
+    let j = intact!("check", "--json", t.root()).expect_code(0).json();
     assert_eq!(j.file("f")["format"], "shatag");
 
-    let r = intact([
-        "strip".as_ref(),
-        "--compat".as_ref(),
-        "shatag,dintch".as_ref(),
-        "--json".as_ref(),
-        t.root().as_os_str(),
-    ]);
+    let r = intact!("strip", "--compat", "shatag,dintch", "--json", t.root());
     assert_eq!(r.expect_code(0).json().file("f")["action"], "removed");
     for attr in [
         "user.shatag.sha256",
@@ -465,23 +377,11 @@ fn compat_tags_for_tagged_files_need_no_read_and_blake3_files_get_sha256() {
     let t = Tree::new();
     let a = t.write("a", data(2_000_000, 7));
     let b = t.write("b", b"blake3 tagged");
-    intact(["tag".as_ref(), a.as_os_str()]).expect_code(0);
-    intact([
-        "tag".as_ref(),
-        "--algo".as_ref(),
-        "blake3".as_ref(),
-        b.as_os_str(),
-    ])
-    .expect_code(0);
-    let j = intact([
-        "tag".as_ref(),
-        "--compat".as_ref(),
-        "shatag".as_ref(),
-        "--json".as_ref(),
-        a.as_os_str(),
-    ])
-    .expect_code(0)
-    .json();
+    intact!("tag", a).expect_code(0);
+    intact!("tag", "--algo", "blake3", b).expect_code(0);
+    let j = intact!("tag", "--compat", "shatag", "--json", a)
+        .expect_code(0)
+        .json();
     assert_eq!(j.summary["bytes"], 0);
     assert_eq!(j.file("a")["action"], "tagged");
     assert_eq!(
@@ -489,15 +389,9 @@ fn compat_tags_for_tagged_files_need_no_read_and_blake3_files_get_sha256() {
         hex::encode(sha256(&data(2_000_000, 7))).into_bytes()
     );
     // A BLAKE3-tagged file needs its SHA-256 computed: update reads it once for both.
-    let j = intact([
-        "update".as_ref(),
-        "--compat".as_ref(),
-        "dintch".as_ref(),
-        "--json".as_ref(),
-        b.as_os_str(),
-    ])
-    .expect_code(0)
-    .json();
+    let j = intact!("update", "--compat", "dintch", "--json", b)
+        .expect_code(0)
+        .json();
     assert_eq!(j.file("b")["action"], "tagged");
     assert_eq!(
         getxattr(&b, "user.co.eclecticlight.dintch.hash").unwrap(),
@@ -524,7 +418,7 @@ fn compat_tags_for_tagged_files_need_no_read_and_blake3_files_get_sha256() {
 fn disagreeing_tags_are_a_conflict_until_settled() {
     let t = Tree::new();
     let p = t.write("f", b"current data");
-    intact(["tag".as_ref(), p.as_os_str()]).expect_code(0);
+    intact!("tag", p).expect_code(0);
     // An old shatag from before an edit, still on the file.
     setxattr(
         &p,
@@ -538,7 +432,7 @@ fn disagreeing_tags_are_a_conflict_until_settled() {
         format!("{sec:010}.{nsec:09}").as_bytes(),
     );
 
-    let r = intact(["check".as_ref(), p.as_os_str()]).expect_code(3);
+    let r = intact!("check", p).expect_code(3);
     assert!(r.stdout.starts_with("conflict "), "{}", r.stdout);
     assert!(
         r.stdout
@@ -549,26 +443,18 @@ fn disagreeing_tags_are_a_conflict_until_settled() {
 
     // Damage wins over a conflict: flip a byte and it is corrupt, exit 1.
     flip_byte(&p, 0);
-    let j = intact(["check".as_ref(), "--json".as_ref(), p.as_os_str()])
-        .expect_code(1)
-        .json();
+    let j = intact!("check", "--json", p).expect_code(1).json();
     assert_eq!(j.status("f"), "corrupt");
     flip_byte(&p, 0);
 
     // update alone cannot settle it, and says how.
-    let r = intact(["update".as_ref(), p.as_os_str()]).expect_code(3);
+    let r = intact!("update", p).expect_code(3);
     assert!(r.stdout.contains("--compat shatag"), "{}", r.stdout);
     // update --compat shatag rewrites the stale tag; then all is well.
-    intact([
-        "update".as_ref(),
-        "--compat".as_ref(),
-        "shatag".as_ref(),
-        p.as_os_str(),
-    ])
-    .expect_code(0);
+    intact!("update", "--compat", "shatag", p).expect_code(0);
     assert_eq!(
         getxattr(&p, "user.shatag.sha256").unwrap(),
         hex::encode(sha256(b"current data")).into_bytes()
     );
-    intact(["check".as_ref(), p.as_os_str()]).expect_code(0);
+    intact!("check", p).expect_code(0);
 }

@@ -7,20 +7,12 @@ fn json_fields_for_each_kind_of_file() {
     let t = Tree::new();
     let ok = t.write("ok.txt", b"fine");
     let bad = t.write("bad.txt", b"will rot");
-    intact([
-        "tag".as_ref(),
-        "--algo".as_ref(),
-        "blake3".as_ref(),
-        t.root().as_os_str(),
-    ])
-    .expect_code(0);
+    intact!("tag", "--algo", "blake3", t.root()).expect_code(0);
     t.write("new.txt", b"untagged");
     std::os::unix::fs::symlink("ok.txt", t.path("link")).unwrap();
     flip_byte(&bad, 2);
 
-    let j = intact(["check".as_ref(), "--json".as_ref(), t.root().as_os_str()])
-        .expect_code(1)
-        .json();
+    let j = intact!("check", "--json", t.root()).expect_code(1).json();
     assert_eq!(j.files.len(), 4);
     let f = j.file("ok.txt");
     assert_eq!(f["type"], "file");
@@ -69,9 +61,9 @@ fn verbosity_levels() {
     let t = Tree::new();
     t.write("a", b"a");
     t.write("b", b"b");
-    intact(["tag".as_ref(), t.root().as_os_str()]).expect_code(0);
+    intact!("tag", t.root()).expect_code(0);
     t.write("c", b"new");
-    let normal = intact(["check".as_ref(), t.root().as_os_str()]).expect_code(0);
+    let normal = intact!("check", t.root()).expect_code(0);
     assert_eq!(
         normal.stdout,
         format!("new      {}\n", t.path("c").display())
@@ -83,10 +75,10 @@ fn verbosity_levels() {
     );
     assert!(normal.stderr.contains("2 ok, 1 new"), "{}", normal.stderr);
 
-    let quiet = intact(["check".as_ref(), "-q".as_ref(), t.root().as_os_str()]).expect_code(0);
+    let quiet = intact!("check", "-q", t.root()).expect_code(0);
     assert_eq!((quiet.stdout.as_str(), quiet.stderr.as_str()), ("", ""));
 
-    let verbose = intact(["check".as_ref(), "-v".as_ref(), t.root().as_os_str()]).expect_code(0);
+    let verbose = intact!("check", "-v", t.root()).expect_code(0);
     assert_eq!(verbose.stdout.lines().count(), 3);
     assert!(
         verbose
@@ -95,7 +87,7 @@ fn verbosity_levels() {
     );
 
     flip_byte(&t.path("a"), 0);
-    let quiet = intact(["check".as_ref(), "-q".as_ref(), t.root().as_os_str()]).expect_code(1);
+    let quiet = intact!("check", "-q", t.root()).expect_code(1);
     assert_eq!(
         quiet.stdout,
         format!("corrupt  {}\n", t.path("a").display())
@@ -107,9 +99,9 @@ fn verbosity_levels() {
 fn show_reads_no_data() {
     let t = Tree::new();
     let p = t.write("f", b"shown");
-    intact(["tag".as_ref(), p.as_os_str()]).expect_code(0);
+    intact!("tag", p).expect_code(0);
     t.write("g", b"untagged");
-    let r = intact(["show".as_ref(), t.root().as_os_str()]).expect_code(0);
+    let r = intact!("show", t.root()).expect_code(0);
     let digest = sha2_hex(b"shown");
     assert_eq!(
         r.stdout,
@@ -128,17 +120,17 @@ fn sha2_hex(data: &[u8]) -> String {
 
 #[test]
 fn usage_errors_exit_2() {
-    intact(["check"]).expect_code(2);
-    intact(["frobnicate", "."]).expect_code(2);
-    intact(["check", "--mtime-window", "soon", "."]).expect_code(2);
-    intact(["check", "--threads", "0", "."]).expect_code(2);
-    let r = intact(["check", "--exclude", "a[", "."]).expect_code(2);
+    intact!("check").expect_code(2);
+    intact!("frobnicate", ".").expect_code(2);
+    intact!("check", "--mtime-window", "soon", ".").expect_code(2);
+    intact!("check", "--threads", "0", ".").expect_code(2);
+    let r = intact!("check", "--exclude", "a[", ".").expect_code(2);
     assert!(r.stderr.contains("bad --exclude pattern"), "{}", r.stderr);
 }
 
 #[test]
 fn help_documents_exit_codes_and_docs_are_generated() {
-    let help = intact(["--help"]).expect_code(0);
+    let help = intact!("--help").expect_code(0);
     for needle in [
         "Exit codes:",
         "  1    damage found",
@@ -147,15 +139,15 @@ fn help_documents_exit_codes_and_docs_are_generated() {
     ] {
         assert!(help.stdout.contains(needle), "{needle}: {}", help.stdout);
     }
-    let check_help = intact(["check", "--help"]).expect_code(0);
+    let check_help = intact!("check", "--help").expect_code(0);
     assert!(check_help.stdout.contains("--mtime-window"));
     assert!(check_help.stdout.contains("Exit codes:"));
 
-    let man = intact(["generate", "man"]).expect_code(0);
+    let man = intact!("generate", "man").expect_code(0);
     assert!(man.stdout.starts_with(".ie"), "{}", &man.stdout[..100]);
     assert!(man.stdout.contains(".TH intact 1"));
     assert!(man.stdout.contains("Exit codes:"));
-    let bash = intact(["generate", "bash"]).expect_code(0);
+    let bash = intact!("generate", "bash").expect_code(0);
     assert!(
         bash.stdout.contains("complete -F _intact"),
         "{}",

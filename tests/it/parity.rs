@@ -9,10 +9,6 @@ use std::process::Command;
 
 use crate::common::*;
 
-fn run(args: &[&OsStr]) -> Run {
-    intact(args.iter().copied())
-}
-
 fn par2(dir: &Path, args: &[&OsStr]) -> (bool, String) {
     let out = Command::new("par2")
         .current_dir(dir)
@@ -59,7 +55,7 @@ fn tree(t: &Tree) -> PathBuf {
 fn par2cmdline_verifies_and_repairs_what_protect_wrote() {
     let t = Tree::new();
     let src = tree(&t);
-    run(&["protect".as_ref(), src.as_os_str()]).expect_code(0);
+    intact!("protect", src).expect_code(0);
     let store = src.join(".intact-parity");
     let sets = index_files(&store);
     // One set for the large file, one pack for the thirty small ones.
@@ -101,21 +97,11 @@ fn repair_from_the_store_finds_moved_files_and_verifies() {
     for algo in ALGOS {
         let t = Tree::new();
         let src = tree(&t);
-        run(&[
-            "tag".as_ref(),
-            "--algo".as_ref(),
-            algo.as_ref(),
-            src.as_os_str(),
-        ])
-        .expect_code(0);
-        let r = run(&["protect".as_ref(), "--json".as_ref(), src.as_os_str()])
-            .expect_code(0)
-            .json();
+        intact!("tag", "--algo", algo, src).expect_code(0);
+        let r = intact!("protect", "--json", src).expect_code(0).json();
         assert_eq!(r.summary["actions"]["protected"], 31);
         // Protecting again adds nothing.
-        let again = run(&["protect".as_ref(), "--json".as_ref(), src.as_os_str()])
-            .expect_code(0)
-            .json();
+        let again = intact!("protect", "--json", src).expect_code(0).json();
         assert_eq!(
             again.summary["actions"]["protected"], 0,
             "{:?}",
@@ -133,18 +119,13 @@ fn repair_from_the_store_finds_moved_files_and_verifies() {
             fs::write(p, b).unwrap();
         });
         flip_byte(&src.join("small/s20"), 100);
-        run(&["check".as_ref(), src.as_os_str()]).expect_code(1);
+        intact!("check", src).expect_code(1);
         // No --from: the tree's own store is used.
-        let r = run(&[
-            "repair".as_ref(),
-            "--discard-damaged".as_ref(),
-            src.as_os_str(),
-        ])
-        .expect_code(0);
+        let r = intact!("repair", "--discard-damaged", src).expect_code(0);
         assert!(r.stdout.contains("restored from parity in"), "{}", r.stdout);
         assert_eq!(fs::read(src.join("moved/renamed.bin")).unwrap(), good_big);
         assert_eq!(fs::read(src.join("small/s20")).unwrap(), good_small);
-        run(&["check".as_ref(), src.as_os_str()]).expect_code(0);
+        intact!("check", src).expect_code(0);
     }
 }
 
@@ -152,13 +133,7 @@ fn repair_from_the_store_finds_moved_files_and_verifies() {
 fn more_damage_than_the_redundancy_is_refused_and_the_original_kept() {
     let t = Tree::new();
     let src = tree(&t);
-    run(&[
-        "protect".as_ref(),
-        "--redundancy".as_ref(),
-        "1%".as_ref(),
-        src.as_os_str(),
-    ])
-    .expect_code(0);
+    intact!("protect", "--redundancy", "1%", src).expect_code(0);
     let big = src.join("big.bin");
     behind_the_back(&big, |p| {
         let mut b = fs::read(p).unwrap();
@@ -168,7 +143,7 @@ fn more_damage_than_the_redundancy_is_refused_and_the_original_kept() {
         fs::write(p, b).unwrap();
     });
     let damaged = fs::read(&big).unwrap();
-    let r = run(&["repair".as_ref(), src.as_os_str()]).expect_code(1);
+    let r = intact!("repair", src).expect_code(1);
     assert!(
         r.stdout.contains("more damage than the redundancy covers"),
         "{}",
@@ -181,7 +156,7 @@ fn more_damage_than_the_redundancy_is_refused_and_the_original_kept() {
 fn damaged_recovery_files_cost_only_their_damaged_slices() {
     let t = Tree::new();
     let src = tree(&t);
-    run(&["protect".as_ref(), src.as_os_str()]).expect_code(0);
+    intact!("protect", src).expect_code(0);
     // Rot inside the big file's volume: a few recovery packets fail their MD5.
     let store = src.join(".intact-parity");
     let set = index_files(&store)
@@ -201,7 +176,7 @@ fn damaged_recovery_files_cost_only_their_damaged_slices() {
     let big = src.join("big.bin");
     let good = fs::read(&big).unwrap();
     flip_byte(&big, 1000);
-    run(&["repair".as_ref(), src.as_os_str()]).expect_code(0);
+    intact!("repair", src).expect_code(0);
     assert_eq!(fs::read(&big).unwrap(), good);
 }
 
@@ -217,7 +192,7 @@ fn sets_made_by_par2cmdline_repair_bit_flips_zeroed_runs_and_truncations() {
     for (name, bytes) in &files {
         t.write(format!("src/{name}"), bytes);
     }
-    run(&["tag".as_ref(), src.as_os_str()]).expect_code(0);
+    intact!("tag", src).expect_code(0);
     let (ok, out) = par2(
         &src,
         &[
@@ -236,14 +211,14 @@ fn sets_made_by_par2cmdline_repair_bit_flips_zeroed_runs_and_truncations() {
     behind_the_back(&src.join("c.bin"), |p| {
         fs::write(p, &fs::read(p).unwrap()[..150_000]).unwrap();
     });
-    run(&["check".as_ref(), src.as_os_str()]).expect_code(1);
-    run(&[
-        "repair".as_ref(),
-        "--discard-damaged".as_ref(),
-        src.as_os_str(),
-        "--from".as_ref(),
-        src.join("set.par2").as_os_str(),
-    ])
+    intact!("check", src).expect_code(1);
+    intact!(
+        "repair",
+        "--discard-damaged",
+        src,
+        "--from",
+        src.join("set.par2")
+    )
     .expect_code(0);
     for (name, bytes) in &files {
         assert_eq!(&fs::read(src.join(name)).unwrap(), bytes, "{name}");
@@ -254,7 +229,7 @@ fn sets_made_by_par2cmdline_repair_bit_flips_zeroed_runs_and_truncations() {
 fn hostile_names_in_a_set_are_never_followed() {
     let t = Tree::new();
     let f = t.write("root/f", data(50_000, 31));
-    run(&["tag".as_ref(), t.path("root").as_os_str()]).expect_code(0);
+    intact!("tag", t.path("root")).expect_code(0);
     let good = fs::read(&f).unwrap();
     // A valid set whose file is named to climb out of its directory.
     let name = b"../root/f".to_vec();
@@ -274,13 +249,7 @@ fn hostile_names_in_a_set_are_never_followed() {
     .unwrap();
     fs::write(t.path("sets/evil.par2"), &created.index).unwrap();
     flip_byte(&f, 10);
-    let r = run(&[
-        "repair".as_ref(),
-        t.path("root").as_os_str(),
-        "--from".as_ref(),
-        t.path("sets/evil.par2").as_os_str(),
-    ])
-    .expect_code(1);
+    let r = intact!("repair", t.path("root"), "--from", t.path("sets/evil.par2")).expect_code(1);
     assert!(r.stdout.contains("no good copy found"), "{}", r.stdout);
     assert_ne!(fs::read(&f).unwrap(), good);
 }
@@ -289,7 +258,7 @@ fn hostile_names_in_a_set_are_never_followed() {
 fn a_pack_survives_its_members_moving_and_its_index_rotting() {
     let t = Tree::new();
     let src = tree(&t);
-    run(&["protect".as_ref(), src.as_os_str()]).expect_code(0);
+    intact!("protect", src).expect_code(0);
     // Every small file moves (30 of them: ten times what the pack's 3 recovery slices could
     // rebuild if they counted as missing), and the pack's index file rots.
     fs::rename(src.join("small"), src.join("renamed")).unwrap();
@@ -301,12 +270,7 @@ fn a_pack_survives_its_members_moving_and_its_index_rotting() {
     let victim = src.join("renamed/s11");
     let good = fs::read(&victim).unwrap();
     flip_byte(&victim, 50);
-    run(&[
-        "repair".as_ref(),
-        "--discard-damaged".as_ref(),
-        src.as_os_str(),
-    ])
-    .expect_code(0);
+    intact!("repair", "--discard-damaged", src).expect_code(0);
     assert_eq!(fs::read(&victim).unwrap(), good);
 }
 
@@ -316,19 +280,8 @@ fn a_store_serves_one_tree() {
     t.write("one/f", data(1000, 41));
     t.write("two/g", data(1000, 42));
     let store = t.path("store");
-    run(&[
-        "protect".as_ref(),
-        "--store".as_ref(),
-        store.as_os_str(),
-        t.path("one").as_os_str(),
-    ])
-    .expect_code(0);
-    let r = run(&[
-        "protect".as_ref(),
-        "--store".as_ref(),
-        store.as_os_str(),
-        t.path("two").as_os_str(),
-    ]);
+    intact!("protect", "--store", store, t.path("one")).expect_code(0);
+    let r = intact!("protect", "--store", store, t.path("two"));
     assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
     assert!(
         r.stderr.contains("give each tree its own store"),

@@ -1,7 +1,6 @@
 //! Repair: damaged files get their bytes back from archives and backup trees, found by
 //! digest, verified before anything is replaced, and nothing is written outside the tree.
 
-use std::ffi::OsStr;
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -10,19 +9,9 @@ use std::process::Command;
 
 use crate::common::*;
 
-fn run(args: &[&OsStr]) -> Run {
-    intact(args.iter().copied())
-}
-
 fn archive(t: &Tree, src: &Path) -> PathBuf {
     let a = t.path("copy.tar.zst");
-    run(&[
-        "archive".as_ref(),
-        "create".as_ref(),
-        a.as_os_str(),
-        src.as_os_str(),
-    ])
-    .expect_code(0);
+    intact!("archive", "create", a, src).expect_code(0);
     a
 }
 
@@ -44,13 +33,7 @@ fn from_an_archive_bit_exact_with_metadata_even_after_a_rename() {
         let moved_before = t.write("src/old-name.bin", data(100_000, 3));
         fs::set_permissions(&photo, fs::Permissions::from_mode(0o640)).unwrap();
         setxattr(&photo, "user.note", b"keep me");
-        run(&[
-            "tag".as_ref(),
-            "--algo".as_ref(),
-            algo.as_ref(),
-            t.path("src").as_os_str(),
-        ])
-        .expect_code(0);
+        intact!("tag", "--algo", algo, t.path("src")).expect_code(0);
         let a = archive(&t, &t.path("src"));
 
         let moved = t.path("src/photos/new-name.bin");
@@ -59,17 +42,11 @@ fn from_an_archive_bit_exact_with_metadata_even_after_a_rename() {
         let before = (mtime(&photo), getxattr(&photo, TAG));
         flip_byte(&photo, 123_456);
         flip_byte(&moved, 7);
-        run(&["check".as_ref(), t.path("src").as_os_str()]).expect_code(1);
+        intact!("check", t.path("src")).expect_code(1);
 
-        let r = run(&[
-            "repair".as_ref(),
-            "--json".as_ref(),
-            t.path("src").as_os_str(),
-            "--from".as_ref(),
-            a.as_os_str(),
-        ])
-        .expect_code(0)
-        .json();
+        let r = intact!("repair", "--json", t.path("src"), "--from", a)
+            .expect_code(0)
+            .json();
         assert_eq!(r.file("photo.jpg")["action"], "repaired");
         assert_eq!(r.file("new-name.bin")["action"], "repaired");
         assert_eq!(r.summary["actions"]["repaired"], 2);
@@ -84,7 +61,7 @@ fn from_an_archive_bit_exact_with_metadata_even_after_a_rename() {
         assert_ne!(fs::read(&kept).unwrap(), good_photo);
         assert_eq!(getxattr(&kept, TAG), None);
         assert!(leftovers(&t.path("src/photos")).is_empty());
-        run(&["check".as_ref(), t.path("src").as_os_str()]).expect_code(0);
+        intact!("check", t.path("src")).expect_code(0);
         let _ = doc;
     }
 }
@@ -96,14 +73,7 @@ fn dry_run_says_from_where_and_changes_nothing() {
     let a = archive(&t, &t.path("src"));
     flip_byte(&f, 10);
     let damaged = fs::read(&f).unwrap();
-    let r = run(&[
-        "repair".as_ref(),
-        "-n".as_ref(),
-        t.path("src").as_os_str(),
-        "--from".as_ref(),
-        a.as_os_str(),
-    ])
-    .expect_code(1);
+    let r = intact!("repair", "-n", t.path("src"), "--from", a).expect_code(1);
     assert!(
         r.stdout.contains("src/f: would be repaired from"),
         "{}",
@@ -119,7 +89,7 @@ fn from_a_backup_tree_skipping_a_backup_copy_that_is_itself_corrupt() {
     let t = Tree::new();
     let a = t.write("src/a.bin", data(200_000, 5));
     let b = t.write("src/sub/b.bin", data(200_000, 6));
-    run(&["tag".as_ref(), t.path("src").as_os_str()]).expect_code(0);
+    intact!("tag", t.path("src")).expect_code(0);
     for (tool, args) in [("cp", &["-a"][..]), ("rsync", &["-aX"][..])] {
         let backup = t.path(format!("backup-{tool}"));
         let mut cmd = Command::new(tool);
@@ -140,13 +110,7 @@ fn from_a_backup_tree_skipping_a_backup_copy_that_is_itself_corrupt() {
     let good_b = fs::read(t.path("backup-rsync/sub/b.bin")).unwrap();
 
     // From the cp copy alone: a is repaired, b's only copy is damaged.
-    let r = run(&[
-        "repair".as_ref(),
-        t.path("src").as_os_str(),
-        "--from".as_ref(),
-        t.path("backup-cp").as_os_str(),
-    ])
-    .expect_code(1);
+    let r = intact!("repair", t.path("src"), "--from", t.path("backup-cp")).expect_code(1);
     assert!(r.stdout.contains("repaired "), "{}", r.stdout);
     assert!(
         r.stdout.contains("src/sub/b.bin: no good copy found: "),
@@ -155,14 +119,14 @@ fn from_a_backup_tree_skipping_a_backup_copy_that_is_itself_corrupt() {
     );
     assert_eq!(fs::read(&a).unwrap(), good_a);
     // With the rsync copy as a second source, b is repaired from it.
-    let r = run(&[
-        "repair".as_ref(),
-        t.path("src").as_os_str(),
-        "--from".as_ref(),
-        t.path("backup-cp").as_os_str(),
-        "--from".as_ref(),
-        t.path("backup-rsync").as_os_str(),
-    ])
+    let r = intact!(
+        "repair",
+        t.path("src"),
+        "--from",
+        t.path("backup-cp"),
+        "--from",
+        t.path("backup-rsync")
+    )
     .expect_code(0);
     assert!(r.stdout.contains("backup-rsync ("), "{}", r.stdout);
     assert_eq!(fs::read(&b).unwrap(), good_b);
@@ -177,13 +141,7 @@ fn a_damaged_copy_in_the_archive_is_refused() {
     let damaged = fs::read(&f).unwrap();
     // Random data is stored raw: this flip lands in the member's bytes.
     flip_byte(&a, fs::metadata(&a).unwrap().len() / 2);
-    let r = run(&[
-        "repair".as_ref(),
-        t.path("src").as_os_str(),
-        "--from".as_ref(),
-        a.as_os_str(),
-    ])
-    .expect_code(1);
+    let r = intact!("repair", t.path("src"), "--from", a).expect_code(1);
     assert!(r.stdout.contains("corrupt  "), "{}", r.stdout);
     // Whether zstd or the member's digest catches it, the copy is refused.
     assert!(r.stdout.contains("no good copy found: "), "{}", r.stdout);
@@ -195,7 +153,7 @@ fn a_damaged_copy_in_the_archive_is_refused() {
 fn hostile_member_names_never_decide_where_bytes_go() {
     let t = Tree::new();
     let f = t.write("root/sub/f", data(10_000, 8));
-    run(&["tag".as_ref(), t.path("root").as_os_str()]).expect_code(0);
+    intact!("tag", t.path("root")).expect_code(0);
     let good = fs::read(&f).unwrap();
     let tag = getxattr(&f, TAG).unwrap();
     // A hand-made archive whose members, carrying the right bytes and tag, are named to
@@ -228,13 +186,7 @@ fn hostile_member_names_never_decide_where_bytes_go() {
         .write_all(&zstd::encode_all(&tar[..], 3).unwrap())
         .unwrap();
     flip_byte(&f, 0);
-    run(&[
-        "repair".as_ref(),
-        t.path("root").as_os_str(),
-        "--from".as_ref(),
-        a.as_os_str(),
-    ])
-    .expect_code(0);
+    intact!("repair", t.path("root"), "--from", a).expect_code(0);
     assert_eq!(fs::read(&f).unwrap(), good);
     assert!(!t.path("escape").exists());
     assert!(!t.path("outside").exists());
@@ -249,24 +201,12 @@ fn a_full_disk_leaves_the_original_untouched() {
     let m = Mount::new("tmpfs", "size=1m", t.path("small"));
     let f = m.0.join("f");
     fs::write(&f, data(600_000, 9)).unwrap();
-    run(&["tag".as_ref(), m.0.as_os_str()]).expect_code(0);
+    intact!("tag", m.0).expect_code(0);
     let a = t.path("copy.tar.zst");
-    run(&[
-        "archive".as_ref(),
-        "create".as_ref(),
-        a.as_os_str(),
-        m.0.as_os_str(),
-    ])
-    .expect_code(0);
+    intact!("archive", "create", a, m.0).expect_code(0);
     flip_byte(&f, 300_000);
     let damaged = fs::read(&f).unwrap();
-    let r = run(&[
-        "repair".as_ref(),
-        m.0.as_os_str(),
-        "--from".as_ref(),
-        a.as_os_str(),
-    ])
-    .expect_code(1);
+    let r = intact!("repair", m.0, "--from", a).expect_code(1);
     assert!(
         r.stdout.contains("cannot repair: no space left"),
         "{}",
@@ -287,13 +227,7 @@ fn hard_links_are_repaired_in_place_so_every_name_sees_it() {
     let ino = fs::metadata(&f).unwrap().ino();
     flip_byte(&f, 299_999);
     let when = mtime(&f);
-    run(&[
-        "repair".as_ref(),
-        t.path("src").as_os_str(),
-        "--from".as_ref(),
-        a.as_os_str(),
-    ])
-    .expect_code(0);
+    intact!("repair", t.path("src"), "--from", a).expect_code(0);
     assert_eq!(fs::metadata(&f).unwrap().ino(), ino);
     assert_eq!(fs::read(t.path("src/two")).unwrap(), good);
     assert_eq!(mtime(&f), when);
@@ -308,29 +242,22 @@ fn damaged_originals_can_be_kept_elsewhere_or_discarded() {
     flip_byte(&f, 1);
     let damaged = fs::read(&f).unwrap();
     let keep = t.path("quarantine");
-    run(&[
-        "repair".as_ref(),
-        t.path("src").as_os_str(),
-        "--from".as_ref(),
-        a.as_os_str(),
-        "--keep-damaged-in".as_ref(),
-        keep.as_os_str(),
-    ])
+    intact!(
+        "repair",
+        t.path("src"),
+        "--from",
+        a,
+        "--keep-damaged-in",
+        keep
+    )
     .expect_code(0);
     assert_eq!(fs::read(keep.join("d/f")).unwrap(), damaged);
     assert_eq!(fs::read_dir(t.path("src/d")).unwrap().count(), 1);
 
     flip_byte(&f, 1);
-    run(&[
-        "repair".as_ref(),
-        t.path("src").as_os_str(),
-        "--from".as_ref(),
-        a.as_os_str(),
-        "--discard-damaged".as_ref(),
-    ])
-    .expect_code(0);
+    intact!("repair", t.path("src"), "--from", a, "--discard-damaged").expect_code(0);
     assert_eq!(fs::read_dir(t.path("src/d")).unwrap().count(), 1);
-    run(&["check".as_ref(), t.path("src").as_os_str()]).expect_code(0);
+    intact!("check", t.path("src")).expect_code(0);
 }
 
 #[test]
@@ -338,13 +265,7 @@ fn nothing_damaged_means_nothing_to_do() {
     let t = Tree::new();
     t.write("src/f", b"fine");
     let a = archive(&t, &t.path("src"));
-    let r = run(&[
-        "repair".as_ref(),
-        t.path("src").as_os_str(),
-        "--from".as_ref(),
-        a.as_os_str(),
-    ])
-    .expect_code(0);
+    let r = intact!("repair", t.path("src"), "--from", a).expect_code(0);
     assert!(!r.stdout.contains("repaired"), "{}", r.stdout);
 }
 
@@ -356,13 +277,7 @@ fn names_at_the_length_limit_and_single_file_roots() {
     let a = archive(&t, &t.path("src"));
     let good = fs::read(&f).unwrap();
     flip_byte(&f, 5);
-    run(&[
-        "repair".as_ref(),
-        t.path("src").as_os_str(),
-        "--from".as_ref(),
-        a.as_os_str(),
-    ])
-    .expect_code(0);
+    intact!("repair", t.path("src"), "--from", a).expect_code(0);
     assert_eq!(fs::read(&f).unwrap(), good);
     // The damaged copy could not be NAME.damaged (past 255 bytes): it got a short name.
     assert_eq!(fs::read_dir(t.path("src")).unwrap().count(), 2);
@@ -370,15 +285,7 @@ fn names_at_the_length_limit_and_single_file_roots() {
     // A root that is the file itself, its damaged copy kept elsewhere under its name.
     flip_byte(&f, 6);
     let keep = t.path("keep");
-    run(&[
-        "repair".as_ref(),
-        f.as_os_str(),
-        "--from".as_ref(),
-        a.as_os_str(),
-        "--keep-damaged-in".as_ref(),
-        keep.as_os_str(),
-    ])
-    .expect_code(0);
+    intact!("repair", f, "--from", a, "--keep-damaged-in", keep).expect_code(0);
     assert_eq!(fs::read(&f).unwrap(), good);
     assert!(keep.join(&long).exists());
 }

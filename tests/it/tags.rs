@@ -26,7 +26,7 @@ fn malformed_tags_are_untagged_with_a_warning() {
         let p = t.write(name, b"hello");
         setxattr(&p, TAG, value);
     }
-    let r = intact(["check".as_ref(), t.root().as_os_str()]).expect_code(3);
+    let r = intact!("check", t.root()).expect_code(3);
     for (name, _) in cases {
         assert!(
             r.stderr.contains(&format!(
@@ -43,9 +43,7 @@ fn malformed_tags_are_untagged_with_a_warning() {
             r.stdout
         );
     }
-    let j = intact(["check".as_ref(), "--json".as_ref(), t.root().as_os_str()])
-        .expect_code(3)
-        .json();
+    let j = intact!("check", "--json", t.root()).expect_code(3).json();
     assert_eq!(j.count("new"), cases.len() as u64);
     assert_eq!(j.summary["malformed_tags"], cases.len() as u64);
     assert!(
@@ -56,9 +54,9 @@ fn malformed_tags_are_untagged_with_a_warning() {
     );
 
     // update replaces them with valid tags; then all is well.
-    intact(["update".as_ref(), t.root().as_os_str()]).expect_code(0);
+    intact!("update", t.root()).expect_code(0);
     assert_eq!(
-        intact(["check".as_ref(), "--json".as_ref(), t.root().as_os_str()])
+        intact!("check", "--json", t.root())
             .expect_code(0)
             .json()
             .count("ok"),
@@ -94,9 +92,7 @@ fn cshatag_and_shatag_tags_are_checked() {
             ts(1_560_177_334, 20_775_123).as_bytes(),
         );
     }
-    let j = intact(["check".as_ref(), "--json".as_ref(), t.root().as_os_str()])
-        .expect_code(0)
-        .json();
+    let j = intact!("check", "--json", t.root()).expect_code(0).json();
     for (name, _, _) in &styles {
         assert_eq!(j.status(name), "ok", "{name}");
         assert_eq!(j.file(name)["format"], "shatag");
@@ -104,9 +100,7 @@ fn cshatag_and_shatag_tags_are_checked() {
     for (name, _, _) in &styles {
         flip_byte(&t.path(name), 3);
     }
-    let j = intact(["check".as_ref(), "--json".as_ref(), t.root().as_os_str()])
-        .expect_code(1)
-        .json();
+    let j = intact!("check", "--json", t.root()).expect_code(1).json();
     for (name, _, _) in &styles {
         assert_eq!(j.status(name), "corrupt", "{name}");
     }
@@ -114,9 +108,7 @@ fn cshatag_and_shatag_tags_are_checked() {
     for (name, _, _) in &styles {
         set_mtime(&t.path(name), (1_600_000_000, 0));
     }
-    let j = intact(["check".as_ref(), "--json".as_ref(), t.root().as_os_str()])
-        .expect_code(0)
-        .json();
+    let j = intact!("check", "--json", t.root()).expect_code(0).json();
     assert_eq!(j.count("modified"), 3);
 }
 
@@ -131,9 +123,7 @@ fn dintch_tags_are_checked_with_and_without_the_sync_suffix() {
         let p = t.write(name, body);
         setxattr(&p, attr, &sha256(body));
     }
-    let j = intact(["check".as_ref(), "--json".as_ref(), t.root().as_os_str()])
-        .expect_code(0)
-        .json();
+    let j = intact!("check", "--json", t.root()).expect_code(0).json();
     assert_eq!(j.status("plain"), "ok");
     assert_eq!(j.status("synced"), "ok");
     assert_eq!(j.file("synced")["format"], "dintch");
@@ -141,9 +131,7 @@ fn dintch_tags_are_checked_with_and_without_the_sync_suffix() {
     // No mtime in a Dintch tag: a change is a mismatch whose cause cannot be told.
     flip_byte(&t.path("plain"), 0);
     flip_byte(&t.path("synced"), 0);
-    let j = intact(["check".as_ref(), "--json".as_ref(), t.root().as_os_str()])
-        .expect_code(1)
-        .json();
+    let j = intact!("check", "--json", t.root()).expect_code(1).json();
     assert_eq!(j.status("plain"), "mismatch");
     assert_eq!(j.status("synced"), "mismatch");
 
@@ -153,9 +141,7 @@ fn dintch_tags_are_checked_with_and_without_the_sync_suffix() {
         "user.co.eclecticlight.dintch.time",
         b"1000000000",
     );
-    let j = intact(["check".as_ref(), "--json".as_ref(), t.root().as_os_str()])
-        .expect_code(1)
-        .json();
+    let j = intact!("check", "--json", t.root()).expect_code(1).json();
     assert_eq!(j.status("plain"), "modified");
 
     // A hash of the wrong length is malformed, not trusted.
@@ -165,7 +151,7 @@ fn dintch_tags_are_checked_with_and_without_the_sync_suffix() {
         "user.co.eclecticlight.dintch.hash",
         &sha256(body)[..20],
     );
-    let r = intact(["check".as_ref(), t.root().as_os_str()]);
+    let r = intact!("check", t.root());
     assert!(
         r.stderr
             .contains("short: ignoring malformed user.co.eclecticlight.dintch.hash"),
@@ -181,21 +167,15 @@ fn intact_tag_wins_over_foreign_ones_and_update_adopts_foreign() {
     let p = t.write("f", body);
     setxattr(&p, "user.co.eclecticlight.dintch.hash", &sha256(body));
     // update verifies the Dintch tag and adds intact's richer one.
-    let j = intact(["update".as_ref(), "--json".as_ref(), t.root().as_os_str()])
-        .expect_code(0)
-        .json();
+    let j = intact!("update", "--json", t.root()).expect_code(0).json();
     assert_eq!(j.status("f"), "ok");
     assert_eq!(j.file("f")["action"], "tagged");
-    let j = intact(["check".as_ref(), "--json".as_ref(), t.root().as_os_str()])
-        .expect_code(0)
-        .json();
+    let j = intact!("check", "--json", t.root()).expect_code(0).json();
     assert_eq!(j.file("f")["format"], "intact");
     // Tagging a file that only has a foreign tag reads nothing: it is tagged already.
     let q = t.write("g", body);
     setxattr(&q, "user.co.eclecticlight.dintch.hash", &sha256(body));
-    let j = intact(["tag".as_ref(), "--json".as_ref(), q.as_os_str()])
-        .expect_code(0)
-        .json();
+    let j = intact!("tag", "--json", q).expect_code(0).json();
     assert_eq!(j.status("g"), "tagged");
     assert!(getxattr(&q, TAG).is_none());
     let _ = fs::remove_file(q);

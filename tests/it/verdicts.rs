@@ -10,19 +10,13 @@ fn tagged_tree(algo: &str) -> Tree {
     t.write("a.txt", b"alpha\n");
     t.write("dir/b.bin", data(300_000, 1));
     t.write("dir/deeper/c.bin", data(5_000_000, 2));
-    let r = intact([
-        "tag".as_ref(),
-        "--algo".as_ref(),
-        algo.as_ref(),
-        t.root().as_os_str(),
-    ])
-    .expect_code(0);
+    let r = intact!("tag", "--algo", algo, t.root()).expect_code(0);
     assert!(r.stdout.is_empty(), "tag printed {:?}", r.stdout);
     t
 }
 
 fn check(t: &Tree) -> Run {
-    intact(["check".as_ref(), "--json".as_ref(), t.root().as_os_str()])
+    intact!("check", "--json", t.root())
 }
 
 #[test]
@@ -43,7 +37,7 @@ fn tag_then_check_is_all_ok() {
         assert_eq!(a["algo"], algo);
         assert_eq!(a["expected"], a["actual"]);
         // Human output of a clean check: nothing on stdout, a summary on stderr.
-        let human = intact(["check".as_ref(), t.root().as_os_str()]).expect_code(0);
+        let human = intact!("check", t.root()).expect_code(0);
         assert_eq!(human.stdout, "");
         assert!(human.stderr.contains("3 ok"), "{}", human.stderr);
     }
@@ -53,21 +47,14 @@ fn tag_then_check_is_all_ok() {
 fn second_tag_reads_no_data() {
     let t = tagged_tree("sha256");
     let before = getxattr(&t.path("dir/b.bin"), TAG);
-    let j = intact(["tag".as_ref(), "--json".as_ref(), t.root().as_os_str()])
-        .expect_code(0)
-        .json();
+    let j = intact!("tag", "--json", t.root()).expect_code(0).json();
     assert_eq!(j.summary["bytes"], 0);
     assert_eq!(j.count("tagged"), 3);
     assert_eq!(getxattr(&t.path("dir/b.bin"), TAG), before, "tag rewritten");
     // --force reads and re-tags everything.
-    let j = intact([
-        "tag".as_ref(),
-        "--force".as_ref(),
-        "--json".as_ref(),
-        t.root().as_os_str(),
-    ])
-    .expect_code(0)
-    .json();
+    let j = intact!("tag", "--force", "--json", t.root())
+        .expect_code(0)
+        .json();
     assert_eq!(j.summary["bytes"].as_u64().unwrap(), 5_300_006);
     assert_eq!(j.summary["actions"]["tagged"], 3);
 }
@@ -77,7 +64,7 @@ fn tagging_keeps_data_and_mtime() {
     let t = Tree::new();
     let p = t.write("f", data(70_000, 3));
     set_mtime(&p, (1_500_000_000, 123_456_789));
-    intact(["tag".as_ref(), t.root().as_os_str()]).expect_code(0);
+    intact!("tag", t.root()).expect_code(0);
     assert_eq!(mtime(&p), (1_500_000_000, 123_456_789));
     assert_eq!(fs::read(&p).unwrap(), data(70_000, 3));
     let tag = String::from_utf8(getxattr(&p, TAG).unwrap()).unwrap();
@@ -96,11 +83,10 @@ fn flipped_byte_is_corrupt_and_update_keeps_the_evidence() {
         assert_eq!(j.status("c.bin"), "corrupt");
         assert_ne!(j.file("c.bin")["expected"], j.file("c.bin")["actual"]);
         assert_eq!(j.count("ok"), 2);
-        let human = intact(["check".as_ref(), t.root().as_os_str()]).expect_code(1);
+        let human = intact!("check", t.root()).expect_code(1);
         assert_eq!(human.stdout, format!("corrupt  {}\n", victim.display()));
 
-        let up =
-            intact(["update".as_ref(), "--json".as_ref(), t.root().as_os_str()]).expect_code(1);
+        let up = intact!("update", "--json", t.root()).expect_code(1);
         assert_eq!(up.json().file("c.bin")["action"], "kept");
         assert_eq!(
             getxattr(&victim, TAG).unwrap(),
@@ -109,12 +95,7 @@ fn flipped_byte_is_corrupt_and_update_keeps_the_evidence() {
         );
         check(&t).expect_code(1);
 
-        let acc = intact([
-            "update".as_ref(),
-            "--accept-corrupt".as_ref(),
-            "--json".as_ref(),
-            t.root().as_os_str(),
-        ]);
+        let acc = intact!("update", "--accept-corrupt", "--json", t.root());
         assert_eq!(acc.json().file("c.bin")["action"], "tagged");
         assert_ne!(getxattr(&victim, TAG).unwrap(), old_tag);
         check(&t).expect_code(0);
@@ -146,7 +127,7 @@ fn truncated_or_extended_under_the_same_mtime_is_corrupt() {
         assert_eq!(j.status("a.txt"), "corrupt");
         assert_eq!(j.file("b.bin")["size"], 1000);
         // show tells from metadata alone that the size moved under a fixed mtime.
-        let s = intact(["show".as_ref(), "--json".as_ref(), t.root().as_os_str()]).json();
+        let s = intact!("show", "--json", t.root()).json();
         assert_eq!(s.status("b.bin"), "corrupt");
         assert_eq!(s.summary["bytes"], 0);
     }
@@ -162,11 +143,10 @@ fn edit_with_newer_mtime_is_modified_and_update_retags() {
         set_mtime(&p, (sec + 10, nsec));
         let j = check(&t).expect_code(0).json();
         assert_eq!(j.status("a.txt"), "modified");
-        let human = intact(["check".as_ref(), t.root().as_os_str()]).expect_code(0);
+        let human = intact!("check", t.root()).expect_code(0);
         assert_eq!(human.stdout, format!("modified {}\n", p.display()));
 
-        let up =
-            intact(["update".as_ref(), "--json".as_ref(), t.root().as_os_str()]).expect_code(0);
+        let up = intact!("update", "--json", t.root()).expect_code(0);
         let f = up.json();
         assert_eq!(f.file("a.txt")["action"], "tagged");
         assert_eq!(f.file("a.txt")["algo"], algo);
@@ -186,9 +166,9 @@ fn mtime_only_change_is_touched_and_update_refreshes() {
         let j = check(&t).expect_code(0).json();
         assert_eq!(j.status("a.txt"), "touched");
         // Quiet by default: a touch is not worth a line.
-        let human = intact(["check".as_ref(), t.root().as_os_str()]).expect_code(0);
+        let human = intact!("check", t.root()).expect_code(0);
         assert_eq!(human.stdout, "");
-        let up = intact(["update".as_ref(), "--json".as_ref(), t.root().as_os_str()]).json();
+        let up = intact!("update", "--json", t.root()).json();
         assert_eq!(up.file("a.txt")["action"], "refreshed");
         let tag = String::from_utf8(getxattr(&p, TAG).unwrap()).unwrap();
         assert!(
@@ -209,7 +189,7 @@ fn older_mtime_with_new_content_is_older() {
         set_mtime(&p, (sec - 3600, nsec));
         let j = check(&t).expect_code(0).json();
         assert_eq!(j.status("a.txt"), "older");
-        let up = intact(["update".as_ref(), "--json".as_ref(), t.root().as_os_str()]).json();
+        let up = intact!("update", "--json", t.root()).json();
         assert_eq!(up.file("a.txt")["action"], "tagged");
         assert_eq!(check(&t).json().status("a.txt"), "ok");
     }
@@ -223,13 +203,7 @@ fn mtime_window_absorbs_coarse_timestamps() {
     behind_the_back(&p, |p| fs::write(p, b"alphA\n").unwrap());
     set_mtime(&p, (sec + 1, 0));
     assert_eq!(check(&t).json().status("a.txt"), "modified");
-    let r = intact([
-        "check".as_ref(),
-        "--mtime-window".as_ref(),
-        "2".as_ref(),
-        "--json".as_ref(),
-        t.root().as_os_str(),
-    ]);
+    let r = intact!("check", "--mtime-window", "2", "--json", t.root());
     assert_eq!(r.expect_code(1).json().status("a.txt"), "corrupt");
 }
 
@@ -241,13 +215,7 @@ fn mtime_zero_and_empty_files() {
         let empty = t.write("empty", b"");
         set_mtime(&zero, (0, 0));
         set_mtime(&empty, (0, 0));
-        intact([
-            "tag".as_ref(),
-            "--algo".as_ref(),
-            algo.as_ref(),
-            t.root().as_os_str(),
-        ])
-        .expect_code(0);
+        intact!("tag", "--algo", algo, t.root()).expect_code(0);
         let tag = String::from_utf8(getxattr(&zero, TAG).unwrap()).unwrap();
         assert!(tag.contains(" mtime=0.000000000 "), "{tag}");
         assert_eq!(check(&t).expect_code(0).json().count("ok"), 2);
@@ -272,13 +240,7 @@ fn files_around_the_buffer_size() {
         ] {
             t.write(name, data(len, len as u64));
         }
-        intact([
-            "tag".as_ref(),
-            "--algo".as_ref(),
-            algo.as_ref(),
-            t.root().as_os_str(),
-        ])
-        .expect_code(0);
+        intact!("tag", "--algo", algo, t.root()).expect_code(0);
         assert_eq!(check(&t).expect_code(0).json().count("ok"), 4);
         // Damage in the last byte, i.e. the byte after a full buffer, must be seen.
         flip_byte(&t.path("plus"), BUF as u64);
@@ -298,9 +260,7 @@ fn sparse_3_gib_file() {
     f.set_len(3 << 30).unwrap();
     f.write_at(b"end", (3 << 30) - 3).unwrap();
     drop(f);
-    let j = intact(["tag".as_ref(), "--json".as_ref(), t.root().as_os_str()])
-        .expect_code(0)
-        .json();
+    let j = intact!("tag", "--json", t.root()).expect_code(0).json();
     assert_eq!(j.summary["bytes"].as_u64().unwrap(), 3 << 30);
     let tag = String::from_utf8(getxattr(&p, TAG).unwrap()).unwrap();
     assert!(tag.contains(&format!(" size={} ", 3u64 << 30)), "{tag}");
@@ -319,13 +279,7 @@ fn new_files_are_reported_by_check_and_tagged_by_update() {
             getxattr(&t.path("late.txt"), TAG).is_none(),
             "check wrote a tag"
         );
-        let up = intact([
-            "update".as_ref(),
-            "--algo".as_ref(),
-            algo.as_ref(),
-            "--json".as_ref(),
-            t.root().as_os_str(),
-        ]);
+        let up = intact!("update", "--algo", algo, "--json", t.root());
         assert_eq!(up.json().file("late.txt")["action"], "tagged");
         let tag = String::from_utf8(getxattr(&t.path("late.txt"), TAG).unwrap()).unwrap();
         assert!(tag.starts_with(&format!("v=1 {algo}=")));
@@ -339,15 +293,9 @@ fn update_with_another_algorithm_migrates_on_retag() {
     let (sec, nsec) = mtime(&p);
     fs::write(&p, b"new text\n").unwrap();
     set_mtime(&p, (sec + 5, nsec));
-    let j = intact([
-        "update".as_ref(),
-        "--algo".as_ref(),
-        "blake3".as_ref(),
-        "--json".as_ref(),
-        t.root().as_os_str(),
-    ])
-    .expect_code(0)
-    .json();
+    let j = intact!("update", "--algo", "blake3", "--json", t.root())
+        .expect_code(0)
+        .json();
     assert_eq!(j.status("a.txt"), "modified");
     // Ok files are upgraded too: --algo asks for it.
     assert_eq!(j.file("b.bin")["action"], "tagged");
@@ -388,7 +336,7 @@ fn check_never_writes() {
 fn strip_removes_only_intacts_tag() {
     let t = tagged_tree("sha256");
     setxattr(&t.path("a.txt"), "user.other", b"keep me");
-    let r = intact(["strip".as_ref(), "--json".as_ref(), t.root().as_os_str()]).expect_code(0);
+    let r = intact!("strip", "--json", t.root()).expect_code(0);
     assert_eq!(r.json().summary["actions"]["removed"], 3);
     assert!(getxattr(&t.path("a.txt"), TAG).is_none());
     assert_eq!(

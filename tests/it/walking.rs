@@ -19,9 +19,7 @@ fn symlinks_are_never_followed() {
     fs::create_dir(t.path("sub")).unwrap();
     symlink("..", t.path("sub/loop")).unwrap();
 
-    let j = intact(["tag".as_ref(), "--json".as_ref(), t.root().as_os_str()])
-        .expect_code(0)
-        .json();
+    let j = intact!("tag", "--json", t.root()).expect_code(0).json();
     assert_eq!(j.files.len(), 4);
     for link in ["to-file", "to-dir", "sub/loop"] {
         assert_eq!(j.status(link), "skipped");
@@ -31,12 +29,7 @@ fn symlinks_are_never_followed() {
     assert!(getxattr(&outside.path("dir/inner.txt"), TAG).is_none());
 
     // A symlink given on the command line is not followed either, and says why.
-    let r = intact([
-        "check".as_ref(),
-        "-v".as_ref(),
-        t.path("to-dir").as_os_str(),
-    ])
-    .expect_code(0);
+    let r = intact!("check", "-v", t.path("to-dir")).expect_code(0);
     assert!(
         r.stdout.contains("symbolic link, not followed"),
         "{}",
@@ -50,16 +43,12 @@ fn hard_links_are_hashed_once() {
     let a = t.write("a", data(100_000, 9));
     fs::hard_link(&a, t.path("b")).unwrap();
     fs::hard_link(&a, t.path("c")).unwrap();
-    let j = intact(["tag".as_ref(), "--json".as_ref(), t.root().as_os_str()])
-        .expect_code(0)
-        .json();
+    let j = intact!("tag", "--json", t.root()).expect_code(0).json();
     assert_eq!(j.summary["bytes"], 100_000);
     assert_eq!(j.file("a")["action"], "tagged");
     assert_eq!(j.file("b")["skip"], "hard-link");
     assert_eq!(j.file("c")["skip"], "hard-link");
-    let j = intact(["check".as_ref(), "--json".as_ref(), t.root().as_os_str()])
-        .expect_code(0)
-        .json();
+    let j = intact!("check", "--json", t.root()).expect_code(0).json();
     assert_eq!(j.summary["bytes"], 100_000);
     assert_eq!(j.status("a"), "ok");
     // The tag lives on the inode, so every name carries it.
@@ -73,19 +62,13 @@ fn special_files_are_skipped_without_blocking() {
     let fifo = std::ffi::CString::new(t.path("fifo").as_os_str().as_bytes()).unwrap();
     // SAFETY: a valid C string path.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
-    let j = intact(["tag".as_ref(), "--json".as_ref(), t.root().as_os_str()])
-        .expect_code(0)
-        .json();
+    let j = intact!("tag", "--json", t.root()).expect_code(0).json();
     assert_eq!(j.file("fifo")["skip"], "special");
     assert_eq!(j.status("file"), "new");
     // Named directly, a FIFO is skipped too rather than opened for reading.
-    let j = intact([
-        "check".as_ref(),
-        "--json".as_ref(),
-        t.path("fifo").as_os_str(),
-    ])
-    .expect_code(0)
-    .json();
+    let j = intact!("check", "--json", t.path("fifo"))
+        .expect_code(0)
+        .json();
     assert_eq!(j.status("fifo"), "skipped");
 }
 
@@ -98,12 +81,12 @@ fn odd_names_are_processed_and_printed_escaped() {
     for p in [&invalid, &newline, &backslash] {
         fs::write(p, b"odd").unwrap();
     }
-    intact(["tag".as_ref(), t.root().as_os_str()]).expect_code(0);
+    intact!("tag", t.root()).expect_code(0);
     for p in [&invalid, &newline, &backslash] {
         assert!(getxattr(p, TAG).is_some(), "{p:?} not tagged");
         flip_byte(p, 1);
     }
-    let r = intact(["check".as_ref(), t.root().as_os_str()]).expect_code(1);
+    let r = intact!("check", t.root()).expect_code(1);
     let root = t.root().display();
     assert_eq!(
         r.stdout,
@@ -111,7 +94,7 @@ fn odd_names_are_processed_and_printed_escaped() {
             "corrupt  {root}/back\\\\slash.txt\ncorrupt  {root}/caf\\xe9.txt\ncorrupt  {root}/two\\nlines.txt\n"
         )
     );
-    let j = intact(["check".as_ref(), "--json".as_ref(), t.root().as_os_str()]).json();
+    let j = intact!("check", "--json", t.root()).json();
     assert_eq!(j.status("caf\\xe9.txt"), "corrupt");
     assert_eq!(j.status("two\\nlines.txt"), "corrupt");
 }
@@ -126,15 +109,15 @@ fn hidden_files_are_included_and_excludes_apply() {
     t.write("cache/blob", b"c");
     t.write("docs/draft.bak", b"d");
     t.write("docs/.intactignore", b"*.bak\n");
-    let j = intact([
-        "tag".as_ref(),
-        "--exclude".as_ref(),
-        "*.tmp".as_ref(),
-        "--exclude".as_ref(),
-        "cache/".as_ref(),
-        "--json".as_ref(),
-        t.root().as_os_str(),
-    ])
+    let j = intact!(
+        "tag",
+        "--exclude",
+        "*.tmp",
+        "--exclude",
+        "cache/",
+        "--json",
+        t.root()
+    )
     .expect_code(0)
     .json();
     let paths: Vec<&str> = j
@@ -166,15 +149,9 @@ fn one_file_system_stays_on_the_root_device() {
     t.write("here.txt", b"root fs");
     let m = Mount::new("tmpfs", "size=1m", t.path("mnt"));
     fs::write(m.0.join("there.txt"), b"other fs").unwrap();
-    let all = intact(["show".as_ref(), "--json".as_ref(), t.root().as_os_str()]).json();
+    let all = intact!("show", "--json", t.root()).json();
     assert_eq!(all.files.len(), 2);
-    let one = intact([
-        "show".as_ref(),
-        "-x".as_ref(),
-        "--json".as_ref(),
-        t.root().as_os_str(),
-    ])
-    .json();
+    let one = intact!("show", "-x", "--json", t.root()).json();
     assert_eq!(one.files.len(), 1);
     assert_eq!(one.status("here.txt"), "new");
 }
@@ -193,18 +170,12 @@ fn output_order_is_the_same_with_one_thread_and_many() {
             t.write(format!("d{d:02}/f{f:03}"), data(len, (d * 100 + f) as u64));
         }
     }
-    intact(["tag".as_ref(), t.root().as_os_str()]).expect_code(0);
+    intact!("tag", t.root()).expect_code(0);
     flip_byte(&t.path("d03/f013"), 10);
     let run = |threads: &str| {
-        let j = intact([
-            "check".as_ref(),
-            "-j".as_ref(),
-            threads.as_ref(),
-            "--json".as_ref(),
-            t.root().as_os_str(),
-        ])
-        .expect_code(1)
-        .json();
+        let j = intact!("check", "-j", threads, "--json", t.root())
+            .expect_code(1)
+            .json();
         j.files
             .iter()
             .map(|f| format!("{} {}", f["status"], f["path"]))
