@@ -258,7 +258,7 @@ pub fn hash_file(
 }
 
 /// Hashes through memory maps, a window at a time, without copying out of the page cache.
-/// Returns false where a map cannot be made, to go on reading from where it stopped. A
+/// Returns false where a map cannot be made or filled, to go on reading from where it stopped. A
 /// window that lost pages to a truncation ends the read short, which the caller reports as
 /// a change.
 fn mapped(
@@ -277,14 +277,16 @@ fn mapped(
         let mut next = (reader.total < size).then(|| ahead(reader.total, reader.pass.is_some()));
         while let Some(handle) = next.take() {
             let len = window(reader.total);
-            let map = match handle.join().expect("mapping thread panicked") {
-                Prepared::Ready(map) => map,
+            let prepared = match handle.join().expect("mapping thread panicked") {
                 Prepared::Uncached => {
                     reader.pass = reader.opts.gate.map(Gate::enter);
-                    Map::new(file, reader.total, len, true)
+                    prepare(file, reader.total, len, false)
                 }
+                prepared => prepared,
             };
-            let Some(map) = map else {
+            // No map, or one whose pages could not all be read in: pread goes on from here
+            // and tells an I/O error from a truncation.
+            let Prepared::Ready(map) = prepared else {
                 return Ok(false);
             };
             if reader.cancel.load(Ordering::Relaxed) {
@@ -313,17 +315,25 @@ fn mapped(
 /// A window made ready for hashing, or the news that its data is not cached and the disk's
 /// gate must be taken before reading it in.
 enum Prepared {
-    Ready(Option<Map>),
+    Ready(Map),
     Uncached,
+    /// Not mapped, or not all of it could be read in.
+    Unmapped,
 }
 
 /// Maps and populates one window; behind a gate not yet held, only if its data is cached
 /// (populating would otherwise read from the disk outside the gate).
 fn prepare(file: &File, offset: u64, len: usize, check_cached: bool) -> Prepared {
-    if check_cached && !Map::new(file, offset, len, false).is_some_and(|probe| probe.resident()) {
-        return Prepared::Uncached;
+    let Some(map) = Map::new(file, offset, len) else {
+        return Prepared::Unmapped;
+    };
+    if check_cached && !map.resident() {
+        Prepared::Uncached
+    } else if map.populate() {
+        Prepared::Ready(map)
+    } else {
+        Prepared::Unmapped
     }
-    Prepared::Ready(Map::new(file, offset, len, true))
 }
 
 /// Reads a window that faulted through its map again with `pread`, to tell a device error

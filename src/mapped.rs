@@ -1,12 +1,17 @@
-//! Hashing large files through memory maps, without dying when one shrinks.
+//! Hashing large files through memory maps, without dying when one shrinks or a disk fails.
 //!
 //! `read()` copies every byte out of the page cache; for BLAKE3 on all cores that copy costs
 //! about as much as the hashing. A map avoids it, but touching a mapped page beyond the end
-//! of a file that was truncated meanwhile raises SIGBUS, which kills b3sum. intact installs a
-//! SIGBUS handler that, for an address inside one of its own maps, puts a page of zeros in
-//! place of the vanished one and notes the fault. The hash then runs to the end; the noted
-//! fault (and the size check that follows every hash) turns it into `changed-while-read`.
+//! of a file that was truncated meanwhile, or one the device cannot read, raises SIGBUS,
+//! which kills b3sum. intact installs a SIGBUS handler that, for an address inside one of its
+//! own maps, puts a page of zeros in place of the vanished one and notes the fault. The hash
+//! then runs to the end; the caller reads the window again with `pread` to tell an I/O error
+//! from a truncation (which the size check after every hash reports as `changed-while-read`).
 //! A SIGBUS anywhere else gets the default action, as if intact had no handler.
+//!
+//! Maps are filled with `madvise(MADV_POPULATE_READ)`, never `MAP_POPULATE`: on a read error
+//! `MAP_POPULATE` retries the failing read forever (seen on Linux 6.18, under FUSE and under
+//! ext4 on a failing block device), while the madvise returns an error at once.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -101,11 +106,10 @@ pub struct Map {
 }
 
 impl Map {
-    /// Maps `len` bytes of `file` from `offset` (a multiple of the page size). `None` when
-    /// mapping is not possible here (no handler, no free slot, or the file system refuses):
-    /// the caller reads instead. With `populate`, the page tables are filled up front, which
-    /// saves a page fault per 64 KiB while hashing (and reads uncached data now).
-    pub fn new(file: &File, offset: u64, len: usize, populate: bool) -> Option<Map> {
+    /// Maps `len` bytes of `file` from `offset` (a multiple of the page size), without
+    /// reading anything yet. `None` when mapping is not possible here (no handler, no free
+    /// slot, or the file system refuses): the caller reads instead.
+    pub fn new(file: &File, offset: u64, len: usize) -> Option<Map> {
         if len == 0 || !install() {
             return None;
         }
@@ -120,11 +124,7 @@ impl Map {
                 ptr::null_mut(),
                 len,
                 libc::PROT_READ,
-                if populate {
-                    libc::MAP_SHARED | sys::MAP_POPULATE
-                } else {
-                    libc::MAP_SHARED
-                },
+                libc::MAP_SHARED,
                 file.as_raw_fd(),
                 offset as libc::off_t,
             )
@@ -137,6 +137,18 @@ impl Map {
         slot.len.store(len, Ordering::Release);
         slot.start.store(addr as usize, Ordering::Release);
         Some(Map { addr, len, slot })
+    }
+
+    /// Reads the whole map in and fills its page tables, which saves a page fault per 64 KiB
+    /// while hashing. `false` if some page could not be read in (a device error, or the file
+    /// shrank): the caller reads the window with `pread` instead, which says which. Where the
+    /// kernel cannot populate (before Linux 5.14), pages are faulted in as they are hashed.
+    pub fn populate(&self) -> bool {
+        // SAFETY: the map is live for the life of self.
+        match unsafe { crate::sys::populate_read(self.addr, self.len) } {
+            Ok(()) => true,
+            Err(e) => e.raw_os_error() == Some(libc::EINVAL),
+        }
     }
 
     /// The mapped bytes. Pages past a concurrent truncation read as zeros; check
@@ -193,7 +205,8 @@ mod tests {
         let mut f = File::create(&path).unwrap();
         f.write_all(&vec![7u8; 1 << 20]).unwrap();
         let file = File::open(&path).unwrap();
-        let map = Map::new(&file, 0, 1 << 20, true).unwrap();
+        let map = Map::new(&file, 0, 1 << 20).unwrap();
+        assert!(map.populate());
         assert_eq!(map.bytes()[(1 << 20) - 1], 7);
         assert!(!map.faulted());
         f.set_len(4096).unwrap();
@@ -203,7 +216,7 @@ mod tests {
         assert!(map.faulted());
         drop(map);
         // The slot is free and clean for the next map.
-        let again = Map::new(&file, 0, 4096, false).unwrap();
+        let again = Map::new(&file, 0, 4096).unwrap();
         assert!(!again.faulted());
         assert!(again.resident());
     }

@@ -148,6 +148,17 @@ impl Cmd {
         }
     }
 
+    pub fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
+        self.args.push(arg.as_ref().to_os_string());
+        self
+    }
+
+    pub fn args<I: IntoIterator<Item = S>, S: AsRef<OsStr>>(mut self, args: I) -> Self {
+        self.args
+            .extend(args.into_iter().map(|a| a.as_ref().to_os_string()));
+        self
+    }
+
     /// Runs as the unprivileged user `nobody`.
     pub fn nobody(mut self) -> Self {
         self.nobody = true;
@@ -214,7 +225,10 @@ impl Cmd {
 /// `intact ARGS...`, not yet run (see [`Cmd`]); each argument anything that is `AsRef<OsStr>`.
 #[macro_export]
 macro_rules! cmd {
-    ($($arg:expr),* $(,)?) => {
+    () => {
+        $crate::common::Cmd::new(&[])
+    };
+    ($($arg:expr),+ $(,)?) => {
         $crate::common::Cmd::new(&[$(::std::convert::AsRef::<::std::ffi::OsStr>::as_ref(&$arg)),*])
     };
 }

@@ -3,8 +3,11 @@
 
 #[macro_use]
 mod common;
+#[macro_use]
+mod faultfs;
 
 mod archive;
+mod bad_sectors;
 mod faults;
 mod interop;
 mod output;
