@@ -21,6 +21,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use crate::atomic::Temp;
 use crate::classify::Status;
 use crate::digest::{AlignedBuf, Digest, Hasher};
 use crate::engine::{Action, Anchor, FileError, FileReport};
@@ -60,7 +61,7 @@ pub struct Writer {
     /// Small writes (headers, small files) are gathered before they reach zstd, whose
     /// multi-threaded streaming takes locks on every call.
     out: Option<BufWriter<FrameEncoder<BufWriter<File>>>>,
-    temp: PathBuf,
+    temp: Option<Temp>,
     dest: PathBuf,
     roots: Vec<(PathBuf, Vec<u8>)>,
     anchors: Vec<Anchor>,
@@ -73,6 +74,8 @@ pub struct Writer {
     frame_bytes: u64,
     /// Running totals.
     pub stats: Stats,
+    /// Temp files that killed runs had left beside the archive, removed.
+    pub removed: Vec<PathBuf>,
 }
 
 /// A new zstd frame starts at the first member boundary past this much data: damage to the
@@ -87,20 +90,15 @@ impl Writer {
     /// Starts an archive at `dest` for files found under `roots`. Members are named as
     /// `tar -C <parent of root> <root name>` would name them.
     pub fn create(dest: &Path, roots: &[PathBuf], opts: Options) -> io::Result<Writer> {
-        let name = dest
-            .file_name()
-            .ok_or_else(|| io::Error::other("the archive needs a file name"))?;
-        let mut temp_name = OsStr::new(".").to_os_string();
-        temp_name.push(name);
-        temp_name.push(format!(".intact-{}.tmp", std::process::id()));
-        let temp = dest.with_file_name(temp_name);
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&temp)?;
+        if dest.file_name().is_none() {
+            return Err(io::Error::other("the archive needs a file name"));
+        }
+        let removed = crate::atomic::remove_stale(crate::atomic::parent(dest));
+        let temp = Temp::beside(dest)?;
+        let file = temp.file().try_clone()?;
         let mut writer = Writer {
             out: None,
-            temp,
+            temp: Some(temp),
             dest: dest.to_path_buf(),
             roots: roots.iter().map(|r| (r.clone(), root_name(r))).collect(),
             anchors: roots.iter().map(|r| Anchor::new(r)).collect(),
@@ -110,6 +108,7 @@ impl Writer {
             frame: 0,
             frame_bytes: 0,
             stats: Stats::default(),
+            removed,
         };
         let enc = FrameEncoder::new(
             BufWriter::with_capacity(1 << 20, file),
@@ -370,27 +369,14 @@ impl Writer {
         out.write_all(&[0u8; 1024])?;
         let encoder = out.into_inner().map_err(|e| e.into_error())?;
         let file = encoder.finish()?.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
         self.stats.compressed = file.metadata()?.len();
-        std::fs::rename(&self.temp, &self.dest)?;
-        self.temp.clear();
-        if let Some(dir) = self.dest.parent() {
-            let dir = if dir.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                dir
-            };
-            File::open(dir)?.sync_all()?;
-        }
+        drop(file);
+        let name = self.dest.file_name().expect("checked in create");
+        self.temp
+            .take()
+            .expect("open until finished")
+            .commit(name)?;
         Ok(std::mem::take(&mut self.stats))
-    }
-}
-
-impl Drop for Writer {
-    fn drop(&mut self) {
-        if !self.temp.as_os_str().is_empty() {
-            let _ = std::fs::remove_file(&self.temp);
-        }
     }
 }
 

@@ -129,6 +129,16 @@ pub fn classify(tag: &Tag, mtime: Timestamp, fresh: &Digest, window_ns: u64) -> 
     }
 }
 
+/// The verdict for a file that a repair was rewriting in place when it stopped (see
+/// [`crate::store::Stored::repairing`]): the rewrite moved its mtime, so a moved mtime proves
+/// no edit, and data that does not match the tag is damage.
+pub fn after_interrupted_repair(verdict: Status) -> Status {
+    match verdict {
+        Status::Modified | Status::Older => Status::Corrupt,
+        other => other,
+    }
+}
+
 /// What a check would most likely say, from metadata alone (no data read): used by `show`.
 pub fn expect(tag: &Tag, size: u64, mtime: Timestamp, window_ns: u64) -> Status {
     let size_differs = tag.size.is_some_and(|s| s != size);
@@ -216,6 +226,24 @@ mod tests {
         );
         assert_eq!(
             classify(&tag(Format::Intact), at(-1), &same(), 0),
+            Status::Touched
+        );
+    }
+
+    #[test]
+    fn row_interrupted_repair_other_data_is_corrupt_whatever_the_mtime() {
+        let t = tag(Format::Intact);
+        for mtime in [T, at(1), at(-1)] {
+            let verdict = after_interrupted_repair(classify(&t, mtime, &other(), 0));
+            assert_eq!(verdict, Status::Corrupt, "{mtime:?}");
+        }
+        // A repair that finished writing but not unmarking left good data.
+        assert_eq!(
+            after_interrupted_repair(classify(&t, T, &same(), 0)),
+            Status::Ok
+        );
+        assert_eq!(
+            after_interrupted_repair(classify(&t, at(5), &same(), 0)),
             Status::Touched
         );
     }

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use crossbeam_channel::bounded;
 use rustix::fs::{Mode, OFlags};
 
+use crate::atomic;
 use crate::classify::{self, Status};
 use crate::device::Gates;
 use crate::digest::{self, Algo, AlignedBuf, Digest, HashError, ReadOptions};
@@ -65,6 +66,20 @@ impl Verb {
                 | Verb::Archive
                 | Verb::Repair
                 | Verb::Verify
+                | Verb::Protect
+        )
+    }
+
+    /// Whether the verb changes files (tags, data, or intact's own temp files left over).
+    pub fn writes(self) -> bool {
+        matches!(
+            self,
+            Verb::Tag
+                | Verb::Update
+                | Verb::Strip
+                | Verb::Import
+                | Verb::Archive
+                | Verb::Repair
                 | Verb::Protect
         )
     }
@@ -211,6 +226,9 @@ pub enum FileError {
     /// The walk could not look at this path.
     #[error("{}", cause(.0))]
     Walk(io::Error),
+    /// A temp file left by a killed run could not be removed.
+    #[error("cannot remove this temp file of a killed run: {}", cause(.0))]
+    RemoveTemp(io::Error),
     /// Restoring the file's data failed; the file was left as it was.
     #[error("cannot repair: {}; the file was left as it was", cause(.0))]
     Repair(io::Error),
@@ -228,6 +246,7 @@ impl FileError {
             | FileError::ReadTags(e)
             | FileError::WriteTag(e)
             | FileError::RemoveTag(e)
+            | FileError::RemoveTemp(e)
             | FileError::Repair(e)
             | FileError::Walk(e) => e,
             FileError::OtherAlgorithm(_) => return "other-algorithm",
@@ -273,6 +292,8 @@ pub struct FileReport {
     pub action: Option<Action>,
     /// The file's size now.
     pub size: Option<u64>,
+    /// The file's mtime when it was looked at.
+    pub mtime: Option<Timestamp>,
     /// The tag the verdict is based on.
     pub tag: Option<Tag>,
     /// The digest just computed, if the data was read.
@@ -297,6 +318,7 @@ impl FileReport {
             status,
             action: None,
             size: None,
+            mtime: None,
             tag: None,
             digest: None,
             skip: None,
@@ -574,6 +596,9 @@ impl Worker<'_> {
         if let Ok(mut current) = self.progress.current.lock() {
             current.clone_from(&path);
         }
+        if let Some(pid) = path.file_name().and_then(atomic::temp_pid) {
+            return Some(self.temp_file(path, pid, anchor));
+        }
         let direct = self.config.verb.reads_data() && self.config.drop_cache;
         let file = match anchor.open(&path, direct) {
             Ok(f) => f,
@@ -591,7 +616,7 @@ impl Worker<'_> {
         let stored = match &self.config.manifest {
             Some(m) => Stored {
                 tags: m.tag(&path).into_iter().collect(),
-                malformed: Vec::new(),
+                ..Stored::default()
             },
             None => match store::read(&file) {
                 Ok(s) => s,
@@ -600,6 +625,7 @@ impl Worker<'_> {
         };
         let report = FileReport {
             size: Some(meta.size),
+            mtime: Some(meta.mtime),
             tag: stored.best().cloned(),
             malformed: stored.malformed.clone(),
             ..FileReport::new(path, Status::New)
@@ -622,6 +648,42 @@ impl Worker<'_> {
         outcome.map_or_else(|stopped| stopped, Some)
     }
 
+    /// A file named as intact names its temp files: never read or tagged. Left by a run that
+    /// was killed, a writing verb removes it.
+    fn temp_file(&self, path: PathBuf, pid: u32, anchor: &Anchor) -> FileReport {
+        let name = path.file_name().unwrap_or_default().to_os_string();
+        if !atomic::is_stale(&name) {
+            return FileReport::skipped(path, SkipReason::Temporary);
+        }
+        let mut report = FileReport::skipped(path, SkipReason::Leftover);
+        let cleans_up = self.config.verb.writes() && self.config.write;
+        if !cleans_up {
+            report.detail = Some(format!(
+                "left by an interrupted run of intact (pid {pid}); tag, update or repair removes it"
+            ));
+            return report;
+        }
+        let removed = anchor
+            .open_dir(atomic::parent(&report.path))
+            .and_then(|dir| {
+                Ok(rustix::fs::unlinkat(
+                    dir,
+                    &name,
+                    rustix::fs::AtFlags::empty(),
+                )?)
+            });
+        match removed {
+            Ok(()) => {
+                report.action = Some(Action::Removed);
+                report.detail = Some(format!(
+                    "left by an interrupted run of intact (pid {pid}): removed"
+                ));
+                report
+            }
+            Err(e) => fail(report, FileError::RemoveTemp(e)),
+        }
+    }
+
     /// What a check would expect from metadata alone, for the richest tag (of `algo`).
     fn show(&self, mut report: FileReport, s: &Subject, algo: Option<Algo>) -> FileReport {
         if let Some(algo) = algo {
@@ -639,6 +701,10 @@ impl Worker<'_> {
         if let Some(t) = &report.tag {
             report.status =
                 classify::expect(t, s.meta.size, s.meta.mtime, self.config.mtime_window_ns);
+            if s.stored.repairing {
+                report.status = classify::after_interrupted_repair(report.status);
+                report.detail = Some(INTERRUPTED_REPAIR.into());
+            }
         }
         report
     }
@@ -747,6 +813,14 @@ impl Worker<'_> {
         let upgrade = s.stored.intact().is_none() || algo != tag.digest.algo;
         let mut report = match report.status {
             Status::Ok if upgrade => self.write(report, s, &d, algo, Action::Tagged),
+            // The data is whole again: a repair's mark left behind is only noise.
+            Status::Ok if s.stored.repairing => match store::unmark_repairing(s.file) {
+                Ok(_) => {
+                    report.action = Some(Action::Refreshed);
+                    self.compat(report, s, &d)
+                }
+                Err(e) => fail(report, FileError::WriteTag(e)),
+            },
             Status::Ok => self.compat(report, s, &d),
             Status::Corrupt | Status::Mismatch if !self.config.accept_corrupt => {
                 report.action = Some(Action::Kept);
@@ -856,6 +930,12 @@ impl Worker<'_> {
         let fresh = d.of(tag.digest.algo);
         report.digest = Some(fresh);
         report.status = classify::classify(tag, s.meta.mtime, &fresh, self.config.mtime_window_ns);
+        if s.stored.repairing {
+            report.status = classify::after_interrupted_repair(report.status);
+            if report.status.is_damage() {
+                report.detail = Some(INTERRUPTED_REPAIR.into());
+            }
+        }
     }
 
     /// Reads the whole file once, feeding each of `algos`, and makes sure it did not change
@@ -929,6 +1009,12 @@ impl Worker<'_> {
         if let Err(e) = store::write_intact(s.file, &value) {
             return fail(report, FileError::WriteTag(e));
         }
+        // The tag now describes the data, whatever a stopped repair did to it.
+        if s.stored.repairing
+            && let Err(e) = store::unmark_repairing(s.file)
+        {
+            return fail(report, FileError::WriteTag(e));
+        }
         report.action = Some(action);
         // The digest reported is the one now stored (a re-tag may change the algorithm).
         report.digest = Some(d.of(algo));
@@ -977,6 +1063,10 @@ fn fail(mut report: FileReport, error: FileError) -> FileReport {
     report.fail(error);
     report
 }
+
+/// What a check says of a file that a repair stopped rewriting.
+const INTERRUPTED_REPAIR: &str = "a repair stopped while rewriting it in place: its bytes may be \
+     partly rewritten (its mtime moved with them); `intact repair` restores it";
 
 /// How coarse file timestamps can be: kernels before 6.13 stamp files from a clock that
 /// moves in ticks of up to 10 ms ("racy" files, as git calls them, changed less than this

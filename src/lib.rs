@@ -9,6 +9,7 @@
 #![deny(missing_docs)]
 
 pub mod archive;
+pub mod atomic;
 pub mod classify;
 pub mod device;
 pub mod digest;

@@ -257,9 +257,11 @@ fn job(cli: Cli) -> anyhow::Result<Result<Job, Exit>> {
             let opts = repair::Options {
                 dry_run,
                 keep,
-                mtime_window_ns: common.mtime_window.unwrap_or(0),
             };
-            let config = Config::new(Verb::Repair);
+            let config = Config {
+                write: !dry_run,
+                ..Config::new(Verb::Repair)
+            };
             (config, paths.paths, common, Task::Repair(sources, opts))
         }
         Command::Generate { what } => return generate(what).map(Err),
@@ -363,6 +365,16 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         )?),
         _ => None,
     };
+    let removed = archiver
+        .iter()
+        .flat_map(|w| &w.removed)
+        .chain(stores.iter().flatten().flat_map(|(_, s)| &s.removed));
+    for path in removed {
+        eprintln!(
+            "intact: removed {}: left by an interrupted run of intact",
+            intact::report::escape(path)
+        );
+    }
     let mut protect_stats = parity::Stats::default();
     let mut repairer = match &task {
         Task::Repair(_, opts) => Some(Repairer::new(&roots, opts.clone())),
@@ -757,28 +769,24 @@ fn mode_string(mode: u32) -> String {
 /// Where an export's manifest lines go.
 enum Listing {
     Stdout(std::io::BufWriter<std::io::StdoutLock<'static>>),
-    /// A temp file beside the destination, renamed over it when complete.
+    /// A temp file beside the destination, put in its place when complete.
     File {
-        temp: PathBuf,
+        temp: intact::atomic::Temp,
         dest: PathBuf,
-        out: Option<std::io::BufWriter<std::fs::File>>,
+        out: std::io::BufWriter<std::fs::File>,
     },
 }
 
 impl Listing {
     fn file(dest: &Path) -> anyhow::Result<Listing> {
-        let mut name = dest
-            .file_name()
-            .context("--output needs a file name")?
-            .to_os_string();
-        name.push(format!(".intact-{}.tmp", std::process::id()));
-        let temp = dest.with_file_name(name);
-        let out =
-            std::fs::File::create(&temp).with_context(|| format!("creating {}", temp.display()))?;
+        dest.file_name().context("--output needs a file name")?;
+        let temp = intact::atomic::Temp::beside(dest)
+            .with_context(|| format!("creating a file beside {}", dest.display()))?;
+        let out = std::io::BufWriter::new(temp.file().try_clone()?);
         Ok(Listing::File {
             temp,
             dest: dest.to_path_buf(),
-            out: Some(std::io::BufWriter::new(out)),
+            out,
         })
     }
 
@@ -795,34 +803,18 @@ impl Listing {
         let line = manifest::format_line(&tag.digest, rel.as_os_str().as_bytes());
         match self {
             Listing::Stdout(out) => out.write_all(&line),
-            Listing::File { out, .. } => {
-                out.as_mut().expect("open until finished").write_all(&line)
-            }
+            Listing::File { out, .. } => out.write_all(&line),
         }
     }
 
-    fn finish(mut self) -> std::io::Result<()> {
-        match &mut self {
-            Listing::Stdout(out) => out.flush(),
+    /// Flushes stdout, or puts the file in place; an unfinished file leaves nothing behind.
+    fn finish(self) -> std::io::Result<()> {
+        match self {
+            Listing::Stdout(mut out) => out.flush(),
             Listing::File { temp, dest, out } => {
-                let out = out.take().expect("open until finished");
-                let file = out.into_inner().map_err(|e| e.into_error())?;
-                file.sync_all()?;
-                std::fs::rename(&*temp, &*dest)?;
-                temp.clear();
-                Ok(())
+                out.into_inner().map_err(|e| e.into_error())?;
+                temp.commit(dest.file_name().expect("checked when created"))
             }
-        }
-    }
-}
-
-impl Drop for Listing {
-    fn drop(&mut self) {
-        // An unfinished export leaves nothing behind (after a rename the temp is gone).
-        if let Listing::File { temp, .. } = self
-            && !temp.as_os_str().is_empty()
-        {
-            let _ = std::fs::remove_file(temp);
         }
     }
 }

@@ -21,12 +21,14 @@
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
+use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::path::{Component, Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Mutex;
 
+use crate::atomic::{Batch, Temp};
 use crate::digest::{Algo, Digest, Hasher};
 
 /// The marker file that makes a directory a parity store.
@@ -75,7 +77,10 @@ pub struct Store {
     threads: usize,
     /// Small files waiting for their pack to fill, and their bytes.
     pending: Mutex<(Vec<Protectee>, u64)>,
-    staged: Mutex<Staged>,
+    /// Set files written, waiting to be made durable and put in place.
+    staged: Mutex<Batch>,
+    /// Temp files that killed runs had left in the store, removed when it was opened.
+    pub removed: Vec<PathBuf>,
 }
 
 /// What became of a file given to [`Store::add`].
@@ -128,9 +133,9 @@ impl Store {
             let mut text = b"intact parity store v1\nroot=".to_vec();
             text.extend_from_slice(root.as_os_str().as_encoded_bytes());
             text.push(b'\n');
-            let mut staged = Staged::default();
-            staged.stage(&marker, &text)?;
-            staged.commit()?;
+            let temp = Temp::beside(&marker)?;
+            temp.file().write_all(&text)?;
+            temp.commit(OsStr::new(MARKER))?;
         }
         let mut store = Store::read(dir)?;
         if store.root.canonicalize().ok().as_ref() != Some(&root) {
@@ -142,6 +147,13 @@ impl Store {
         store.root = root;
         store.redundancy = redundancy;
         store.threads = threads;
+        // Set files a killed run was writing.
+        for e in std::fs::read_dir(dir)?.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                store.removed.extend(crate::atomic::remove_stale(&e.path()));
+            }
+        }
+        store.removed.extend(crate::atomic::remove_stale(dir));
         Ok(store)
     }
 
@@ -188,7 +200,8 @@ impl Store {
             redundancy: 0.0,
             threads: 1,
             pending: Mutex::new((Vec::new(), 0)),
-            staged: Mutex::new(Staged::default()),
+            staged: Mutex::new(Batch::default()),
+            removed: Vec::new(),
         })
     }
 
@@ -286,6 +299,16 @@ impl Store {
         lock(&self.staged).commit()
     }
 
+    /// Stages a written set file; a full batch is committed.
+    fn stage(&self, temp: Temp, dest: PathBuf) -> io::Result<()> {
+        let mut staged = lock(&self.staged);
+        staged.add(temp, dest);
+        if staged.len() >= BATCH {
+            staged.commit()?;
+        }
+        Ok(())
+    }
+
     /// Writes one pack; returns its index file too.
     fn write_pack(&self, files: &[Protectee]) -> Result<(Stats, PathBuf), ProtectError> {
         // About one slice per file: small files waste little padding.
@@ -340,35 +363,25 @@ impl Store {
         let volume = base.with_file_name(par2::volume_name(&name, 0, recovery));
         // The volume is written in place as it is computed (in passes for a large file), to
         // a temp name; it is staged with the index once both are whole.
-        let temp = temp_name(&volume);
-        let made = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&temp)
-            .map_err(ProtectError::Io)
-            .and_then(|mut file| {
-                let created =
-                    par2::create(&inputs, &mut open, slice, recovery, self.threads, &mut file)
-                        .map_err(|e| match e {
-                            par2::Error::Io(e) => ProtectError::Io(e),
-                            other => ProtectError::Io(io::Error::other(other.to_string())),
-                        })?;
-                Ok((created, file.metadata()?.len()))
-            });
-        let (created, volume_len) = match made {
-            Ok(made) => made,
-            Err(e) => {
-                let _ = std::fs::remove_file(&temp);
-                return Err(e);
-            }
-        };
+        let temp = Temp::beside(&volume)?;
+        let created = par2::create(
+            &inputs,
+            &mut open,
+            slice,
+            recovery,
+            self.threads,
+            &mut temp.file(),
+        )
+        .map_err(|e| match e {
+            par2::Error::Io(e) => ProtectError::Io(e),
+            other => ProtectError::Io(io::Error::other(other.to_string())),
+        })?;
+        let volume_len = temp.file().metadata()?.len();
         let seen = seen.borrow();
         let changed: Vec<usize> = (0..files.len())
             .filter(|&i| seen[i].as_ref() != Some(&files[i].digest))
             .collect();
         if !changed.is_empty() {
-            let _ = std::fs::remove_file(&temp);
             return Err(ProtectError::Changed(
                 changed.into_iter().map(|i| files[i].path.clone()).collect(),
             ));
@@ -392,9 +405,11 @@ impl Store {
         }
         // The volume repeats the descriptions, as par2cmdline's do: one flipped bit in an
         // index must not cost a whole pack its parity.
-        let mut staged = lock(&self.staged);
-        staged.adopt(temp, volume)?;
-        staged.stage(&with_ext(base, "par2"), &index)?;
+        let index_path = with_ext(base, "par2");
+        let index_temp = Temp::beside(&index_path)?;
+        index_temp.file().write_all(&index)?;
+        self.stage(temp, volume)?;
+        self.stage(index_temp, index_path)?;
         Ok(Stats {
             sets: 1,
             bytes: volume_len + index.len() as u64,
@@ -442,6 +457,11 @@ pub struct Found {
     /// Each of its files' digest, where the store knows it (a pack's members).
     pub members: Vec<Option<Digest>>,
 }
+
+/// Set files are made durable and put in place at least this many at a time: after one
+/// `syncfs`, never before (an index under its name means a complete set), and a thousand
+/// small sets do not cost two thousand fsyncs.
+const BATCH: usize = 256;
 
 /// A lock whose holder never panics mid-update (panics abort this program).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -577,106 +597,6 @@ fn with_ext(base: &Path, ext: &str) -> PathBuf {
     s.push(".");
     s.push(ext);
     PathBuf::from(s)
-}
-
-/// Set files written to temp names, renamed into place in batches after one `syncfs`: a
-/// file is never under its final name before its bytes are durable (an index there means
-/// a complete set), and a thousand small sets do not cost two thousand fsyncs.
-#[derive(Default)]
-struct Staged {
-    files: Vec<(PathBuf, PathBuf)>,
-}
-
-impl Staged {
-    const BATCH: usize = 256;
-
-    fn stage(&mut self, path: &Path, bytes: &[u8]) -> io::Result<()> {
-        let temp = temp_name(path);
-        let written = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&temp)
-            .and_then(|mut f| f.write_all(bytes));
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&temp);
-            return Err(e);
-        }
-        self.adopt(temp, path.to_path_buf())
-    }
-
-    /// Takes in a file already written under a temp name, to be renamed to `path`.
-    fn adopt(&mut self, temp: PathBuf, path: PathBuf) -> io::Result<()> {
-        self.files.push((temp, path));
-        if self.files.len() >= Self::BATCH {
-            self.commit()?;
-        }
-        Ok(())
-    }
-
-    fn has(&self, path: &Path) -> bool {
-        self.files.iter().any(|(_, p)| p == path)
-    }
-
-    /// Makes the staged files durable, then renames them into place (volumes before their
-    /// index: they were staged in that order), then makes the renames durable.
-    fn commit(&mut self) -> io::Result<()> {
-        let Some((first, _)) = self.files.first() else {
-            return Ok(());
-        };
-        sync_all_of(first, &self.files)?;
-        let mut dirs = Vec::new();
-        // One at a time: after a failed rename, the rest stay listed for Drop to remove.
-        while let Some((temp, path)) = self.files.first().cloned() {
-            std::fs::rename(&temp, &path)?;
-            self.files.remove(0);
-            if let Some(d) = path.parent()
-                && !dirs.iter().any(|x: &PathBuf| x == d)
-            {
-                dirs.push(d.to_path_buf());
-            }
-        }
-        for d in dirs {
-            File::open(d)?.sync_all()?;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Staged {
-    fn drop(&mut self) {
-        // An interrupted run leaves no temp files.
-        for (temp, _) in self.files.drain(..) {
-            let _ = std::fs::remove_file(temp);
-        }
-    }
-}
-
-/// Flushes the data of `files` to the medium: one `syncfs` of the file system that holds
-/// them on Linux, an fsync each elsewhere.
-fn sync_all_of(any: &Path, files: &[(PathBuf, PathBuf)]) -> io::Result<()> {
-    #[cfg(target_os = "linux")]
-    {
-        let _ = files;
-        rustix::fs::syncfs(File::open(any)?)?;
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = any;
-        for (temp, _) in files {
-            File::open(temp)?.sync_all()?;
-        }
-    }
-    Ok(())
-}
-
-/// A temp name beside `path` that no other run, and no earlier call, uses.
-fn temp_name(path: &Path) -> PathBuf {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let nanos = crate::tag::Timestamp::now().nsec;
-    let mut temp = path.as_os_str().to_os_string();
-    temp.push(format!(".intact-{}-{n}-{nanos}.tmp", std::process::id()));
-    PathBuf::from(temp)
 }
 
 /// A name stored in a set, as a path under `root`: only plain components, so no name can

@@ -26,10 +26,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rustix::fs::{Mode, OFlags};
 
 use crate::archive::{self, Chunk};
+use crate::atomic::Temp;
 use crate::classify::Status;
 use crate::digest::{Digest, Hasher};
 use crate::engine::{Action, Anchor, FileReport};
 use crate::store;
+use crate::tag::names;
 use crate::walk::{self, Entry, WalkOptions};
 
 /// Where good copies may be found.
@@ -81,8 +83,6 @@ pub struct Options {
     pub dry_run: bool,
     /// What becomes of damaged originals.
     pub keep: Keep,
-    /// mtimes closer than this count as equal (as in the check).
-    pub mtime_window_ns: u64,
 }
 
 /// A damaged file waiting for good bytes.
@@ -497,7 +497,7 @@ impl Repairer {
         let mut temp = if self.opts.dry_run {
             None
         } else {
-            Some(Temp::create(&dir).map_err(Failure::Target)?)
+            Some(Temp::new_in(&dir).map_err(Failure::Target)?)
         };
         let mut hasher = Hasher::new(digest.algo);
         let mut len = 0u64;
@@ -518,13 +518,13 @@ impl Repairer {
             let written = match chunk {
                 Chunk::Data(d) => {
                     hasher.update(d);
-                    temp.as_mut().map_or(Ok(()), |t| t.file.write_all(d))
+                    temp.as_ref().map_or(Ok(()), |t| t.file().write_all(d))
                 }
                 Chunk::Hole(n) => {
                     hasher.update_zeros(n);
-                    temp.as_mut().map_or(Ok(()), |t| {
+                    temp.as_ref().map_or(Ok(()), |t| {
                         let n = i64::try_from(n).map_err(io::Error::other)?;
-                        t.file.seek(io::SeekFrom::Current(n)).map(drop)
+                        t.file().seek(io::SeekFrom::Current(n)).map(drop)
                     })
                 }
             };
@@ -544,13 +544,12 @@ impl Repairer {
         if hasher.finalize() != digest || size.is_some_and(|s| s != len) {
             return Err(Failure::CopyDamaged);
         }
-        let Some(mut temp) = temp.take() else {
+        let Some(temp) = temp.take() else {
             return Ok(Restored::default());
         };
         let keep = self.keep_path(i, name);
-        let mut restored = temp
-            .finish(&dir, name, &original, &meta, len, keep)
-            .map_err(Failure::Target)?;
+        let mut restored =
+            replace(temp, name, &original, &meta, len, keep).map_err(Failure::Target)?;
         // A name kept beside is shown with the directory it is in.
         restored.kept = restored.kept.map(|k| {
             if k.parent() == Some(Path::new("")) {
@@ -562,28 +561,27 @@ impl Repairer {
         Ok(restored)
     }
 
-    /// Makes sure the damaged file is still the one the check judged: same size, same tag,
-    /// mtime not moved (an edit since the check must not be overwritten).
+    /// Makes sure the damaged file is still the one the check judged: same size, same mtime,
+    /// same tag (an edit since the check must not be overwritten).
     fn unchanged(&self, t: &Target, file: &File, meta: &std::fs::Metadata) -> Result<(), Failure> {
-        let changed = || {
-            Err(Failure::Target(io::Error::other(
-                "the file changed since it was checked; run repair again",
-            )))
-        };
-        if !meta.is_file() || Some(meta.len()) != t.report.size {
-            return changed();
-        }
-        let stored = store::read(file).map_err(Failure::Target)?;
-        let Some(tag) = stored.tags.iter().find(|tag| tag.digest == t.want.0) else {
-            return changed();
-        };
         let now = crate::tag::Timestamp {
             sec: meta.mtime(),
             nsec: meta.mtime_nsec() as u32,
         };
-        match crate::classify::compare_mtime(tag, now, self.opts.mtime_window_ns) {
-            None | Some(crate::classify::TimeOrder::Same) => Ok(()),
-            Some(_) => changed(),
+        let same = meta.is_file()
+            && Some(meta.len()) == t.report.size
+            && Some(now) == t.report.mtime
+            && store::read(file)
+                .map_err(Failure::Target)?
+                .tags
+                .iter()
+                .any(|tag| tag.digest == t.want.0);
+        if same {
+            Ok(())
+        } else {
+            Err(Failure::Target(io::Error::other(
+                "the file changed since it was checked; run repair again",
+            )))
         }
     }
 
@@ -634,167 +632,145 @@ enum KeepAt {
     Elsewhere(PathBuf),
 }
 
-/// A temp file beside the file it will replace; removed unless renamed into place.
-struct Temp<'d> {
-    dir: &'d OwnedFd,
-    name: OsString,
-    file: File,
-    placed: bool,
+/// Puts the verified bytes in `temp` in place of the damaged file `name` (open as
+/// `original`, with metadata `meta`), in the directory `temp` is in: given the original's
+/// user xattrs, owner, mode and times, made durable, and renamed over it, after the damaged
+/// bytes are kept if asked. Until the rename, a failure leaves the original as it was and
+/// nothing else behind; after it, problems are warnings.
+fn replace(
+    temp: Temp,
+    name: &OsStr,
+    original: &File,
+    meta: &std::fs::Metadata,
+    len: u64,
+    keep: Option<KeepAt>,
+) -> io::Result<Restored> {
+    temp.file().set_len(len)?;
+    if meta.nlink() > 1 {
+        return rewrite_in_place(temp, name, original, meta, len, keep);
+    }
+    let attrs = store::read_all(original)?;
+    store::write_all(
+        temp.file(),
+        attrs.iter().filter(|(n, _)| n != names::REPAIRING),
+    )?;
+    let (uid, gid) = (meta.uid(), meta.gid());
+    if let Err(e) = rustix::fs::fchown(
+        temp.file(),
+        Some(rustix::fs::Uid::from_raw(uid)),
+        Some(rustix::fs::Gid::from_raw(gid)),
+    ) && (uid, gid)
+        != (
+            rustix::process::getuid().as_raw(),
+            rustix::process::getgid().as_raw(),
+        )
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("cannot give the repaired file its owner {uid}:{gid} ({e})"),
+        ));
+    }
+    rustix::fs::fchmod(
+        temp.file(),
+        Mode::from_raw_mode((meta.mode() & 0o7777) as _),
+    )?;
+    set_times(temp.file(), meta)?;
+    let dir = temp.dir().try_clone()?;
+    let kept = match keep {
+        None => None,
+        Some(KeepAt::Beside(k)) => Some(link_beside(&dir, name, &k)?),
+        Some(KeepAt::Elsewhere(p)) => Some(copy_to(original, &p)?),
+    };
+    if let Err(e) = temp.commit(name) {
+        if let Some(k) = &kept {
+            unkeep(&dir, k);
+        }
+        return Err(e);
+    }
+    let mut restored = Restored {
+        kept,
+        warning: None,
+    };
+    if restored.kept.is_some() {
+        // The damaged inode now lives on only under the kept name: without its tag, later
+        // checks do not report the same damage again (the good file carries the tag).
+        if let Err(e) = store::remove_intact(original) {
+            restored.warning = Some(format!("finishing up failed: {e}"));
+        }
+    }
+    Ok(restored)
 }
 
-impl<'d> Temp<'d> {
-    /// A new temp file in `dir`, under a short name (any file name, however long, can be
-    /// repaired).
-    fn create(dir: &'d OwnedFd) -> io::Result<Temp<'d>> {
-        let name = OsString::from(format!(".intact-repair-{}", unique()));
-        let fd = rustix::fs::openat(
-            dir,
-            name.as_os_str(),
-            OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o600),
-        )?;
-        Ok(Temp {
-            dir,
-            name,
-            file: File::from(fd),
-            placed: false,
-        })
-    }
-
-    /// Makes the verified bytes durable, gives them the original's metadata, keeps the
-    /// original if asked, and puts the bytes in its place. Until that last step, a failure
-    /// leaves the original as it was and nothing else behind; after it, problems are
-    /// warnings.
-    fn finish(
-        &mut self,
-        dir: &OwnedFd,
-        name: &OsStr,
-        original: &File,
-        meta: &std::fs::Metadata,
-        len: u64,
-        keep: Option<KeepAt>,
-    ) -> io::Result<Restored> {
-        self.file.set_len(len)?;
-        self.file.sync_all()?;
-        if meta.nlink() > 1 {
-            return self.rewrite_in_place(dir, name, original, meta, len, keep);
-        }
-        store::write_all(&self.file, &store::read_all(original)?)?;
-        let (uid, gid) = (meta.uid(), meta.gid());
-        if let Err(e) = rustix::fs::fchown(
-            &self.file,
-            Some(rustix::fs::Uid::from_raw(uid)),
-            Some(rustix::fs::Gid::from_raw(gid)),
-        ) && (uid, gid)
-            != (
-                rustix::process::getuid().as_raw(),
-                rustix::process::getgid().as_raw(),
-            )
+/// For an inode with several names: every name must see the repair, so the verified bytes
+/// are written into it. That is the one step that is not atomic, so the file is marked
+/// first (an xattr, made durable before any byte changes): a run killed midway leaves mixed
+/// bytes under a moved mtime, and the mark makes every later check report them as damage
+/// (never as an edit) until a repair completes and removes it.
+fn rewrite_in_place(
+    temp: Temp,
+    name: &OsStr,
+    original: &File,
+    meta: &std::fs::Metadata,
+    len: u64,
+    keep: Option<KeepAt>,
+) -> io::Result<Restored> {
+    let dir = temp.dir();
+    // The damaged bytes are copied out first: a second link would see the repair too.
+    let kept = match keep {
+        None => None,
+        Some(KeepAt::Beside(k)) => Some(copy_beside(dir, &k, original)?),
+        Some(KeepAt::Elsewhere(p)) => Some(copy_to(original, &p)?),
+    };
+    let target = match open_at(dir, name, OFlags::WRONLY).map(File::from) {
+        Ok(f)
+            if f.metadata()
+                .is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino()) =>
         {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!("cannot give the repaired file its owner {uid}:{gid} ({e})"),
-            ));
+            f
         }
-        rustix::fs::fchmod(&self.file, Mode::from_raw_mode((meta.mode() & 0o7777) as _))?;
-        set_times(&self.file, meta)?;
-        self.file.sync_all()?;
-        let kept = match keep {
-            None => None,
-            Some(KeepAt::Beside(k)) => Some(link_beside(dir, name, &k)?),
-            Some(KeepAt::Elsewhere(p)) => Some(copy_to(original, &p)?),
-        };
-        if let Err(e) = rustix::fs::renameat(dir, self.name.as_os_str(), dir, name) {
+        Ok(_) | Err(_) => {
             if let Some(k) = &kept {
                 unkeep(dir, k);
             }
-            return Err(e.into());
-        }
-        self.placed = true;
-        let mut restored = Restored {
-            kept,
-            warning: None,
-        };
-        let mut after = rustix::fs::fsync(dir).map_err(io::Error::from);
-        if restored.kept.is_some() {
-            // The damaged inode now lives on only under the kept name: without its tag, later
-            // checks do not report the same damage again (the good file carries the tag).
-            after = after.and(store::remove_intact(original).map(drop));
-        }
-        if let Err(e) = after {
-            restored.warning = Some(format!("finishing up failed: {e}"));
-        }
-        Ok(restored)
-    }
-
-    /// For an inode with several names: every name must see the repair, so the verified
-    /// bytes are written into it. Should that fail midway, the verified copy stays, named in
-    /// the error, for the user to finish with.
-    fn rewrite_in_place(
-        &mut self,
-        dir: &OwnedFd,
-        name: &OsStr,
-        original: &File,
-        meta: &std::fs::Metadata,
-        len: u64,
-        keep: Option<KeepAt>,
-    ) -> io::Result<Restored> {
-        // The damaged bytes are copied out first: a second link would see the repair too.
-        let kept = match keep {
-            None => None,
-            Some(KeepAt::Beside(k)) => Some(copy_beside(dir, &k, original)?),
-            Some(KeepAt::Elsewhere(p)) => Some(copy_to(original, &p)?),
-        };
-        let target = match open_at(dir, name, OFlags::WRONLY).map(File::from) {
-            Ok(f)
-                if f.metadata()
-                    .is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino()) =>
-            {
-                f
-            }
-            Ok(_) | Err(_) => {
-                if let Some(k) = &kept {
-                    unkeep(dir, k);
-                }
-                return Err(io::Error::other(
-                    "the file was replaced since it was checked; run repair again",
-                ));
-            }
-        };
-        let written = (|| {
-            self.file.seek(io::SeekFrom::Start(0))?;
-            io::copy(&mut (&self.file).take(len), &mut &target)?;
-            target.set_len(len)?;
-            set_times(&target, meta)?;
-            target.sync_all()
-        })();
-        if let Err(e) = written {
-            self.placed = true;
-            return Err(io::Error::new(
-                e.kind(),
-                format!(
-                    "{e}: the file may be partly rewritten; its verified bytes are in {}",
-                    Path::new(&self.name).display()
-                ),
+            return Err(io::Error::other(
+                "the file was replaced since it was checked; run repair again",
             ));
         }
-        Ok(Restored {
-            kept,
-            warning: None,
-        })
-    }
-}
-
-impl Drop for Temp<'_> {
-    fn drop(&mut self) {
-        if !self.placed {
-            let _ = rustix::fs::unlinkat(
-                self.dir,
-                self.name.as_os_str(),
-                rustix::fs::AtFlags::empty(),
-            );
+    };
+    let marked = store::mark_repairing(&target).and_then(|()| target.sync_all());
+    if let Err(e) = marked {
+        if let Some(k) = &kept {
+            unkeep(dir, k);
         }
+        return Err(e);
     }
+    let written = (|| {
+        let mut from = temp.file();
+        from.seek(io::SeekFrom::Start(0))?;
+        io::copy(&mut from.take(len), &mut &target)?;
+        target.set_len(len)?;
+        set_times(&target, meta)?;
+        target.sync_all()
+    })();
+    if let Err(e) = written {
+        return Err(io::Error::new(
+            e.kind(),
+            format!(
+                "{e}: the file may be partly rewritten; it is marked, so checks report it as \
+                 damaged until a repair completes"
+            ),
+        ));
+    }
+    let mut restored = Restored {
+        kept,
+        warning: None,
+    };
+    // Left behind, the mark would only keep a good file under suspicion (a check finds the
+    // data matching and says ok): a warning, not a failure.
+    if let Err(e) = store::unmark_repairing(&target) {
+        restored.warning = Some(format!("could not remove the repair mark: {e}"));
+    }
+    Ok(restored)
 }
 
 /// Opens `name` in `dir`, never through a symlink.
@@ -842,28 +818,11 @@ fn link_beside(dir: &OwnedFd, name: &OsStr, keep: &OsStr) -> io::Result<PathBuf>
 }
 
 /// Copies the damaged bytes to a new file beside the original, under a free variant of
-/// `keep`; a partial copy is removed.
+/// `keep`; nothing is under that name unless the whole copy is.
 fn copy_beside(dir: &OwnedFd, keep: &OsStr, original: &File) -> io::Result<PathBuf> {
-    let name = free_name(keep, |k| {
-        rustix::fs::openat(
-            dir,
-            k,
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o600),
-        )
-        .map(drop)
-        .map_err(io::Error::from)
-    })?;
-    let copied = open_at(dir, name.as_os_str(), OFlags::WRONLY).and_then(|fd| {
-        let out = File::from(fd);
-        io::copy(&mut { original }, &mut &out)?;
-        out.sync_all()
-    });
-    if let Err(e) = copied {
-        unkeep(dir, &name);
-        return Err(e);
-    }
-    Ok(name)
+    let mut temp = Temp::new_in(dir)?;
+    io::copy(&mut { original }, &mut temp.file())?;
+    free_name(keep, |k| temp.commit_new(k))
 }
 
 /// Tries `make` on `keep`, then `keep.1`, `keep.2` ... until a name is free.
@@ -894,20 +853,15 @@ fn unkeep(dir: &OwnedFd, kept: &Path) {
     }
 }
 
-/// Copies the damaged bytes to `path` (which must not exist yet); a partial copy is removed.
+/// Copies the damaged bytes to `path`, which must not exist yet; nothing is under that name
+/// unless the whole copy is.
 fn copy_to(original: &File, path: &Path) -> io::Result<PathBuf> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    let mut out = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path)?;
-    let copied = io::copy(&mut { original }, &mut out).and_then(|_| out.sync_all());
-    if let Err(e) = copied {
-        let _ = std::fs::remove_file(path);
-        return Err(e);
-    }
+    let mut temp = Temp::beside(path)?;
+    io::copy(&mut { original }, &mut temp.file())?;
+    temp.commit_new(path.file_name().unwrap_or(path.as_os_str()))?;
     Ok(path.to_path_buf())
 }
 

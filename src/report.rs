@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use crate::classify::Status;
 use crate::engine::{Action, FileReport, Verb};
+use crate::walk::SkipReason;
 
 /// Exit codes, from the most to the least important.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -206,6 +207,8 @@ impl<W: Write, E: Write> Reporter<W, E> {
         let s = r.status;
         match self.verbosity {
             Verbosity::Verbose => true,
+            // What a killed run left behind is worth a line, the more so when it goes.
+            Verbosity::Normal if r.skip == Some(SkipReason::Leftover) => true,
             Verbosity::Quiet => {
                 s.is_damage()
                     || matches!(

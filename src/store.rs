@@ -18,6 +18,9 @@ pub struct Stored {
     pub tags: Vec<Tag>,
     /// Attributes that hold something intact cannot use, with the reason.
     pub malformed: Vec<(&'static str, Malformed)>,
+    /// A repair was rewriting the file in place and did not finish: its bytes may be mixed,
+    /// whatever its mtime says.
+    pub repairing: bool,
 }
 
 impl Stored {
@@ -151,6 +154,7 @@ impl Stored {
                 break;
             }
         }
+        stored.repairing = lookup(names::REPAIRING)?.is_some();
         stored.tags.sort_by_key(|t| t.format);
         Ok(stored)
     }
@@ -200,7 +204,10 @@ pub fn read_all(file: &File) -> io::Result<Vec<(String, Vec<u8>)>> {
 }
 
 /// Sets each attribute on `file`.
-pub fn write_all(file: &File, attrs: &[(String, Vec<u8>)]) -> io::Result<()> {
+pub fn write_all<'a>(
+    file: &File,
+    attrs: impl IntoIterator<Item = &'a (String, Vec<u8>)>,
+) -> io::Result<()> {
     for (name, value) in attrs {
         rustix::fs::fsetxattr(file, name.as_str(), value, XattrFlags::empty())?;
     }
@@ -226,6 +233,23 @@ fn get(file: &File, name: &str) -> io::Result<Option<Vec<u8>>> {
 pub fn write_intact(file: &File, value: &str) -> io::Result<()> {
     rustix::fs::fsetxattr(file, names::INTACT, value.as_bytes(), XattrFlags::empty())?;
     Ok(())
+}
+
+/// Marks a file that a repair is about to rewrite in place (see [`Stored::repairing`]).
+pub fn mark_repairing(file: &File) -> io::Result<()> {
+    let value = format!("rewriting in place (pid {})", std::process::id());
+    rustix::fs::fsetxattr(
+        file,
+        names::REPAIRING,
+        value.as_bytes(),
+        XattrFlags::empty(),
+    )?;
+    Ok(())
+}
+
+/// Removes the mark of [`mark_repairing`]; `Ok(false)` if there was none.
+pub fn unmark_repairing(file: &File) -> io::Result<bool> {
+    remove(file, names::REPAIRING)
 }
 
 /// Removes intact's tag; `Ok(false)` if there was none.

@@ -41,6 +41,8 @@ pub mod names {
         /// The Dintch name intact writes: plain on Linux; with the syncable flag on macOS, as
         /// Dintch itself writes it there.
         DINTCH_WRITE = "user.co.eclecticlight.dintch.hash", "co.eclecticlight.dintch.hash#S";
+        /// A repair was rewriting this file in place (a hard-linked one) and did not finish.
+        REPAIRING = "user.intact.repairing", "intact.repairing";
         /// Dintch: when the file was tagged.
         DINTCH_TIME = "user.co.eclecticlight.dintch.time", "co.eclecticlight.dintch.time";
     }

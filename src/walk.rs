@@ -36,6 +36,10 @@ pub enum SkipReason {
     Special,
     /// Another link to an inode already processed in this run.
     HardLink,
+    /// A temp file left by a run of intact that was killed (see [`crate::atomic`]).
+    Leftover,
+    /// A temp file a running intact is writing.
+    Temporary,
 }
 
 impl fmt::Display for SkipReason {
@@ -44,6 +48,8 @@ impl fmt::Display for SkipReason {
             SkipReason::Symlink => "symbolic link, not followed",
             SkipReason::Special => "not a regular file",
             SkipReason::HardLink => "hard link to a file already processed",
+            SkipReason::Leftover => "left by an interrupted run of intact",
+            SkipReason::Temporary => "being written by a running intact",
         })
     }
 }

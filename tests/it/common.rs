@@ -361,3 +361,20 @@ impl Drop for Mount {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
+
+/// Temp files of intact's (`.intact-PID-N.tmp`) anywhere under `dir`: what a run left behind.
+pub fn leftovers(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let Ok(entries) = fs::read_dir(dir) else {
+        return found;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if e.file_type().unwrap().is_dir() {
+            found.extend(leftovers(&e.path()));
+        } else if name.starts_with(".intact-") && name.ends_with(".tmp") {
+            found.push(e.path());
+        }
+    }
+    found
+}

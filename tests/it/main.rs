@@ -10,6 +10,7 @@ mod archive;
 mod bad_sectors;
 mod faults;
 mod interop;
+mod kills;
 mod output;
 mod parity;
 mod repair;

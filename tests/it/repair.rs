@@ -15,15 +15,6 @@ fn archive(t: &Tree, src: &Path) -> PathBuf {
     a
 }
 
-/// Files in `dir` whose names say intact left them behind.
-fn leftovers(dir: &Path) -> Vec<String> {
-    fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.contains(".intact-"))
-        .collect()
-}
-
 #[test]
 fn from_an_archive_bit_exact_with_metadata_even_after_a_rename() {
     for algo in ALGOS {
