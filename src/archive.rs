@@ -21,10 +21,11 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use crate::anchor::Anchor;
 use crate::atomic::Temp;
 use crate::classify::Status;
 use crate::digest::{AlignedBuf, Digest, Hasher};
-use crate::engine::{Action, Anchor, FileError, FileReport};
+use crate::engine::{Action, FileError, FileReport};
 use crate::store::{self, Stored};
 use crate::tag::{self, Timestamp, names};
 use crate::walk::SkipReason;
@@ -156,8 +157,8 @@ impl Writer {
         let name = self.member_name(root, &report.path);
         match report.status {
             Status::Skipped => match report.skip {
-                Some(SkipReason::Symlink) => self.add_symlink(report, &name),
-                Some(SkipReason::HardLink) => self.add_hard_link(report, &name),
+                Some(SkipReason::Symlink) => self.add_symlink(report, root, &name),
+                Some(SkipReason::HardLink) => self.add_hard_link(report, root, &name),
                 _ => Ok(()),
             },
             Status::Error | Status::Changed | Status::Missing => Ok(()),
@@ -301,17 +302,14 @@ impl Writer {
         Ok(())
     }
 
-    fn add_symlink(&mut self, report: &mut FileReport, name: &[u8]) -> io::Result<()> {
-        let (meta, target) = match (
-            std::fs::symlink_metadata(&report.path),
-            std::fs::read_link(&report.path),
-        ) {
-            (Ok(m), Ok(t)) if m.file_type().is_symlink() => (m, t),
-            (Err(e), _) | (_, Err(e)) => {
+    fn add_symlink(&mut self, report: &mut FileReport, root: usize, name: &[u8]) -> io::Result<()> {
+        let (meta, target) = match self.lstat(root, &report.path, true) {
+            Ok((m, Some(t))) => (m, t),
+            Ok(_) => return Ok(()),
+            Err(e) => {
                 report.fail(FileError::Open(e));
                 return Ok(());
             }
-            _ => return Ok(()),
         };
         let mut pax = Pax::default();
         let mut header = tar::Header::new_ustar();
@@ -325,11 +323,19 @@ impl Writer {
         Ok(())
     }
 
-    fn add_hard_link(&mut self, report: &mut FileReport, name: &[u8]) -> io::Result<()> {
-        let Ok(meta) = std::fs::symlink_metadata(&report.path) else {
+    // The stat fields' types differ between Linux and macOS.
+    #[allow(clippy::unnecessary_cast)]
+    fn add_hard_link(
+        &mut self,
+        report: &mut FileReport,
+        root: usize,
+        name: &[u8],
+    ) -> io::Result<()> {
+        let Ok((meta, _)) = self.lstat(root, &report.path, false) else {
             return Ok(());
         };
-        let Some(target) = self.links.get(&(meta.dev(), meta.ino())).cloned() else {
+        let id = (meta.st_dev as u64, meta.st_ino as u64);
+        let Some(target) = self.links.get(&id).cloned() else {
             // The first name of this inode was not archived (damaged, unreadable).
             report.detail = Some("not archived: the file it links to was not".into());
             return Ok(());
@@ -344,6 +350,28 @@ impl Writer {
         self.add_entry(header, pax)?;
         report.action = Some(Action::Archived);
         Ok(())
+    }
+
+    /// The metadata of `path` (not following a symlink at its end) and, with `link`, the
+    /// target of the symlink it is, looked up in its directory opened beneath the root: a
+    /// directory swapped for a symlink since the walk cannot send the archive elsewhere.
+    fn lstat(
+        &self,
+        root: usize,
+        path: &Path,
+        link: bool,
+    ) -> io::Result<(rustix::fs::Stat, Option<PathBuf>)> {
+        let name = path.file_name().unwrap_or(path.as_os_str());
+        let dir = self.anchors[root].open_dir(crate::atomic::parent(path))?;
+        let st = rustix::fs::statat(&dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
+        let is_link = rustix::fs::FileType::from_raw_mode(st.st_mode).is_symlink();
+        let target = if link && is_link {
+            let t = rustix::fs::readlinkat(&dir, name, Vec::new())?;
+            Some(PathBuf::from(OsStr::from_bytes(t.as_bytes())))
+        } else {
+            None
+        };
+        Ok((st, target))
     }
 
     /// Writes a member without data.
@@ -481,16 +509,51 @@ fn set_name(header: &mut tar::Header, name: &[u8]) {
     field[..n].copy_from_slice(&name[..n]);
 }
 
-fn set_meta(header: &mut tar::Header, pax: &mut Pax, meta: &std::fs::Metadata) {
-    header.set_mode(meta.mode() & 0o7777);
-    header.set_uid(meta.uid().into());
-    header.set_gid(meta.gid().into());
-    header.set_mtime(meta.mtime().max(0) as u64);
-    let mtime = Timestamp {
-        sec: meta.mtime(),
-        nsec: meta.mtime_nsec() as u32,
-    };
-    pax.add("mtime", pax_time(mtime).as_bytes());
+/// What a member's header says of the file besides its name and size.
+struct MemberMeta {
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    mtime: Timestamp,
+}
+
+impl From<&std::fs::Metadata> for MemberMeta {
+    fn from(m: &std::fs::Metadata) -> Self {
+        MemberMeta {
+            mode: m.mode(),
+            uid: m.uid(),
+            gid: m.gid(),
+            mtime: Timestamp {
+                sec: m.mtime(),
+                nsec: m.mtime_nsec() as u32,
+            },
+        }
+    }
+}
+
+// The stat fields' types differ between Linux and macOS.
+#[allow(clippy::unnecessary_cast)]
+impl From<&rustix::fs::Stat> for MemberMeta {
+    fn from(st: &rustix::fs::Stat) -> Self {
+        MemberMeta {
+            mode: st.st_mode as u32,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            mtime: Timestamp {
+                sec: st.st_mtime as i64,
+                nsec: st.st_mtime_nsec as u32,
+            },
+        }
+    }
+}
+
+fn set_meta(header: &mut tar::Header, pax: &mut Pax, meta: impl Into<MemberMeta>) {
+    let meta = meta.into();
+    header.set_mode(meta.mode & 0o7777);
+    header.set_uid(meta.uid.into());
+    header.set_gid(meta.gid.into());
+    header.set_mtime(meta.mtime.sec.max(0) as u64);
+    pax.add("mtime", pax_time(meta.mtime).as_bytes());
 }
 
 /// Sizes past the ustar field's 8 GiB go in a PAX record too.

@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crossbeam_channel::bounded;
-use rustix::fs::{Mode, OFlags};
 
+use crate::anchor::Anchor;
 use crate::atomic;
 use crate::classify::{self, Status};
 use crate::device::Gates;
@@ -405,7 +405,7 @@ pub fn run(
                 seq += 1;
                 ControlFlow::Continue(())
             };
-            let walked = walk::walk(roots, &config.walk, |entry| {
+            let mut visit = |entry: Entry| {
                 if let Entry::File { size, .. } = &entry {
                     bytes += size;
                 }
@@ -415,7 +415,21 @@ pub fn run(
                 }
                 bytes = 0;
                 send(&mut batch)
-            });
+            };
+            // import visits what its manifest lists, beneath its one root; the others walk.
+            let walked = match (&config.manifest, config.verb) {
+                (Some(m), Verb::Import) => {
+                    let _ = m.listed().try_for_each(|(_, path)| {
+                        visit(Entry::File {
+                            path,
+                            size: 0,
+                            root: 0,
+                        })
+                    });
+                    Ok(())
+                }
+                _ => walk::walk(roots, &config.walk, visit),
+            };
             if !batch.is_empty() {
                 let _ = send(&mut batch);
             }
@@ -1073,120 +1087,6 @@ const INTERRUPTED_REPAIR: &str = "a repair stopped while rewriting it in place: 
 /// before being read, are waited for).
 const RACY_NS: i128 = 20_000_000;
 
-/// A walk root held open, so that files under it are opened relative to it and can never be
-/// reached through a symlink, not even one swapped in for a directory after the walk saw it.
-pub(crate) struct Anchor {
-    root: PathBuf,
-    dir: Option<rustix::fd::OwnedFd>,
-}
-
-impl Anchor {
-    pub(crate) fn new(root: &Path) -> Self {
-        Anchor {
-            root: root.to_path_buf(),
-            dir: crate::sys::open_anchor(root),
-        }
-    }
-
-    /// Opens a file read-only, without following any symlink below the root and without
-    /// updating its access time where allowed. O_NONBLOCK keeps a FIFO swapped in after the
-    /// walk from blocking the open. `direct` reads around the page cache (O_DIRECT) where the
-    /// file system allows it.
-    pub(crate) fn open(&self, path: &Path, direct: bool) -> io::Result<File> {
-        let flags =
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
-        let beneath = match (&self.dir, path.strip_prefix(&self.root)) {
-            (Some(dir), Ok(rel)) if !rel.as_os_str().is_empty() => Some((dir, rel)),
-            _ => None,
-        };
-        let attempt = |flags: OFlags| match beneath
-            .and_then(|(dir, rel)| crate::sys::open_beneath(dir, rel, flags))
-        {
-            Some(result) => result,
-            None => rustix::fs::open(path, flags, Mode::empty()).map_err(io::Error::from),
-        };
-        let (noatime, o_direct) = (crate::sys::noatime(), crate::sys::direct());
-        let mut extra = noatime | if direct { o_direct } else { OFlags::empty() };
-        loop {
-            let err = match attempt(flags | extra) {
-                Ok(fd) => return Ok(File::from(fd)),
-                Err(e) => e,
-            };
-            match err.raw_os_error() {
-                // O_NOATIME is only for the file's owner (or root).
-                Some(libc::EPERM) if !noatime.is_empty() && extra.contains(noatime) => {
-                    extra.remove(noatime)
-                }
-                // Some file systems (tmpfs before 6.6, some FUSE) refuse O_DIRECT.
-                Some(libc::EINVAL) if !o_direct.is_empty() && extra.contains(o_direct) => {
-                    extra.remove(o_direct)
-                }
-                _ => return Err(err),
-            }
-        }
-    }
-}
-
-impl Anchor {
-    /// Opens a directory under the root for `*at` calls, by the same rules as files. A root
-    /// that is a file has its parent opened by path: that is where the user pointed.
-    pub(crate) fn open_dir(&self, dir: &Path) -> io::Result<rustix::fd::OwnedFd> {
-        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        match (&self.dir, dir.strip_prefix(&self.root)) {
-            (Some(root), Ok(rel)) if !rel.as_os_str().is_empty() => {
-                if let Some(opened) = crate::sys::open_beneath(root, rel, flags) {
-                    return opened;
-                }
-                // No openat2 (Linux before 5.6): one component at a time, none followed.
-                let mut at = rustix::fs::openat(root, ".", flags, Mode::empty())?;
-                for part in rel.components() {
-                    let std::path::Component::Normal(part) = part else {
-                        return Err(io::Error::other("unexpected path component"));
-                    };
-                    at = rustix::fs::openat(&at, part, flags, Mode::empty())?;
-                }
-                return Ok(at);
-            }
-            _ => {}
-        }
-        let dir = if dir.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            dir
-        };
-        Ok(rustix::fs::open(dir, flags, Mode::empty())?)
-    }
-}
-
 fn is_symlink(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn files_open_only_beneath_their_root_without_symlinks() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("root");
-        std::fs::create_dir_all(root.join("real")).unwrap();
-        std::fs::write(root.join("real/f"), b"inside").unwrap();
-        std::fs::write(dir.path().join("outside"), b"outside").unwrap();
-        // As if, after the walk, a directory had been replaced by a symlink to elsewhere.
-        std::os::unix::fs::symlink(dir.path(), root.join("swapped")).unwrap();
-        std::os::unix::fs::symlink("real", root.join("alias")).unwrap();
-        let anchor = Anchor::new(&root);
-        assert!(anchor.open(&root.join("real/f"), false).is_ok());
-        assert!(anchor.open(&root.join("real/f"), true).is_ok());
-        for sneaky in ["swapped/outside", "alias/f"] {
-            let err = anchor.open(&root.join(sneaky), false).unwrap_err();
-            assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{sneaky}");
-            // A plain open would have followed it.
-            assert!(std::fs::File::open(root.join(sneaky)).is_ok());
-        }
-        // A root that is a file is opened as itself.
-        let file_root = root.join("real/f");
-        assert!(Anchor::new(&file_root).open(&file_root, false).is_ok());
-    }
 }

@@ -8,6 +8,7 @@
 
 #![deny(missing_docs)]
 
+pub mod anchor;
 pub mod archive;
 pub mod atomic;
 pub mod classify;

@@ -176,7 +176,8 @@ fn job(cli: Cli) -> anyhow::Result<Result<Job, Exit>> {
             });
             let (expected, had_bad) = load_manifest(&manifest, &dir, algo(a))?;
             bad = had_bad;
-            let roots = expected.listed().map(|(_, path)| path).collect();
+            // The files it lists are opened beneath DIR, never through a symlink.
+            let roots = vec![dir];
             let config = Config {
                 compat: compat(c),
                 manifest: Some(expected),
@@ -254,10 +255,7 @@ fn job(cli: Cli) -> anyhow::Result<Result<Job, Exit>> {
                 );
             }
             let sources = from.into_iter().map(Source::new).collect();
-            let opts = repair::Options {
-                dry_run,
-                keep,
-            };
+            let opts = repair::Options { dry_run, keep };
             let config = Config {
                 write: !dry_run,
                 ..Config::new(Verb::Repair)
@@ -291,18 +289,19 @@ fn job(cli: Cli) -> anyhow::Result<Result<Job, Exit>> {
     }))
 }
 
-/// Reads and parses a manifest; lines it cannot read are warned about (and make the exit
-/// code 3), the rest is used.
+/// Reads and parses a manifest; lines it cannot read, or that name files outside `root`, are
+/// warned about (and make the exit code 3), the rest is used.
 fn load_manifest(file: &Path, root: &Path, algo: Algo) -> anyhow::Result<(Arc<Expected>, bool)> {
-    let data = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
-    let parsed = manifest::parse(&data, algo);
-    for bad in &parsed.bad {
+    let reading = || format!("reading {}", file.display());
+    let input = std::fs::File::open(file).with_context(reading)?;
+    let parsed = manifest::read(std::io::BufReader::with_capacity(1 << 20, input), algo)
+        .with_context(reading)?;
+    let (expected, outside) = Expected::new(root, &parsed);
+    for bad in parsed.bad.iter().chain(&outside) {
         eprintln!("intact: warning: {}: {bad}", intact::report::escape(file));
     }
-    Ok((
-        Arc::new(Expected::new(root, &parsed)),
-        !parsed.bad.is_empty(),
-    ))
+    let bad = !parsed.bad.is_empty() || !outside.is_empty();
+    Ok((Arc::new(expected), bad))
 }
 
 fn run(cli: Cli) -> anyhow::Result<Exit> {

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fmt;
+use std::io::{self, BufRead};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -19,6 +20,8 @@ pub struct Entry {
     pub digest: Digest,
     /// The path bytes, relative to the manifest's root unless absolute.
     pub path: Vec<u8>,
+    /// The 1-based number of its line.
+    pub line: usize,
 }
 
 /// A line that could not be read, with its 1-based number.
@@ -67,9 +70,13 @@ impl Expected {
     /// Entries are relative to `root` (absolute ones under it are made relative). A manifest
     /// has no mtimes, and its own mtime says little (copying it, or the files, moves it), so
     /// every difference is a `mismatch`: a false alarm is preferred to a false pass.
-    pub fn new(root: &Path, parsed: &Parsed) -> Self {
+    ///
+    /// Entries that lead out of `root` (absolute paths elsewhere, `..`) are left out and
+    /// returned as bad lines: a manifest never decides what intact reads or tags.
+    pub fn new(root: &Path, parsed: &Parsed) -> (Self, Vec<BadLine>) {
         let mut order = Vec::new();
         let mut by_key = HashMap::new();
+        let mut outside = Vec::new();
         // hashdeep and others write absolute paths: those under the root become relative.
         let absolute_root = std::fs::canonicalize(root).ok();
         for e in &parsed.entries {
@@ -77,19 +84,33 @@ impl Expected {
             let under = |r: &Path| path.strip_prefix(r).ok().map(Path::to_path_buf);
             let path = match path.is_absolute() {
                 true => under(root).or_else(|| absolute_root.as_deref().and_then(under)),
-                false => None,
-            }
-            .unwrap_or_else(|| path.to_path_buf());
-            let key = normalize(&path);
+                false => Some(path.to_path_buf()),
+            };
+            let key = path.as_deref().map(normalize);
+            let Some(key) = key.filter(|k| {
+                !k.as_os_str().is_empty()
+                    && k.components().all(|c| matches!(c, Component::Normal(_)))
+            }) else {
+                outside.push(BadLine {
+                    line: e.line,
+                    why: format!(
+                        "{} is not a path inside {}: not followed",
+                        crate::report::escape(Path::new(OsStr::from_bytes(&e.path))),
+                        crate::report::escape(root)
+                    ),
+                });
+                continue;
+            };
             if by_key.insert(key.clone(), e.digest).is_none() {
                 order.push(key);
             }
         }
-        Expected {
+        let expected = Expected {
             root: root.to_path_buf(),
             order,
             by_key,
-        }
+        };
+        (expected, outside)
     }
 
     /// The key of a walked path: relative to the root.
@@ -146,54 +167,127 @@ pub fn format_line(digest: &Digest, path: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Manifest lines longer than this are rejected unread: no file name is anywhere near that
+/// long (PATH_MAX is 4 KiB; escapes double it at most), and a hostile manifest must not cost
+/// memory in proportion to its longest line.
+pub const MAX_LINE: usize = 64 << 10;
+
 /// Reads a manifest in any of the formats intact knows. `algo` says which algorithm 64-hex
 /// digests are (sha256sum and b3sum lines look alike); BSD lines and hashdeep headers name
-/// their own.
+/// their own. Memory stays within the entries and one line of at most [`MAX_LINE`] bytes.
+pub fn read(mut input: impl BufRead, algo: Algo) -> io::Result<Parsed> {
+    let mut parser = Parser {
+        algo,
+        out: Parsed::default(),
+        hashdeep: None,
+        crlf: None,
+    };
+    let mut line = Vec::new();
+    for number in 1.. {
+        line.clear();
+        match read_line(&mut input, &mut line)? {
+            None => break,
+            Some(true) => parser.line(number, &line),
+            Some(false) => parser.out.bad.push(BadLine {
+                line: number,
+                why: format!("longer than {MAX_LINE} bytes, which no file name is"),
+            }),
+        }
+    }
+    Ok(parser.out)
+}
+
+/// [`read`] over bytes in memory.
 pub fn parse(data: &[u8], algo: Algo) -> Parsed {
-    let mut out = Parsed::default();
-    let mut hashdeep: Option<HashdeepColumns> = None;
-    // A manifest written on Windows ends every line with CR LF. Otherwise a CR at the end
-    // belongs to the name (b3sum does not escape it).
-    let crlf = data
-        .split(|&b| b == b'\n')
-        .filter(|l| !l.is_empty())
-        .all(|l| l.ends_with(b"\r"));
-    for (i, raw) in data.split(|&b| b == b'\n').enumerate() {
+    read(data, algo).expect("reading from memory cannot fail")
+}
+
+/// Reads up to the next newline into `line` (without it): `Some(true)`, or `Some(false)`
+/// if the line was longer than [`MAX_LINE`] (its bytes are skipped, not kept); `None` at the
+/// end of the input.
+fn read_line(input: &mut impl BufRead, line: &mut Vec<u8>) -> io::Result<Option<bool>> {
+    let (mut any, mut fits) = (false, true);
+    loop {
+        let buf = match input.fill_buf() {
+            Ok(buf) => buf,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if buf.is_empty() {
+            return Ok(any.then_some(fits));
+        }
+        any = true;
+        let (chunk, end) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (&buf[..i], Some(i + 1)),
+            None => (buf, None),
+        };
+        if fits && line.len() + chunk.len() <= MAX_LINE {
+            line.extend_from_slice(chunk);
+        } else {
+            fits = false;
+            line.clear();
+        }
+        let used = end.unwrap_or(buf.len());
+        input.consume(used);
+        if end.is_some() {
+            return Ok(Some(fits));
+        }
+    }
+}
+
+/// The state of reading a manifest line by line.
+struct Parser {
+    algo: Algo,
+    out: Parsed,
+    hashdeep: Option<HashdeepColumns>,
+    /// Decided by the first line: a manifest written on Windows ends every line with CR LF.
+    /// Otherwise a CR at the end belongs to the name (b3sum does not escape it).
+    crlf: Option<bool>,
+}
+
+impl Parser {
+    fn line(&mut self, number: usize, raw: &[u8]) {
+        if raw.is_empty() {
+            return;
+        }
+        let crlf = *self.crlf.get_or_insert(raw.ends_with(b"\r"));
         let line = if crlf {
             raw.strip_suffix(b"\r").unwrap_or(raw)
         } else {
             raw
         };
         if line.is_empty() {
-            continue;
+            return;
         }
         let result = if line.starts_with(b"%%%% ") {
             match HashdeepColumns::from_header(&line[5..]) {
                 Some(cols) => {
-                    hashdeep = Some(cols);
-                    continue;
+                    self.hashdeep = Some(cols);
+                    return;
                 }
-                None if line.starts_with(b"%%%% HASHDEEP") => continue,
+                None if line.starts_with(b"%%%% HASHDEEP") => return,
                 None => Err("hashdeep header without a sha256 column".to_string()),
             }
         } else if line.starts_with(b"#") || line.starts_with(b";") {
             // Comments: hashdeep's `##` lines, rhash's and SFV's `;`.
-            continue;
-        } else if let Some(cols) = &hashdeep {
+            return;
+        } else if let Some(cols) = &self.hashdeep {
             cols.parse(line)
         } else {
-            parse_line(line, algo)
+            parse_line(line, self.algo)
         };
         match result {
-            Ok(entry) if entry.path.is_empty() => out.bad.push(BadLine {
-                line: i + 1,
+            Ok(entry) if entry.path.is_empty() => self.out.bad.push(BadLine {
+                line: number,
                 why: "empty name".into(),
             }),
-            Ok(entry) => out.entries.push(entry),
-            Err(why) => out.bad.push(BadLine { line: i + 1, why }),
+            Ok(entry) => self.out.entries.push(Entry {
+                line: number,
+                ..entry
+            }),
+            Err(why) => self.out.bad.push(BadLine { line: number, why }),
         }
     }
-    out
 }
 
 /// `HEX  NAME`, `HEX *NAME` (binary mode), or BSD `ALGO (NAME) = HEX`; an escaped line
@@ -222,6 +316,7 @@ fn parse_line(line: &[u8], algo: Algo) -> Result<Entry, String> {
         } else {
             name.to_vec()
         },
+        line: 0,
     })
 }
 
@@ -250,6 +345,7 @@ fn parse_bsd(line: &[u8], escaped: bool) -> Result<Option<Entry>, String> {
         } else {
             name.to_vec()
         },
+        line: 0,
     }))
 }
 
@@ -312,6 +408,7 @@ impl HashdeepColumns {
         Ok(Entry {
             digest: hex_digest(Algo::Sha256, fields[self.digest])?,
             path: fields[self.count - 1].to_vec(),
+            line: 0,
         })
     }
 }
@@ -353,7 +450,8 @@ mod tests {
                     parsed.entries,
                     vec![Entry {
                         digest: d(algo),
-                        path: name.to_vec()
+                        path: name.to_vec(),
+                        line: 1,
                     }]
                 );
             }
@@ -400,8 +498,43 @@ mod tests {
             p.entries,
             vec![Entry {
                 digest: d(Algo::Sha256),
-                path: b"/x/a,b.txt".to_vec()
+                path: b"/x/a,b.txt".to_vec(),
+                line: 6,
             }]
+        );
+    }
+
+    #[test]
+    fn a_line_longer_than_any_name_is_skipped_unread() {
+        let hex = d(Algo::Sha256).hex();
+        let long = "x".repeat(MAX_LINE + 1);
+        let text = format!("{hex}  a\n{hex}  {long}\n{hex}  b");
+        // A reader that hands out a few bytes at a time, as a pipe would.
+        let reader = std::io::BufReader::with_capacity(7, text.as_bytes());
+        let p = read(reader, Algo::Sha256).unwrap();
+        let paths: Vec<&[u8]> = p.entries.iter().map(|e| e.path.as_slice()).collect();
+        assert_eq!(paths, [b"a", b"b"]);
+        assert_eq!(p.entries[1].line, 3);
+        assert_eq!(p.bad.len(), 1);
+        assert_eq!(p.bad[0].line, 2);
+    }
+
+    #[test]
+    fn entries_leading_out_of_the_root_are_bad_lines() {
+        let hex = d(Algo::Sha256).hex();
+        let text = format!(
+            "{hex}  a\n{hex}  ../x\n{hex}  /etc/passwd\n{hex}  s/../../x\n{hex}  ./s/b\n{hex}  /r/c\n"
+        );
+        let (expected, outside) =
+            Expected::new(Path::new("/r"), &parse(text.as_bytes(), Algo::Sha256));
+        let listed: Vec<PathBuf> = expected.listed().map(|(_, p)| p).collect();
+        assert_eq!(
+            listed,
+            [Path::new("/r/a"), Path::new("/r/s/b"), Path::new("/r/c")]
+        );
+        assert_eq!(
+            outside.iter().map(|b| b.line).collect::<Vec<_>>(),
+            [2, 3, 4]
         );
     }
 
@@ -459,7 +592,7 @@ mod tests {
                 let line = format_line(&e.digest, &e.path);
                 assert_eq!(
                     parse(&line, Algo::Sha256).entries,
-                    vec![e.clone()],
+                    vec![Entry { line: 1, ..e }],
                     "{line:?}"
                 );
             }

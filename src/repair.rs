@@ -25,11 +25,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::fs::{Mode, OFlags};
 
+use crate::anchor::Anchor;
 use crate::archive::{self, Chunk};
 use crate::atomic::Temp;
 use crate::classify::Status;
 use crate::digest::{Digest, Hasher};
-use crate::engine::{Action, Anchor, FileReport};
+use crate::engine::{Action, FileReport};
 use crate::store;
 use crate::tag::names;
 use crate::walk::{self, Entry, WalkOptions};

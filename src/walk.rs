@@ -3,16 +3,28 @@
 //! The walk streams: it holds only the directories on the current path, so memory stays flat
 //! however many files a tree has. The one thing it remembers across the tree is the inodes
 //! of files with several hard links, so each inode is hashed once per run.
+//!
+//! Every directory is opened beneath its root without following symlinks (see
+//! [`crate::anchor`]) and listed through that descriptor: a directory swapped for a symlink
+//! while the walk runs is an error, never a way out of the tree.
 
 use std::collections::HashSet;
+use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::fs;
+use std::io::Read;
 use std::ops::ControlFlow;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use ignore::WalkBuilder;
-use ignore::overrides::OverrideBuilder;
+use ignore::Match;
+use ignore::gitignore::{Gitignore, GitignoreBuilder};
+use ignore::overrides::{Override, OverrideBuilder};
+use rustix::fs::AtFlags;
+
+use crate::anchor::Anchor;
 
 /// The name of the per-directory ignore file (gitignore syntax).
 pub const IGNORE_FILE: &str = ".intactignore";
@@ -97,6 +109,27 @@ pub fn walk(
     Ok(())
 }
 
+/// What a directory entry is, from its `d_type` or, where that says nothing, an `fstatat`.
+enum Kind {
+    Dir,
+    File {
+        size: u64,
+        nlink: u64,
+        id: (u64, u64),
+    },
+    Symlink,
+    Special,
+    Error(std::io::Error),
+}
+
+/// A directory being walked: the path it was reached by, its entries still to visit, and
+/// the patterns of its ignore file.
+struct Level {
+    path: PathBuf,
+    entries: std::vec::IntoIter<(OsString, Kind)>,
+    ignore: Option<Gitignore>,
+}
+
 fn walk_root(
     index: usize,
     root: &Path,
@@ -104,63 +137,65 @@ fn walk_root(
     links: &mut HashSet<(u64, u64)>,
     visit: &mut impl FnMut(Entry) -> ControlFlow<()>,
 ) -> Result<ControlFlow<()>, ignore::Error> {
-    // The walker would follow a symlink given as a root; intact never follows one.
-    match fs::symlink_metadata(root) {
+    // intact never follows a symlink, not even one given as a root.
+    let meta = match fs::symlink_metadata(root) {
         Err(e) => return Ok(visit(Entry::Error(root.to_path_buf(), e))),
-        Ok(m) if m.file_type().is_symlink() => {
-            return Ok(visit(Entry::Skip(root.to_path_buf(), SkipReason::Symlink)));
-        }
-        Ok(_) => {}
+        Ok(m) => m,
+    };
+    if !meta.is_dir() {
+        let kind = kind_of(Ok(meta));
+        return Ok(visit(entry(root.to_path_buf(), kind, index, links)));
     }
     let mut overrides = OverrideBuilder::new(root);
     for glob in &opts.excludes {
         overrides.add(&format!("!{glob}"))?;
     }
-    let walker = WalkBuilder::new(root)
-        .standard_filters(false)
-        .add_custom_ignore_filename(IGNORE_FILE)
-        .follow_links(false)
-        .same_file_system(opts.one_file_system)
-        .overrides(overrides.build()?)
-        .sort_by_file_name(|a, b| a.cmp(b))
-        .build();
-    for item in walker {
-        let entry = match item {
-            Ok(entry) => entry,
-            Err(err) => {
-                let (path, io) = split_error(root, err);
-                if visit(Entry::Error(path, io)).is_break() {
-                    return Ok(ControlFlow::Break(()));
-                }
-                continue;
+    let overrides = overrides.build()?;
+    let anchor = Anchor::new(root);
+    let mut stack: Vec<Level> = Vec::new();
+    let enter = |path: PathBuf, stack: &mut Vec<Level>| -> Option<Entry> {
+        let listed = anchor.open_dir(&path).and_then(|fd| {
+            if opts.one_file_system && rustix::fs::fstat(&fd)?.st_dev as u64 != meta.dev() {
+                return Ok(None);
             }
-        };
-        let Some(kind) = entry.file_type() else {
-            continue;
-        };
-        let path = entry.into_path();
-        let found = if kind.is_dir() {
-            continue;
-        } else if kind.is_symlink() {
-            Entry::Skip(path, SkipReason::Symlink)
-        } else if kind.is_fifo()
-            || kind.is_socket()
-            || kind.is_block_device()
-            || kind.is_char_device()
-        {
-            Entry::Skip(path, SkipReason::Special)
-        } else {
-            match fs::symlink_metadata(&path) {
-                Err(e) => Entry::Error(path, e),
-                Ok(m) if m.nlink() > 1 && !links.insert((m.dev(), m.ino())) => {
-                    Entry::Skip(path, SkipReason::HardLink)
-                }
-                Ok(m) => Entry::File {
+            list(fd).map(Some)
+        });
+        match listed {
+            Ok(Some(entries)) => {
+                let (ignore, bad) = ignore_file(&anchor, &path, &entries);
+                stack.push(Level {
                     path,
-                    size: m.len(),
-                    root: index,
-                },
+                    entries: entries.into_iter(),
+                    ignore,
+                });
+                bad
             }
+            Ok(None) => None,
+            Err(e) => Some(Entry::Error(path, e)),
+        }
+    };
+    if let Some(e) = enter(root.to_path_buf(), &mut stack)
+        && visit(e).is_break()
+    {
+        return Ok(ControlFlow::Break(()));
+    }
+    while let Some(level) = stack.last_mut() {
+        let Some((name, kind)) = level.entries.next() else {
+            stack.pop();
+            continue;
+        };
+        let path = level.path.join(&name);
+        let is_dir = matches!(kind, Kind::Dir);
+        if excluded(&overrides, &stack, &path, is_dir) {
+            continue;
+        }
+        let found = if is_dir {
+            match enter(path, &mut stack) {
+                Some(e) => e,
+                None => continue,
+            }
+        } else {
+            entry(path, kind, index, links)
         };
         if visit(found).is_break() {
             return Ok(ControlFlow::Break(()));
@@ -169,27 +204,143 @@ fn walk_root(
     Ok(ControlFlow::Continue(()))
 }
 
-/// Pulls the path and the I/O error out of the walker's layered error type.
-fn split_error(root: &Path, err: ignore::Error) -> (PathBuf, std::io::Error) {
-    let mut path = root.to_path_buf();
-    let mut err = err;
-    loop {
-        match err {
-            ignore::Error::WithPath {
-                path: p,
-                err: inner,
-            } => {
-                path = p;
-                err = *inner;
+/// The entry for something that is not a directory. A file with several links is a file
+/// the first time its inode is met, a skipped hard link after.
+fn entry(path: PathBuf, kind: Kind, root: usize, links: &mut HashSet<(u64, u64)>) -> Entry {
+    match kind {
+        Kind::File { nlink, id, .. } if nlink > 1 && !links.insert(id) => {
+            Entry::Skip(path, SkipReason::HardLink)
+        }
+        Kind::File { size, .. } => Entry::File { path, size, root },
+        Kind::Symlink => Entry::Skip(path, SkipReason::Symlink),
+        Kind::Special | Kind::Dir => Entry::Skip(path, SkipReason::Special),
+        Kind::Error(e) => Entry::Error(path, e),
+    }
+}
+
+fn kind_of(meta: std::io::Result<fs::Metadata>) -> Kind {
+    match meta {
+        Err(e) => Kind::Error(e),
+        Ok(m) => {
+            let t = m.file_type();
+            if t.is_dir() {
+                Kind::Dir
+            } else if t.is_symlink() {
+                Kind::Symlink
+            } else if t.is_file() {
+                Kind::File {
+                    size: m.len(),
+                    nlink: m.nlink(),
+                    id: (m.dev(), m.ino()),
+                }
+            } else {
+                Kind::Special
             }
-            ignore::Error::WithDepth { err: inner, .. }
-            | ignore::Error::WithLineNumber { err: inner, .. } => {
-                err = *inner;
-            }
-            ignore::Error::Io(io) => return (path, io),
-            other => return (path, std::io::Error::other(other.to_string())),
         }
     }
+}
+
+/// The entries of the open directory `fd`, sorted by name, each with its kind. Only
+/// regular files (and entries whose type the file system does not say) cost an `fstatat`.
+fn list(fd: OwnedFd) -> std::io::Result<Vec<(OsString, Kind)>> {
+    use rustix::fs::FileType;
+    let mut dir = rustix::fs::Dir::new(fd)?;
+    let mut entries = Vec::new();
+    while let Some(e) = dir.next() {
+        let e = e?;
+        let name = e.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        let kind = match e.file_type() {
+            FileType::Directory => Kind::Dir,
+            FileType::Symlink => Kind::Symlink,
+            FileType::Fifo
+            | FileType::Socket
+            | FileType::CharacterDevice
+            | FileType::BlockDevice => Kind::Special,
+            _ => stat_kind(dir.fd()?, e.file_name()),
+        };
+        entries.push((OsStr::from_bytes(name).to_os_string(), kind));
+    }
+    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    Ok(entries)
+}
+
+// The stat fields' types differ between Linux and macOS.
+#[allow(clippy::unnecessary_cast)]
+fn stat_kind(dir: impl AsFd, name: &std::ffi::CStr) -> Kind {
+    use rustix::fs::FileType;
+    match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Err(e) => Kind::Error(e.into()),
+        Ok(st) => match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile => Kind::File {
+                size: st.st_size as u64,
+                nlink: st.st_nlink as u64,
+                id: (st.st_dev as u64, st.st_ino as u64),
+            },
+            FileType::Directory => Kind::Dir,
+            FileType::Symlink => Kind::Symlink,
+            _ => Kind::Special,
+        },
+    }
+}
+
+/// The patterns of the ignore file in the directory `dir`, if it has one, read beneath the
+/// root; and an error entry for lines that are not valid patterns.
+fn ignore_file(
+    anchor: &Anchor,
+    dir: &Path,
+    entries: &[(OsString, Kind)],
+) -> (Option<Gitignore>, Option<Entry>) {
+    let has = entries
+        .binary_search_by(|(n, _)| n.as_os_str().cmp(OsStr::new(IGNORE_FILE)))
+        .is_ok_and(|i| matches!(entries[i].1, Kind::File { .. }));
+    if !has {
+        return (None, None);
+    }
+    let path = dir.join(IGNORE_FILE);
+    let mut text = String::new();
+    if let Err(e) = anchor
+        .open(&path, false)
+        .and_then(|mut f| f.read_to_string(&mut text))
+    {
+        return (None, Some(Entry::Error(path, e)));
+    }
+    let mut builder = GitignoreBuilder::new(dir);
+    let mut bad = None;
+    for line in text.lines() {
+        if let Err(e) = builder.add_line(Some(path.clone()), line) {
+            bad.get_or_insert(Entry::Error(
+                path.clone(),
+                std::io::Error::other(e.to_string()),
+            ));
+        }
+    }
+    match builder.build() {
+        Ok(gi) => (Some(gi), bad),
+        Err(e) => (
+            None,
+            Some(Entry::Error(path, std::io::Error::other(e.to_string()))),
+        ),
+    }
+}
+
+/// Whether `--exclude` or the nearest ignore file that has a say leaves `path` out.
+fn excluded(overrides: &Override, stack: &[Level], path: &Path, is_dir: bool) -> bool {
+    if overrides.matched(path, is_dir).is_ignore() {
+        return true;
+    }
+    for level in stack.iter().rev() {
+        if let Some(gi) = &level.ignore {
+            match gi.matched(path, is_dir) {
+                Match::Ignore(_) => return true,
+                Match::Whitelist(_) => return false,
+                Match::None => {}
+            }
+        }
+    }
+    false
 }
 
 #[cfg(test)]

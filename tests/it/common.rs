@@ -136,6 +136,7 @@ pub struct Cmd {
     nobody: bool,
     limit: Option<Duration>,
     env: Vec<(OsString, OsString)>,
+    memory: Option<u64>,
 }
 
 impl Cmd {
@@ -145,6 +146,7 @@ impl Cmd {
             nobody: false,
             limit: None,
             env: Vec::new(),
+            memory: None,
         }
     }
 
@@ -171,6 +173,13 @@ impl Cmd {
         self
     }
 
+    /// Caps the data segment (heap and anonymous maps, RLIMIT_DATA) of the run: an
+    /// allocation past it aborts intact, which the test then sees.
+    pub fn memory_limit(mut self, bytes: u64) -> Self {
+        self.memory = Some(bytes);
+        self
+    }
+
     pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
         self.env
             .push((key.as_ref().to_os_string(), value.as_ref().to_os_string()));
@@ -192,6 +201,23 @@ impl Cmd {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if let Some(bytes) = self.memory {
+            use std::os::unix::process::CommandExt;
+            let limit = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: bytes,
+            };
+            // SAFETY: setrlimit is async-signal-safe; it runs in the child before exec.
+            unsafe {
+                c.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_DATA, &limit) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
         c
     }
 

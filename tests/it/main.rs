@@ -8,6 +8,7 @@ mod faultfs;
 
 mod archive;
 mod bad_sectors;
+mod confinement;
 mod faults;
 mod interop;
 mod kills;
