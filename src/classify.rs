@@ -111,9 +111,11 @@ pub fn compare_mtime(tag: &Tag, now: Timestamp, window_ns: u64) -> Option<TimeOr
 }
 
 /// The verdict for a tagged file whose data was just hashed into `fresh` (with the tag's
-/// algorithm). `mtime` is the file's mtime now.
-pub fn classify(tag: &Tag, mtime: Timestamp, fresh: &Digest, window_ns: u64) -> Status {
-    let same_data = *fresh == tag.digest;
+/// algorithm). `size` and `mtime` are the file's now. A size other than the tag's is other
+/// data, whatever the digest says (only a tag that contradicts itself could match), so this
+/// agrees with [`expect`], which sees the size alone.
+pub fn classify(tag: &Tag, size: u64, mtime: Timestamp, fresh: &Digest, window_ns: u64) -> Status {
+    let same_data = *fresh == tag.digest && tag.size.is_none_or(|s| s == size);
     match compare_mtime(tag, mtime, window_ns) {
         Some(TimeOrder::Same) if same_data => Status::Ok,
         Some(TimeOrder::Same) => Status::Corrupt,
@@ -191,13 +193,13 @@ mod tests {
 
     #[test]
     fn row_ok() {
-        assert_eq!(classify(&tag(Format::Intact), T, &same(), 0), Status::Ok);
+        assert_eq!(classify(&tag(Format::Intact), 8, T, &same(), 0), Status::Ok);
     }
 
     #[test]
     fn row_corrupt_same_mtime_other_data() {
         assert_eq!(
-            classify(&tag(Format::Intact), T, &other(), 0),
+            classify(&tag(Format::Intact), 8, T, &other(), 0),
             Status::Corrupt
         );
     }
@@ -205,7 +207,7 @@ mod tests {
     #[test]
     fn row_modified_newer_mtime_other_data() {
         assert_eq!(
-            classify(&tag(Format::Intact), at(1), &other(), 0),
+            classify(&tag(Format::Intact), 8, at(1), &other(), 0),
             Status::Modified
         );
     }
@@ -213,7 +215,7 @@ mod tests {
     #[test]
     fn row_older_earlier_mtime_other_data() {
         assert_eq!(
-            classify(&tag(Format::Intact), at(-1), &other(), 0),
+            classify(&tag(Format::Intact), 8, at(-1), &other(), 0),
             Status::Older
         );
     }
@@ -221,11 +223,11 @@ mod tests {
     #[test]
     fn row_touched_other_mtime_same_data() {
         assert_eq!(
-            classify(&tag(Format::Intact), at(1), &same(), 0),
+            classify(&tag(Format::Intact), 8, at(1), &same(), 0),
             Status::Touched
         );
         assert_eq!(
-            classify(&tag(Format::Intact), at(-1), &same(), 0),
+            classify(&tag(Format::Intact), 8, at(-1), &same(), 0),
             Status::Touched
         );
     }
@@ -234,34 +236,42 @@ mod tests {
     fn row_interrupted_repair_other_data_is_corrupt_whatever_the_mtime() {
         let t = tag(Format::Intact);
         for mtime in [T, at(1), at(-1)] {
-            let verdict = after_interrupted_repair(classify(&t, mtime, &other(), 0));
+            let verdict = after_interrupted_repair(classify(&t, 8, mtime, &other(), 0));
             assert_eq!(verdict, Status::Corrupt, "{mtime:?}");
         }
         // A repair that finished writing but not unmarking left good data.
         assert_eq!(
-            after_interrupted_repair(classify(&t, T, &same(), 0)),
+            after_interrupted_repair(classify(&t, 8, T, &same(), 0)),
             Status::Ok
         );
         assert_eq!(
-            after_interrupted_repair(classify(&t, at(5), &same(), 0)),
+            after_interrupted_repair(classify(&t, 8, at(5), &same(), 0)),
             Status::Touched
         );
     }
 
     #[test]
+    fn a_size_other_than_the_tags_is_other_data_as_show_expects() {
+        let t = tag(Format::Intact);
+        assert_eq!(classify(&t, 9, T, &same(), 0), Status::Corrupt);
+        assert_eq!(expect(&t, 9, T, 0), Status::Corrupt);
+        assert_eq!(classify(&t, 9, at(1), &same(), 0), Status::Modified);
+    }
+
+    #[test]
     fn nanosecond_precision_by_default_and_window_when_asked() {
         let t = tag(Format::Intact);
-        assert_eq!(classify(&t, at(1), &other(), 0), Status::Modified);
+        assert_eq!(classify(&t, 8, at(1), &other(), 0), Status::Modified);
         assert_eq!(
-            classify(&t, at(999_999_999), &other(), 1_000_000_000),
+            classify(&t, 8, at(999_999_999), &other(), 1_000_000_000),
             Status::Corrupt
         );
         assert_eq!(
-            classify(&t, at(-1_000_000_000), &other(), 1_000_000_000),
+            classify(&t, 8, at(-1_000_000_000), &other(), 1_000_000_000),
             Status::Corrupt
         );
         assert_eq!(
-            classify(&t, at(1_000_000_001), &other(), 1_000_000_000),
+            classify(&t, 8, at(1_000_000_001), &other(), 1_000_000_000),
             Status::Modified
         );
     }
@@ -270,9 +280,9 @@ mod tests {
     fn float_timestamps_get_their_rounding_as_slack() {
         let mut t = tag(Format::Shatag);
         t.mtime_slack_ns = 1_000;
-        assert_eq!(classify(&t, at(300), &same(), 0), Status::Ok);
-        assert_eq!(classify(&t, at(300), &other(), 0), Status::Corrupt);
-        assert_eq!(classify(&t, at(5_000), &other(), 0), Status::Modified);
+        assert_eq!(classify(&t, 8, at(300), &same(), 0), Status::Ok);
+        assert_eq!(classify(&t, 8, at(300), &other(), 0), Status::Corrupt);
+        assert_eq!(classify(&t, 8, at(5_000), &other(), 0), Status::Modified);
     }
 
     #[test]
@@ -280,25 +290,25 @@ mod tests {
         let mut t = tag(Format::Intact);
         t.mtime = Some(Timestamp { sec: 0, nsec: 0 });
         let zero = Timestamp { sec: 0, nsec: 0 };
-        assert_eq!(classify(&t, zero, &same(), 0), Status::Ok);
-        assert_eq!(classify(&t, zero, &other(), 0), Status::Corrupt);
-        assert_eq!(classify(&t, T, &other(), 0), Status::Modified);
+        assert_eq!(classify(&t, 8, zero, &same(), 0), Status::Ok);
+        assert_eq!(classify(&t, 8, zero, &other(), 0), Status::Corrupt);
+        assert_eq!(classify(&t, 8, T, &other(), 0), Status::Modified);
     }
 
     #[test]
     fn dintch_without_mtime() {
         let t = tag(Format::Dintch);
-        assert_eq!(classify(&t, T, &same(), 0), Status::Ok);
+        assert_eq!(classify(&t, 8, T, &same(), 0), Status::Ok);
         // Not later than the tagging time: the cause cannot be told.
-        assert_eq!(classify(&t, T, &other(), 0), Status::Mismatch);
+        assert_eq!(classify(&t, 8, T, &other(), 0), Status::Mismatch);
         assert_eq!(
-            classify(&t, at(2_000_000_000), &other(), 0),
+            classify(&t, 8, at(2_000_000_000), &other(), 0),
             Status::Modified
         );
         let mut untimed = t.clone();
         untimed.tagged = None;
         assert_eq!(
-            classify(&untimed, at(2_000_000_000), &other(), 0),
+            classify(&untimed, 8, at(2_000_000_000), &other(), 0),
             Status::Mismatch
         );
     }

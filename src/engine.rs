@@ -900,6 +900,7 @@ impl Worker<'_> {
         if let Some(mine) = mine {
             let verdict = classify::classify(
                 mine,
+                s.meta.size,
                 s.meta.mtime,
                 &d.of(mine.digest.algo),
                 self.config.mtime_window_ns,
@@ -943,7 +944,13 @@ impl Worker<'_> {
     fn judge(&self, report: &mut FileReport, tag: &Tag, s: &Subject, d: &Digests) {
         let fresh = d.of(tag.digest.algo);
         report.digest = Some(fresh);
-        report.status = classify::classify(tag, s.meta.mtime, &fresh, self.config.mtime_window_ns);
+        report.status = classify::classify(
+            tag,
+            s.meta.size,
+            s.meta.mtime,
+            &fresh,
+            self.config.mtime_window_ns,
+        );
         if s.stored.repairing {
             report.status = classify::after_interrupted_repair(report.status);
             if report.status.is_damage() {
@@ -976,9 +983,10 @@ impl Worker<'_> {
         // A write in the same clock tick as a file's last change would not move its ctime.
         // So a file changed moments ago is left until that tick has passed, then looked at
         // again: from there on, any write shows in the ctime.
+        let racy = racy_window(before.ctime);
         let ctime_ago = Timestamp::now().nanos() - before.ctime.nanos();
-        if ctime_ago < RACY_NS {
-            let wait = (RACY_NS - ctime_ago.max(0)) as u64;
+        if ctime_ago < racy {
+            let wait = (racy - ctime_ago.max(0)) as u64;
             std::thread::sleep(std::time::Duration::from_nanos(wait));
             let (now, _) = Meta::of(file).map_err(|e| NoDigest::Failed(FileError::Read(e)))?;
             if let Some(change) = now.changes_since(before, before.size) {
@@ -1086,6 +1094,19 @@ const INTERRUPTED_REPAIR: &str = "a repair stopped while rewriting it in place: 
 /// moves in ticks of up to 10 ms ("racy" files, as git calls them, changed less than this
 /// before being read, are waited for).
 const RACY_NS: i128 = 20_000_000;
+
+/// How coarse timestamps are on file systems that keep whole seconds (ext4 with 128-byte
+/// inodes, ext3) or even two (FAT): a write within that of the last one may not move the
+/// mtime at all, so a tag taken then could later call an edit corruption.
+const COARSE_NS: i128 = 2_000_000_000;
+
+/// How long after its last change a file must be left alone before its digest can be
+/// trusted to tell a later write apart. The ctime, which no program can set, tells the
+/// file system's granularity: a whole second (one chance in a billion otherwise) means a
+/// coarse one.
+fn racy_window(ctime: Timestamp) -> i128 {
+    if ctime.nsec == 0 { COARSE_NS } else { RACY_NS }
+}
 
 fn is_symlink(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())

@@ -410,13 +410,82 @@ macro_rules! require_faults {
     };
 }
 
+/// A file system made on a loop device over an image file, mounted; unmounted and detached
+/// on drop (lazily, so a test that failed with files still open leaves nothing behind).
+pub struct LoopFs {
+    /// Where it is mounted.
+    pub root: PathBuf,
+    dev: String,
+}
+
+impl LoopFs {
+    /// Makes a file system on `image` with `mkfs` (its device appended) and mounts it at
+    /// `root`.
+    pub fn new(image: &Path, mkfs: &[&str], root: &Path) -> LoopFs {
+        let out = std::process::Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(image)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "losetup: {out:?}");
+        let fs = LoopFs {
+            root: root.to_path_buf(),
+            dev: String::from_utf8(out.stdout).unwrap().trim().to_string(),
+        };
+        std::fs::create_dir_all(root).unwrap();
+        sh(std::process::Command::new(mkfs[0])
+            .args(&mkfs[1..])
+            .arg(&fs.dev));
+        sh(std::process::Command::new("mount").arg(&fs.dev).arg(root));
+        fs
+    }
+
+    /// An ext4 file system of `size_mib` MiB in a temp dir, made with `mkfs.ext4 -q -F` and
+    /// `options` (`-I 128`: whole-second timestamps).
+    pub fn ext4(dir: &Path, size_mib: u64, options: &[&str]) -> LoopFs {
+        let image = dir.join("ext4.img");
+        File::create(&image)
+            .unwrap()
+            .set_len(size_mib << 20)
+            .unwrap();
+        let mkfs = [&["mkfs.ext4", "-q", "-F"][..], options].concat();
+        LoopFs::new(&image, &mkfs, &dir.join("ext4"))
+    }
+}
+
+fn sh(c: &mut std::process::Command) {
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{c:?}: {out:?}");
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.root)
+            .status();
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &self.dev])
+            .status();
+        // The loop device lets go of its backing file asynchronously.
+        for _ in 0..100 {
+            let busy = std::fs::read_to_string("/proc/mounts").is_ok_and(|m| m.contains(&self.dev));
+            if !busy {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 /// An ext4 file system on a loop device whose backing file is on a [`FaultFs`]: reads of a
 /// chosen block fail in the block layer, as on a disk with a bad sector.
 pub struct BadDisk {
     /// Where the ext4 file system is mounted.
     pub root: PathBuf,
-    loop_dev: String,
-    fs: Option<FaultFs>,
+    // Dropped in this order: the file system, then the FUSE mount under it.
+    _disk: LoopFs,
+    fs: FaultFs,
     _dir: tempfile::TempDir,
 }
 
@@ -430,12 +499,8 @@ impl BadDisk {
             .prefix("intact-baddisk")
             .tempdir()
             .unwrap();
-        let (backing, fuse, root) = (
-            dir.path().join("backing"),
-            dir.path().join("fuse"),
-            dir.path().join("ext4"),
-        );
-        for d in [&backing, &fuse, &root] {
+        let (backing, fuse) = (dir.path().join("backing"), dir.path().join("fuse"));
+        for d in [&backing, &fuse] {
             std::fs::create_dir(d).unwrap();
         }
         File::create(backing.join(IMAGE))
@@ -443,39 +508,14 @@ impl BadDisk {
             .set_len(size_mib << 20)
             .unwrap();
         let fs = FaultFs::mount(&backing, &fuse).unwrap();
-        let out = std::process::Command::new("losetup")
-            .args(["--find", "--show"])
-            .arg(fuse.join(IMAGE))
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "losetup: {out:?}");
-        let loop_dev = String::from_utf8(out.stdout).unwrap().trim().to_string();
-        let disk = BadDisk {
-            root,
-            loop_dev,
-            fs: Some(fs),
+        let mkfs = ["mkfs.ext4", "-q", "-F", "-b", "4096", "-I", "256"];
+        let disk = LoopFs::new(&fuse.join(IMAGE), &mkfs, &dir.path().join("ext4"));
+        BadDisk {
+            root: disk.root.clone(),
+            _disk: disk,
+            fs,
             _dir: dir,
-        };
-        disk.sh(&[
-            "mkfs.ext4",
-            "-q",
-            "-F",
-            "-b",
-            "4096",
-            "-I",
-            "256",
-            &disk.loop_dev,
-        ]);
-        disk.sh(&["mount", &disk.loop_dev, disk.root.to_str().unwrap()]);
-        disk
-    }
-
-    fn sh(&self, argv: &[&str]) {
-        let out = std::process::Command::new(argv[0])
-            .args(&argv[1..])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{argv:?}: {out:?}");
+        }
     }
 
     /// From now on, reading the 4 KiB block at `offset` of `file` (on this disk) fails with
@@ -494,13 +534,13 @@ impl BadDisk {
         );
         drop(f);
         let start = block as u64 * BLOCK;
-        self.fs.as_ref().unwrap().fail(IMAGE, start, start + BLOCK);
+        self.fs.fail(IMAGE, start, start + BLOCK);
         drop_caches();
     }
 
     /// Reads succeed again.
     pub fn heal(&self) {
-        self.fs.as_ref().unwrap().heal();
+        self.fs.heal();
         drop_caches();
     }
 }
@@ -509,27 +549,4 @@ impl BadDisk {
 pub fn drop_caches() {
     rustix::fs::sync();
     std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
-}
-
-impl Drop for BadDisk {
-    fn drop(&mut self) {
-        // Lazily, so a test that failed with files still open cannot leave the mount behind.
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.root)
-            .status();
-        let _ = std::process::Command::new("losetup")
-            .args(["-d", &self.loop_dev])
-            .status();
-        // The loop device lets go of its backing file asynchronously.
-        for _ in 0..100 {
-            let busy =
-                std::fs::read_to_string("/proc/mounts").is_ok_and(|m| m.contains(&self.loop_dev));
-            if !busy {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        drop(self.fs.take());
-    }
 }

@@ -345,3 +345,20 @@ fn strip_removes_only_intacts_tag() {
     );
     assert_eq!(check(&t).json().count("new"), 3);
 }
+
+#[test]
+fn an_edit_in_the_second_a_file_was_tagged_is_not_corruption_on_whole_second_timestamps() {
+    require_faults!();
+    let t = Tree::new();
+    // 128-byte inodes have no room for nanoseconds: every timestamp is a whole second.
+    let disk = crate::faultfs::LoopFs::ext4(t.root(), 32, &["-I", "128"]);
+    for round in 0..4 {
+        let f = disk.root.join(format!("f{round}"));
+        fs::write(&f, b"first version").unwrap();
+        intact!("tag", &f).expect_code(0);
+        // Same size, and (before the fix) the same second as the tag: the mtime cannot move.
+        fs::write(&f, b"second versio").unwrap();
+        let j = intact!("check", "--json", &f).expect_code(0).json();
+        assert_eq!(j.files[0]["status"], "modified", "round {round}");
+    }
+}
