@@ -21,14 +21,15 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::anchor::Anchor;
-use crate::atomic::Temp;
-use crate::classify::Status;
-use crate::digest::{AlignedBuf, Digest, Hasher};
+use crate::core::classify::Status;
+use crate::core::digest::{Digest, Hasher};
+use crate::core::tag::{self, Timestamp, names};
 use crate::engine::{Action, FileError, FileReport};
-use crate::store::{self, Stored};
-use crate::tag::{self, Timestamp, names};
-use crate::walk::SkipReason;
+use crate::fs::anchor::Anchor;
+use crate::fs::atomic::Temp;
+use crate::fs::read::AlignedBuf;
+use crate::fs::walk::SkipReason;
+use crate::fs::xattr::{self, Stored};
 
 /// How to write an archive.
 #[derive(Clone, Debug)]
@@ -94,7 +95,7 @@ impl Writer {
         if dest.file_name().is_none() {
             return Err(io::Error::other("the archive needs a file name"));
         }
-        let removed = crate::atomic::remove_stale(crate::atomic::parent(dest));
+        let removed = crate::fs::atomic::remove_stale(crate::fs::atomic::parent(dest));
         let temp = Temp::beside(dest)?;
         let file = temp.file().try_clone()?;
         let mut writer = Writer {
@@ -104,7 +105,7 @@ impl Writer {
             roots: roots.iter().map(|r| (r.clone(), root_name(r))).collect(),
             anchors: roots.iter().map(|r| Anchor::new(r)).collect(),
             links: HashMap::new(),
-            buf: AlignedBuf::new(crate::digest::BUF_SIZE),
+            buf: AlignedBuf::new(crate::fs::read::BUF_SIZE),
             opts,
             frame: 0,
             frame_bytes: 0,
@@ -197,7 +198,7 @@ impl Writer {
                 return Ok(());
             }
         };
-        let (before, attrs) = match (file.metadata(), store::read_all(&file)) {
+        let (before, attrs) = match (file.metadata(), xattr::read_all(&file)) {
             (Ok(m), Ok(a)) => (m, a),
             (Err(e), _) => {
                 report.fail(FileError::Read(e));
@@ -362,7 +363,7 @@ impl Writer {
         link: bool,
     ) -> io::Result<(rustix::fs::Stat, Option<PathBuf>)> {
         let name = path.file_name().unwrap_or(path.as_os_str());
-        let dir = self.anchors[root].open_dir(crate::atomic::parent(path))?;
+        let dir = self.anchors[root].open_dir(crate::fs::atomic::parent(path))?;
         let st = rustix::fs::statat(&dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
         let is_link = rustix::fs::FileType::from_raw_mode(st.st_mode).is_symlink();
         let target = if link && is_link {
@@ -742,7 +743,7 @@ fn copy_data(
 ) -> io::Result<Copied> {
     use std::os::unix::fs::FileExt;
     if size > buf.len() as u64 {
-        crate::sys::advise_sequential(file);
+        crate::fs::sys::advise_sequential(file);
     }
     let mut error = Ok(());
     let mut at = 0;
@@ -1522,7 +1523,7 @@ mod tests {
 
     #[test]
     fn member_tag_kept_only_when_it_describes_the_data() {
-        let d = crate::digest::digest_bytes(crate::digest::Algo::Sha256, b"data");
+        let d = crate::core::digest::digest_bytes(crate::core::digest::Algo::Sha256, b"data");
         let t = Timestamp { sec: 1, nsec: 0 };
         let attrs = |size| {
             vec![

@@ -16,15 +16,16 @@ use std::sync::{Arc, Mutex};
 
 use crossbeam_channel::bounded;
 
-use crate::anchor::Anchor;
-use crate::atomic;
-use crate::classify::{self, Status};
-use crate::device::Gates;
-use crate::digest::{self, Algo, AlignedBuf, Digest, HashError, ReadOptions};
-use crate::manifest::Expected;
-use crate::store::{self, Stored};
-use crate::tag::{self, Format, Tag, Timestamp};
-use crate::walk::{self, Entry, SkipReason, WalkOptions};
+use crate::core::classify::{self, Status};
+use crate::core::digest::{Algo, Digest};
+use crate::core::manifest::Expected;
+use crate::core::tag::{self, Format, Tag, Timestamp};
+use crate::fs::anchor::Anchor;
+use crate::fs::atomic;
+use crate::fs::device::Gates;
+use crate::fs::read::{self, AlignedBuf, HashError, ReadOptions};
+use crate::fs::walk::{self, Entry, SkipReason, WalkOptions};
+use crate::fs::xattr::{self, Stored};
 
 /// The operation to perform on each file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -444,8 +445,8 @@ pub fn run(
                     progress,
                     gates,
                     bufs: [
-                        AlignedBuf::new(digest::BUF_SIZE),
-                        AlignedBuf::new(digest::BUF_SIZE),
+                        AlignedBuf::new(read::BUF_SIZE),
+                        AlignedBuf::new(read::BUF_SIZE),
                     ],
                 };
                 for (seq, batch) in job_rx {
@@ -632,7 +633,7 @@ impl Worker<'_> {
                 tags: m.tag(&path).into_iter().collect(),
                 ..Stored::default()
             },
-            None => match store::read(&file) {
+            None => match xattr::read(&file) {
                 Ok(s) => s,
                 Err(e) => return Some(FileReport::error(path, FileError::ReadTags(e))),
             },
@@ -725,12 +726,12 @@ impl Worker<'_> {
 
     fn strip(&self, mut report: FileReport, s: &Subject) -> FileReport {
         report.status = Status::Ok;
-        let mut removed = match store::remove_intact(s.file) {
+        let mut removed = match xattr::remove_intact(s.file) {
             Ok(r) => r,
             Err(e) => return fail(report, FileError::RemoveTag(e)),
         };
         for &format in &self.config.compat {
-            match store::remove_compat(s.file, format) {
+            match xattr::remove_compat(s.file, format) {
                 Ok(r) => removed |= r,
                 Err(e) => return fail(report, FileError::RemoveTag(e)),
             }
@@ -828,7 +829,7 @@ impl Worker<'_> {
         let mut report = match report.status {
             Status::Ok if upgrade => self.write(report, s, &d, algo, Action::Tagged),
             // The data is whole again: a repair's mark left behind is only noise.
-            Status::Ok if s.stored.repairing => match store::unmark_repairing(s.file) {
+            Status::Ok if s.stored.repairing => match xattr::unmark_repairing(s.file) {
                 Ok(_) => {
                     report.action = Some(Action::Refreshed);
                     self.compat(report, s, &d)
@@ -878,7 +879,7 @@ impl Worker<'_> {
         let own = Subject {
             file: s.file,
             meta: s.meta,
-            stored: store::read(s.file).unwrap_or_default(),
+            stored: xattr::read(s.file).unwrap_or_default(),
         };
         let mine = own.stored.intact();
         let algo = self
@@ -976,7 +977,7 @@ impl Worker<'_> {
         let opts = ReadOptions {
             // With O_DIRECT nothing enters the cache, and dropping would evict what the user
             // had cached.
-            drop_cache: self.config.drop_cache && !crate::sys::is_direct(file),
+            drop_cache: self.config.drop_cache && !crate::fs::sys::is_direct(file),
             map: !self.config.drop_cache,
             gate: gate.as_deref(),
         };
@@ -993,7 +994,7 @@ impl Worker<'_> {
                 return Err(NoDigest::Changed(change));
             }
         }
-        let (digests, n) = digest::hash_file(
+        let (digests, n) = read::hash_file(
             file,
             algos,
             &mut self.bufs,
@@ -1028,12 +1029,12 @@ impl Worker<'_> {
             return report;
         }
         let value = tag::encode(&d.of(algo), s.meta.size, s.meta.mtime, Timestamp::now().sec);
-        if let Err(e) = store::write_intact(s.file, &value) {
+        if let Err(e) = xattr::write_intact(s.file, &value) {
             return fail(report, FileError::WriteTag(e));
         }
         // The tag now describes the data, whatever a stopped repair did to it.
         if s.stored.repairing
-            && let Err(e) = store::unmark_repairing(s.file)
+            && let Err(e) = xattr::unmark_repairing(s.file)
         {
             return fail(report, FileError::WriteTag(e));
         }
@@ -1060,7 +1061,7 @@ impl Worker<'_> {
             if s.stored.compat_current(format, sha256, s.meta.mtime) {
                 continue;
             }
-            if let Err(e) = store::write_compat(s.file, format, sha256, s.meta.mtime) {
+            if let Err(e) = xattr::write_compat(s.file, format, sha256, s.meta.mtime) {
                 return fail(report, FileError::WriteTag(e));
             }
             report.action.get_or_insert(Action::Tagged);

@@ -8,21 +8,12 @@
 
 #![deny(missing_docs)]
 
-pub mod anchor;
 pub mod archive;
-pub mod atomic;
-pub mod classify;
-pub mod device;
-pub mod digest;
+pub mod core;
 pub mod engine;
-pub mod manifest;
-pub mod mapped;
+pub mod fs;
 pub mod parity;
 pub mod repair;
 pub mod report;
-pub mod store;
-pub mod sys;
-pub mod tag;
 #[cfg(test)]
 mod testutil;
-pub mod walk;

@@ -17,15 +17,15 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use cli::{AlgoArg, ArchiveCommand, Cli, Command, Common, CompatArg, Generated, Output, Speed};
 use intact::archive;
-use intact::classify::Status;
-use intact::digest::Algo;
+use intact::core::classify::Status;
+use intact::core::digest::Algo;
+use intact::core::manifest::{self, Expected};
+use intact::core::tag::Format;
 use intact::engine::{self, Config, FileReport, Progress, Verb};
-use intact::manifest::{self, Expected};
+use intact::fs::walk::{self, Entry, WalkOptions};
 use intact::parity;
 use intact::repair::{self, Keep, Repairer, Source};
 use intact::report::{Exit, Reporter, Verbosity};
-use intact::tag::Format;
-use intact::walk::{self, Entry, WalkOptions};
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
@@ -319,7 +319,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
     let output = &common.output;
     let verb = config.verb;
     if common.speed == Speed::Background {
-        for e in intact::sys::lowest_priority() {
+        for e in intact::fs::sys::lowest_priority() {
             eprintln!("intact: warning: could not lower priority: {e}");
         }
     }
@@ -770,7 +770,7 @@ enum Listing {
     Stdout(std::io::BufWriter<std::io::StdoutLock<'static>>),
     /// A temp file beside the destination, put in its place when complete.
     File {
-        temp: intact::atomic::Temp,
+        temp: intact::fs::atomic::Temp,
         dest: PathBuf,
         out: std::io::BufWriter<std::fs::File>,
     },
@@ -779,7 +779,7 @@ enum Listing {
 impl Listing {
     fn file(dest: &Path) -> anyhow::Result<Listing> {
         dest.file_name().context("--output needs a file name")?;
-        let temp = intact::atomic::Temp::beside(dest)
+        let temp = intact::fs::atomic::Temp::beside(dest)
             .with_context(|| format!("creating a file beside {}", dest.display()))?;
         let out = std::io::BufWriter::new(temp.file().try_clone()?);
         Ok(Listing::File {

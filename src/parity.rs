@@ -28,8 +28,8 @@ use std::path::{Component, Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Mutex;
 
-use crate::atomic::{Batch, Temp};
-use crate::digest::{Algo, Digest, Hasher};
+use crate::core::digest::{Algo, Digest, Hasher};
+use crate::fs::atomic::{Batch, Temp};
 
 /// The marker file that makes a directory a parity store.
 pub const MARKER: &str = "INTACT-PARITY";
@@ -150,10 +150,12 @@ impl Store {
         // Set files a killed run was writing.
         for e in std::fs::read_dir(dir)?.flatten() {
             if e.file_type().is_ok_and(|t| t.is_dir()) {
-                store.removed.extend(crate::atomic::remove_stale(&e.path()));
+                store
+                    .removed
+                    .extend(crate::fs::atomic::remove_stale(&e.path()));
             }
         }
-        store.removed.extend(crate::atomic::remove_stale(dir));
+        store.removed.extend(crate::fs::atomic::remove_stale(dir));
         Ok(store)
     }
 
@@ -349,7 +351,7 @@ impl Store {
         let seen = Rc::new(RefCell::new(vec![None; files.len()]));
         let mut open = |i: usize| -> io::Result<Box<dyn Read>> {
             Ok(Box::new(Hashing {
-                file: crate::sys::open_nofollow(&files[i].path).ok(),
+                file: crate::fs::sys::open_nofollow(&files[i].path).ok(),
                 left: files[i].size,
                 hasher: Some(Hasher::new(files[i].digest.algo)),
                 seen: Rc::clone(&seen),

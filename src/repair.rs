@@ -25,15 +25,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::fs::{Mode, OFlags};
 
-use crate::anchor::Anchor;
 use crate::archive::{self, Chunk};
-use crate::atomic::Temp;
-use crate::classify::Status;
-use crate::digest::{Digest, Hasher};
+use crate::core::classify::Status;
+use crate::core::digest::{Digest, Hasher};
+use crate::core::tag::names;
 use crate::engine::{Action, FileReport};
-use crate::store;
-use crate::tag::names;
-use crate::walk::{self, Entry, WalkOptions};
+use crate::fs::anchor::Anchor;
+use crate::fs::atomic::Temp;
+use crate::fs::walk::{self, Entry, WalkOptions};
+use crate::fs::xattr;
 
 /// Where good copies may be found.
 #[derive(Clone, Debug)]
@@ -322,7 +322,7 @@ impl Repairer {
             } else {
                 paths[j].as_ref()
             };
-            match path.map(|p| crate::sys::open_nofollow(p)) {
+            match path.map(|p| crate::fs::sys::open_nofollow(p)) {
                 None => Ok(None),
                 Some(Ok(f)) => Ok(Some(Box::new(f))),
                 Some(Err(e)) if e.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -346,7 +346,7 @@ impl Repairer {
             }
         };
         let outcome = self.restore(i, |sink| {
-            let mut current = crate::sys::open_nofollow(&target)?;
+            let mut current = crate::fs::sys::open_nofollow(&target)?;
             set.restore(at, &recovered, Some(&mut current), &mut |bytes| {
                 sink(Chunk::Data(bytes))
             })
@@ -565,14 +565,14 @@ impl Repairer {
     /// Makes sure the damaged file is still the one the check judged: same size, same mtime,
     /// same tag (an edit since the check must not be overwritten).
     fn unchanged(&self, t: &Target, file: &File, meta: &std::fs::Metadata) -> Result<(), Failure> {
-        let now = crate::tag::Timestamp {
+        let now = crate::core::tag::Timestamp {
             sec: meta.mtime(),
             nsec: meta.mtime_nsec() as u32,
         };
         let same = meta.is_file()
             && Some(meta.len()) == t.report.size
             && Some(now) == t.report.mtime
-            && store::read(file)
+            && xattr::read(file)
                 .map_err(Failure::Target)?
                 .tags
                 .iter()
@@ -650,8 +650,8 @@ fn replace(
     if meta.nlink() > 1 {
         return rewrite_in_place(temp, name, original, meta, len, keep);
     }
-    let attrs = store::read_all(original)?;
-    store::write_all(
+    let attrs = xattr::read_all(original)?;
+    xattr::write_all(
         temp.file(),
         attrs.iter().filter(|(n, _)| n != names::REPAIRING),
     )?;
@@ -695,7 +695,7 @@ fn replace(
     if restored.kept.is_some() {
         // The damaged inode now lives on only under the kept name: without its tag, later
         // checks do not report the same damage again (the good file carries the tag).
-        if let Err(e) = store::remove_intact(original) {
+        if let Err(e) = xattr::remove_intact(original) {
             restored.warning = Some(format!("finishing up failed: {e}"));
         }
     }
@@ -738,7 +738,7 @@ fn rewrite_in_place(
             ));
         }
     };
-    let marked = store::mark_repairing(&target).and_then(|()| target.sync_all());
+    let marked = xattr::mark_repairing(&target).and_then(|()| target.sync_all());
     if let Err(e) = marked {
         if let Some(k) = &kept {
             unkeep(dir, k);
@@ -768,7 +768,7 @@ fn rewrite_in_place(
     };
     // Left behind, the mark would only keep a good file under suspicion (a check finds the
     // data matching and says ok): a warning, not a failure.
-    if let Err(e) = store::unmark_repairing(&target) {
+    if let Err(e) = xattr::unmark_repairing(&target) {
         restored.warning = Some(format!("could not remove the repair mark: {e}"));
     }
     Ok(restored)
@@ -868,8 +868,8 @@ fn copy_to(original: &File, path: &Path) -> io::Result<PathBuf> {
 
 /// Streams a file's bytes.
 fn read_file(path: &Path, sink: &mut dyn FnMut(Chunk<'_>) -> io::Result<()>) -> io::Result<()> {
-    let mut file = crate::sys::open_nofollow(path)?;
-    crate::sys::advise_sequential(&file);
+    let mut file = crate::fs::sys::open_nofollow(path)?;
+    crate::fs::sys::advise_sequential(&file);
     let mut buf = vec![0u8; 1 << 20];
     loop {
         match file.read(&mut buf) {
@@ -886,7 +886,7 @@ fn read_file(path: &Path, sink: &mut dyn FnMut(Chunk<'_>) -> io::Result<()>) -> 
 fn walk_tags(
     roots: &[PathBuf],
     cancel: &AtomicBool,
-    mut each: impl FnMut(PathBuf, Vec<crate::tag::Tag>),
+    mut each: impl FnMut(PathBuf, Vec<crate::core::tag::Tag>),
 ) {
     let anchors: Vec<Anchor> = roots.iter().map(|r| Anchor::new(r)).collect();
     let _ = walk::walk(roots, &WalkOptions::default(), |entry| {
@@ -895,7 +895,7 @@ fn walk_tags(
         }
         if let Entry::File { path, root, .. } = entry
             && let Ok(file) = anchors[root].open(&path, false)
-            && let Ok(stored) = store::read(&file)
+            && let Ok(stored) = xattr::read(&file)
             && !stored.tags.is_empty()
         {
             each(path, stored.tags);

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::classify::Status;
+use crate::core::classify::Status;
 use crate::engine::{Action, FileReport, Verb};
-use crate::walk::SkipReason;
+use crate::fs::walk::SkipReason;
 
 /// Exit codes, from the most to the least important.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -385,7 +385,7 @@ struct JsonFile<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     tagged: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    skip: Option<crate::walk::SkipReason>,
+    skip: Option<crate::fs::walk::SkipReason>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -4,8 +4,8 @@
 //! move its mtime forward, while a flipped bit on disk changes the data under an unchanged
 //! mtime. Written down, with one test per row, in `docs/classification.md`.
 
-use crate::digest::Digest;
-use crate::tag::{Tag, Timestamp};
+use crate::core::digest::Digest;
+use crate::core::tag::{Tag, Timestamp};
 
 /// What intact found for one file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
@@ -132,7 +132,7 @@ pub fn classify(tag: &Tag, size: u64, mtime: Timestamp, fresh: &Digest, window_n
 }
 
 /// The verdict for a file that a repair was rewriting in place when it stopped (see
-/// [`crate::store::Stored::repairing`]): the rewrite moved its mtime, so a moved mtime proves
+/// [`crate::fs::xattr::Stored::repairing`]): the rewrite moved its mtime, so a moved mtime proves
 /// no edit, and data that does not match the tag is damage.
 pub fn after_interrupted_repair(verdict: Status) -> Status {
     match verdict {
@@ -157,8 +157,8 @@ pub fn expect(tag: &Tag, size: u64, mtime: Timestamp, window_ns: u64) -> Status 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::digest::{Algo, digest_bytes};
-    use crate::tag::Format;
+    use crate::core::digest::{Algo, digest_bytes};
+    use crate::core::tag::Format;
 
     const T: Timestamp = Timestamp {
         sec: 1_700_000_000,

@@ -8,8 +8,8 @@ use std::io;
 
 use rustix::fs::{XattrFlags, fgetxattr, fgetxattr_query, flistxattr, flistxattr_query};
 
-use crate::digest::{Algo, Digest};
-use crate::tag::{self, Format, Malformed, Tag, Timestamp, names};
+use crate::core::digest::{Algo, Digest};
+use crate::core::tag::{self, Format, Malformed, Tag, Timestamp, names};
 
 /// Every tag found on one file.
 #[derive(Clone, Debug, Default)]

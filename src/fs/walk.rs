@@ -5,7 +5,7 @@
 //! of files with several hard links, so each inode is hashed once per run.
 //!
 //! Every directory is opened beneath its root without following symlinks (see
-//! [`crate::anchor`]) and listed through that descriptor: a directory swapped for a symlink
+//! [`crate::fs::anchor`]) and listed through that descriptor: a directory swapped for a symlink
 //! while the walk runs is an error, never a way out of the tree.
 
 use std::collections::HashSet;
@@ -24,7 +24,7 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use ignore::overrides::{Override, OverrideBuilder};
 use rustix::fs::AtFlags;
 
-use crate::anchor::Anchor;
+use crate::fs::anchor::Anchor;
 
 /// The name of the per-directory ignore file (gitignore syntax).
 pub const IGNORE_FILE: &str = ".intactignore";
@@ -48,7 +48,7 @@ pub enum SkipReason {
     Special,
     /// Another link to an inode already processed in this run.
     HardLink,
-    /// A temp file left by a run of intact that was killed (see [`crate::atomic`]).
+    /// A temp file left by a run of intact that was killed (see [`crate::fs::atomic`]).
     Leftover,
     /// A temp file a running intact is writing.
     Temporary,

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use crossbeam_channel::{Receiver, Sender, bounded};
 
-use crate::sys;
+use crate::fs::sys;
 
 /// A one-at-a-time pass for a device's uncached reads. Unlike a `MutexGuard`, a [`Pass`] may
 /// be taken on one thread and returned on another (the overlapped reader's).

@@ -10,8 +10,8 @@ use std::io::{self, BufRead};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
-use crate::digest::{Algo, Digest};
-use crate::tag::{Format, Tag};
+use crate::core::digest::{Algo, Digest};
+use crate::core::tag::{Format, Tag};
 
 /// One line of a manifest: a digest and the path it belongs to (as written, unescaped).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -416,7 +416,7 @@ impl HashdeepColumns {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::digest::digest_bytes;
+    use crate::core::digest::digest_bytes;
 
     fn d(algo: Algo) -> Digest {
         digest_bytes(algo, b"x")

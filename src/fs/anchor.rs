@@ -24,7 +24,7 @@ impl Anchor {
     pub fn new(root: &Path) -> Self {
         Anchor {
             root: root.to_path_buf(),
-            dir: crate::sys::open_anchor(root),
+            dir: crate::fs::sys::open_anchor(root),
         }
     }
 
@@ -48,7 +48,7 @@ impl Anchor {
     pub fn open(&self, path: &Path, direct: bool) -> io::Result<File> {
         let flags =
             OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
-        let (noatime, o_direct) = (crate::sys::noatime(), crate::sys::direct());
+        let (noatime, o_direct) = (crate::fs::sys::noatime(), crate::fs::sys::direct());
         let mut extra = noatime | if direct { o_direct } else { OFlags::empty() };
         loop {
             let err = match self.open_with(path, flags | extra) {
@@ -89,7 +89,7 @@ impl Anchor {
         let Some((root, rel)) = self.beneath(path) else {
             return Ok(rustix::fs::open(path, flags, Mode::empty())?);
         };
-        if let Some(opened) = crate::sys::open_beneath(root, rel, flags) {
+        if let Some(opened) = crate::fs::sys::open_beneath(root, rel, flags) {
             return opened;
         }
         // No openat2 (Linux before 5.6, other systems): one component at a time, none

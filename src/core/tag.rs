@@ -12,7 +12,7 @@
 
 use std::fmt;
 
-use crate::digest::{Algo, Digest};
+use crate::core::digest::{Algo, Digest};
 
 /// The extended attribute names, as spelled on this platform.
 pub mod names {
@@ -344,7 +344,7 @@ fn parse_timestamp(s: &str) -> Result<Timestamp, Malformed> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::digest::digest_bytes;
+    use crate::core::digest::digest_bytes;
 
     fn sample() -> (Digest, Timestamp) {
         (

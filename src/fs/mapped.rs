@@ -19,7 +19,7 @@ use std::ptr;
 use std::sync::Once;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use crate::sys;
+use crate::fs::sys;
 
 /// How much of a file is mapped at a time: bounds address space and RSS per worker.
 pub const WINDOW: usize = 64 << 20;
@@ -145,7 +145,7 @@ impl Map {
     /// kernel cannot populate (before Linux 5.14), pages are faulted in as they are hashed.
     pub fn populate(&self) -> bool {
         // SAFETY: the map is live for the life of self.
-        match unsafe { crate::sys::populate_read(self.addr, self.len) } {
+        match unsafe { crate::fs::sys::populate_read(self.addr, self.len) } {
             Ok(()) => true,
             Err(e) => e.raw_os_error() == Some(libc::EINVAL),
         }

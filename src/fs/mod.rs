@@ -1,0 +1,12 @@
+//! The file-system side: walking trees, opening files beneath their roots, reading them to
+//! hash, their extended attributes, atomic writes, and what differs between platforms and
+//! devices.
+
+pub mod anchor;
+pub mod atomic;
+pub mod device;
+pub mod mapped;
+pub mod read;
+pub mod sys;
+pub mod walk;
+pub mod xattr;
