@@ -5,4 +5,5 @@
 pub mod classify;
 pub mod digest;
 pub mod manifest;
+pub mod pax;
 pub mod tag;
