@@ -11,9 +11,11 @@
 pub mod archive;
 pub mod core;
 pub mod engine;
+pub mod export;
 pub mod fs;
 pub mod parity;
 pub mod repair;
 pub mod report;
+pub mod sink;
 #[cfg(test)]
 mod testutil;

@@ -1,15 +1,70 @@
 //! The reporter: renders file reports for people or as JSON Lines, keeps the summary, and
 //! decides the exit code.
+//!
+//! One definition of what a summary counts, for every verb: **files** are the regular files
+//! looked at (skipped entries, such as symlinks, are counted apart, not as files), and
+//! **bytes** are the file data read and hashed (holes of sparse files included, unread
+//! files not). A report whose action only stands once the work is durable (a file written
+//! into an archive that is not finished yet) is *held*: rendered into a spool and counted
+//! apart, then let out as it is, or without that action, when the work is settled.
 
-use std::io::{self, Write};
+use std::fs::File;
+use std::io::{self, Read, Seek, Write};
 use std::path::Path;
 use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::core::classify::Status;
-use crate::engine::{Action, FileReport, Verb};
+use crate::engine::{Action, FileReport};
 use crate::fs::walk::SkipReason;
+
+/// The verb a report is about: it decides what is worth a line and what the summary says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verb {
+    /// `tag`.
+    Tag,
+    /// `check`.
+    Check,
+    /// `update`.
+    Update,
+    /// `strip`.
+    Strip,
+    /// `show`.
+    Show,
+    /// `export`.
+    Export,
+    /// `import`.
+    Import,
+    /// `archive create`.
+    Archive,
+    /// `archive verify`.
+    Verify,
+    /// `protect`.
+    Protect,
+    /// `repair`.
+    Repair,
+}
+
+impl Verb {
+    /// The verb's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Verb::Tag => "tag",
+            Verb::Check => "check",
+            Verb::Update => "update",
+            Verb::Strip => "strip",
+            Verb::Show => "show",
+            Verb::Export => "export",
+            Verb::Import => "import",
+            Verb::Archive => "archive",
+            Verb::Verify => "verify",
+            Verb::Protect => "protect",
+            Verb::Repair => "repair",
+        }
+    }
+}
 
 /// Exit codes, from the most to the least important.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -20,7 +75,7 @@ pub enum Exit {
     Damage = 1,
     /// Bad command line (as clap reports it).
     Usage = 2,
-    /// Some files could not be processed or verified.
+    /// Some files could not be processed or verified, or the work could not be done.
     Trouble = 3,
     /// Interrupted by a signal before the end.
     Interrupted = 130,
@@ -48,7 +103,7 @@ impl Exit {
 /// Totals over a run.
 #[derive(Clone, Debug, Default)]
 pub struct Summary {
-    /// Files reported, per status.
+    /// Reports, per status.
     pub counts: [u64; Status::ALL.len()],
     /// Files written, refreshed, kept or stripped.
     pub actions: [u64; Action::ALL.len()],
@@ -58,8 +113,11 @@ pub struct Summary {
     pub malformed: u64,
     /// Wall time.
     pub elapsed: Duration,
-    /// Whether the run was cut short.
+    /// Whether the run was cut short by a signal.
     pub interrupted: bool,
+    /// What could not be done beyond single files (an archive or parity store that could
+    /// not be written, manifest lines that could not be used): each makes the exit code 3.
+    pub failures: Vec<String>,
 }
 
 impl Summary {
@@ -73,7 +131,19 @@ impl Summary {
         self.malformed += r.malformed.len() as u64;
     }
 
-    /// Files reported with `status`.
+    /// Adds another summary's counts to these.
+    fn merge(&mut self, other: &Summary) {
+        for (a, b) in self.counts.iter_mut().zip(other.counts) {
+            *a += b;
+        }
+        for (a, b) in self.actions.iter_mut().zip(other.actions) {
+            *a += b;
+        }
+        self.bytes += other.bytes;
+        self.malformed += other.malformed;
+    }
+
+    /// Reports with `status`.
     pub fn count(&self, status: Status) -> u64 {
         self.counts[status as usize]
     }
@@ -83,9 +153,9 @@ impl Summary {
         self.actions[action as usize]
     }
 
-    /// Files reported in all.
+    /// Regular files looked at: every report but the skipped entries.
     pub fn files(&self) -> u64 {
-        self.counts.iter().sum()
+        self.counts.iter().sum::<u64>() - self.count(Status::Skipped)
     }
 
     /// The exit code for this run of `verb`.
@@ -109,7 +179,8 @@ impl Summary {
             Status::Conflict,
             Status::Missing,
         ];
-        if trouble.iter().map(|&s| self.count(s)).sum::<u64>() + unverified > 0 {
+        let troubled = trouble.iter().map(|&s| self.count(s)).sum::<u64>() + unverified;
+        if troubled > 0 || !self.failures.is_empty() {
             exit = exit.merge(Exit::Trouble);
         }
         exit
@@ -119,7 +190,7 @@ impl Summary {
 /// How much to say.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Verbosity {
-    /// Only damage and errors; no summary.
+    /// Only damage, errors and repairs; no summary.
     Quiet,
     /// Everything that needs attention, and a summary.
     Normal,
@@ -127,43 +198,161 @@ pub enum Verbosity {
     Verbose,
 }
 
-/// Renders reports as lines of text or JSON, and keeps the summary.
-pub struct Reporter<W: Write, E: Write> {
+/// How reports are rendered.
+#[derive(Clone, Copy, Debug)]
+struct Style {
     verb: Verb,
     json: bool,
     verbosity: Verbosity,
+}
+
+/// Renders reports as lines of text or JSON, and keeps the summary.
+pub struct Reporter<W: Write, E: Write> {
+    style: Style,
     out: W,
     err: E,
     /// The running totals.
     pub summary: Summary,
+    /// Reports held until their work is settled: rendered, and counted both ways.
+    held: Spool,
+    /// Lines for people, printed with the summary.
+    notes: Vec<String>,
 }
 
 impl<W: Write, E: Write> Reporter<W, E> {
     /// A reporter writing per-file lines to `out` and warnings and the summary to `err`.
     pub fn new(verb: Verb, json: bool, verbosity: Verbosity, out: W, err: E) -> Self {
         Reporter {
-            verb,
-            json,
-            verbosity,
+            style: Style {
+                verb,
+                json,
+                verbosity,
+            },
             out,
             err,
             summary: Summary::default(),
+            held: Spool::default(),
+            notes: Vec::new(),
         }
     }
 
     /// Counts and renders one file.
     pub fn file(&mut self, r: &FileReport) -> io::Result<()> {
         self.summary.add(r);
+        self.style.warn(r, &mut self.err)?;
+        self.style.render(r, &mut self.out)
+    }
+
+    /// Counts and renders a file whose action stands only once its work is durable; with
+    /// `fallback` as its action otherwise. Let out, in order, by [`Reporter::settle`].
+    pub fn hold(&mut self, r: &FileReport, fallback: Option<Action>) -> io::Result<()> {
+        self.style.warn(r, &mut self.err)?;
+        let mut lines = [Vec::new(), Vec::new()];
+        self.style.render(r, &mut lines[0])?;
+        self.held.counts[0].add(r);
+        let mut without = Summary::default();
+        without.add(r);
+        if let Some(a) = r.action {
+            without.actions[a as usize] -= 1;
+        }
+        if let Some(a) = fallback {
+            without.actions[a as usize] += 1;
+        }
+        self.held.counts[1].merge(&without);
+        if self.style.json && r.action != fallback {
+            let mut json = JsonFile::from(r);
+            json.action = fallback;
+            serde_json::to_writer(&mut lines[1], &json)?;
+            lines[1].push(b'\n');
+        } else {
+            lines[1] = lines[0].clone();
+        }
+        self.held.push(&lines)
+    }
+
+    /// Lets out the held reports: as they are if their work is `durable`, else with their
+    /// fallback action.
+    pub fn settle(&mut self, durable: bool) -> io::Result<()> {
+        let which = usize::from(!durable);
+        let counts = std::mem::take(&mut self.held.counts[which]);
+        self.summary.merge(&counts);
+        self.held.counts = Default::default();
+        self.held.replay(which, &mut self.out)
+    }
+
+    /// A line for people, printed before the summary (not with `--json` or `-q`).
+    pub fn note(&mut self, line: String) {
+        self.notes.push(line);
+    }
+
+    /// A failure beyond single files: printed with the summary, and the exit code is 3.
+    pub fn fail(&mut self, what: String) {
+        self.summary.failures.push(what);
+    }
+
+    /// Whether rendering `r` writes anything (so a progress bar must step aside).
+    pub fn prints(&self, r: &FileReport) -> bool {
+        self.style.json || !r.malformed.is_empty() || self.style.shows(r)
+    }
+
+    /// Writes the summary (to `err` for people, to `out` as the last JSON line) and returns
+    /// the exit code, which the summary states.
+    pub fn finish(&mut self) -> io::Result<Exit> {
+        // Held reports whose work was never settled did not become durable.
+        if !self.held.is_empty() {
+            self.settle(false)?;
+        }
+        let verb = self.style.verb;
+        let exit = self.summary.exit(verb);
+        if self.style.json {
+            serde_json::to_writer(&mut self.out, &JsonSummary::new(verb, &self.summary, exit))?;
+            writeln!(self.out)?;
+        } else if self.style.verbosity > Verbosity::Quiet {
+            for note in &self.notes {
+                writeln!(self.err, "{note}")?;
+            }
+            writeln!(self.err, "{}", human_summary(verb, &self.summary))?;
+            let kept = self.summary.action(Action::Kept);
+            if kept > 0 {
+                writeln!(
+                    self.err,
+                    "intact: {kept} damaged file(s) kept their old tag as evidence: restore them from a \
+                     backup, or run `intact update --accept-corrupt` on them if the change was intended"
+                )?;
+            }
+        }
+        if !self.style.json {
+            for failure in &self.summary.failures {
+                writeln!(self.err, "intact: error: {failure}")?;
+            }
+        }
+        self.out.flush()?;
+        Ok(exit)
+    }
+}
+
+impl Style {
+    /// Warnings about a report (malformed tags), to stderr for people; in JSON they are
+    /// part of the file's object.
+    fn warn(&self, r: &FileReport, err: &mut impl Write) -> io::Result<()> {
         if self.json {
-            serde_json::to_writer(&mut self.out, &JsonFile::from(r))?;
-            return writeln!(self.out);
+            return Ok(());
         }
         for (attr, why) in &r.malformed {
             writeln!(
-                self.err,
+                err,
                 "intact: warning: {}: ignoring malformed {attr} ({why})",
                 escape(&r.path)
             )?;
+        }
+        Ok(())
+    }
+
+    /// The report's line, if it gets one.
+    fn render(&self, r: &FileReport, out: &mut impl Write) -> io::Result<()> {
+        if self.json {
+            serde_json::to_writer(&mut *out, &JsonFile::from(r))?;
+            return writeln!(out);
         }
         if !self.shows(r) {
             return Ok(());
@@ -176,29 +365,24 @@ impl<W: Write, E: Write> Reporter<W, E> {
         if self.verb == Verb::Show {
             let digest = r.tag.as_ref().map_or("-".into(), |t| t.digest.to_string());
             let format = r.tag.as_ref().map_or("-", |t| t.format.name());
-            return writeln!(self.out, "{status:<8} {format:<6} {digest} {path}");
+            return writeln!(out, "{status:<8} {format:<6} {digest} {path}");
         }
         if let Some(e) = &r.error {
-            writeln!(self.out, "{status:<8} {path}: {e}")
+            writeln!(out, "{status:<8} {path}: {e}")
         } else if let Some(why) = &r.detail {
-            writeln!(self.out, "{status:<8} {path}: {why}")
+            writeln!(out, "{status:<8} {path}: {why}")
         } else if let Some(why) = r.skip {
-            writeln!(self.out, "{status:<8} {path}: {why}")
+            writeln!(out, "{status:<8} {path}: {why}")
         } else if self.verb == Verb::Strip {
             let done = if r.action.is_some() {
                 "removed"
             } else {
                 "no-tag"
             };
-            writeln!(self.out, "{done:<8} {path}")
+            writeln!(out, "{done:<8} {path}")
         } else {
-            writeln!(self.out, "{status:<8} {path}")
+            writeln!(out, "{status:<8} {path}")
         }
-    }
-
-    /// Whether rendering `r` writes anything (so a progress bar must step aside).
-    pub fn prints(&self, r: &FileReport) -> bool {
-        self.json || !r.malformed.is_empty() || self.shows(r)
     }
 
     /// Whether a report gets a line: problems always, the expected outcome of the verb
@@ -207,8 +391,9 @@ impl<W: Write, E: Write> Reporter<W, E> {
         let s = r.status;
         match self.verbosity {
             Verbosity::Verbose => true,
-            // What a killed run left behind is worth a line, the more so when it goes.
-            Verbosity::Normal if r.skip == Some(SkipReason::Leftover) => true,
+            // A replaced file is worth a line, even in quiet mode: it is the record of what
+            // was changed.
+            _ if r.action == Some(Action::Repaired) => true,
             Verbosity::Quiet => {
                 s.is_damage()
                     || matches!(
@@ -216,56 +401,92 @@ impl<W: Write, E: Write> Reporter<W, E> {
                         Status::Error | Status::Changed | Status::Conflict | Status::Missing
                     )
             }
+            // What a killed run left behind is worth a line, the more so when it goes.
+            Verbosity::Normal if r.skip == Some(SkipReason::Leftover) => true,
             Verbosity::Normal => match self.verb {
                 Verb::Show => true,
                 Verb::Strip => s == Status::Error,
-                Verb::Export => !matches!(s, Status::Ok | Status::Skipped),
-                Verb::Import => !matches!(s, Status::Ok | Status::Skipped),
+                Verb::Export | Verb::Import => !matches!(s, Status::Ok | Status::Skipped),
                 Verb::Tag => {
                     r.detail.is_some()
                         || !matches!(
                             s,
                             Status::Ok
                                 | Status::New
-                                | Status::Tagged
+                                | Status::AlreadyTagged
                                 | Status::Skipped
                                 | Status::Touched
                         )
                 }
-                Verb::Check | Verb::Update | Verb::Archive | Verb::Verify | Verb::Protect => {
-                    !matches!(s, Status::Ok | Status::Skipped | Status::Touched)
-                }
-                Verb::Repair => {
-                    r.action == Some(Action::Repaired)
-                        || !matches!(s, Status::Ok | Status::Skipped | Status::Touched)
-                }
+                Verb::Check
+                | Verb::Update
+                | Verb::Archive
+                | Verb::Verify
+                | Verb::Protect
+                | Verb::Repair => !matches!(s, Status::Ok | Status::Skipped | Status::Touched),
             },
         }
     }
+}
 
-    /// Writes the summary (to `err` for people, to `out` as the last JSON line) and returns
-    /// the exit code.
-    pub fn finish(&mut self) -> io::Result<Exit> {
-        let exit = self.summary.exit(self.verb);
-        if self.json {
-            serde_json::to_writer(
-                &mut self.out,
-                &JsonSummary::new(self.verb, &self.summary, exit),
-            )?;
-            writeln!(self.out)?;
-        } else if self.verbosity > Verbosity::Quiet {
-            writeln!(self.err, "{}", human_summary(self.verb, &self.summary))?;
-            let kept = self.summary.action(Action::Kept);
-            if kept > 0 {
-                writeln!(
-                    self.err,
-                    "intact: {kept} damaged file(s) kept their old tag as evidence: restore them from a \
-                     backup, or run `intact update --accept-corrupt` on them if the change was intended"
-                )?;
+/// Rendered lines waiting to be let out, in order: in memory up to a bound, then in an
+/// unnamed temp file, so that holding a million reports costs no memory.
+#[derive(Default)]
+struct Spool {
+    mem: Vec<u8>,
+    file: Option<File>,
+    /// What the held reports add to the summary if their work is durable, and if not.
+    counts: [Summary; 2],
+}
+
+impl Spool {
+    const MEMORY: usize = 4 << 20;
+
+    fn is_empty(&self) -> bool {
+        self.mem.is_empty() && self.file.is_none()
+    }
+
+    /// Appends one report's two renderings (durable, and not).
+    fn push(&mut self, lines: &[Vec<u8>; 2]) -> io::Result<()> {
+        for line in lines {
+            self.mem
+                .extend_from_slice(&(line.len() as u32).to_le_bytes());
+            self.mem.extend_from_slice(line);
+        }
+        if self.mem.len() >= Self::MEMORY {
+            let file = match &mut self.file {
+                Some(f) => f,
+                None => self.file.insert(tempfile::tempfile()?),
+            };
+            file.write_all(&self.mem)?;
+            self.mem.clear();
+        }
+        Ok(())
+    }
+
+    /// Writes rendering `which` of every held report to `out`, and empties the spool.
+    fn replay(&mut self, which: usize, out: &mut impl Write) -> io::Result<()> {
+        let mem = io::Cursor::new(std::mem::take(&mut self.mem));
+        let mut input: Box<dyn Read> = match self.file.take() {
+            Some(mut file) => {
+                file.rewind()?;
+                Box::new(io::BufReader::new(file).chain(mem))
+            }
+            None => Box::new(mem),
+        };
+        let (mut len, mut line) = ([0u8; 4], Vec::new());
+        for n in 0.. {
+            match input.read_exact(&mut len) {
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break,
+                read => read?,
+            }
+            line.resize(u32::from_le_bytes(len) as usize, 0);
+            input.read_exact(&mut line)?;
+            if n % 2 == which {
+                out.write_all(&line)?;
             }
         }
-        self.out.flush()?;
-        Ok(exit)
+        Ok(())
     }
 }
 
@@ -287,9 +508,10 @@ pub fn human_summary(verb: Verb, s: &Summary) -> String {
         parts.push("INTERRUPTED".into());
     }
     format!(
-        "{}: {} files, {} in {} ({}/s, {} files/s){}{}",
+        "{}: {} {}, {} in {} ({}/s, {} files/s){}{}",
         verb.name(),
         group(s.files()),
+        if s.files() == 1 { "file" } else { "files" },
         bytes(s.bytes),
         if secs < 1.0 {
             format!("{:.0} ms", secs * 1e3)
@@ -439,6 +661,8 @@ struct JsonSummary {
     actions: std::collections::BTreeMap<&'static str, u64>,
     malformed_tags: u64,
     interrupted: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    errors: Vec<String>,
     exit_code: i32,
 }
 
@@ -460,6 +684,7 @@ impl JsonSummary {
                 .collect(),
             malformed_tags: s.malformed,
             interrupted: s.interrupted,
+            errors: s.failures.clone(),
             exit_code: exit as i32,
         }
     }
@@ -497,6 +722,46 @@ mod tests {
         };
         assert_eq!(s.exit(Verb::Check), Exit::Trouble);
         assert_eq!(s.exit(Verb::Update), Exit::Clean);
+    }
+
+    #[test]
+    fn failures_beyond_files_are_trouble() {
+        let mut s = Summary::default();
+        s.failures.push("the archive could not be written".into());
+        assert_eq!(s.exit(Verb::Archive), Exit::Trouble);
+    }
+
+    #[test]
+    fn held_reports_are_let_out_in_order_with_or_without_their_action() {
+        for durable in [true, false] {
+            let mut out = Vec::new();
+            let mut r = Reporter::new(Verb::Archive, true, Verbosity::Normal, &mut out, io::sink());
+            let mut first = FileReport::new("a".into(), Status::Ok);
+            first.action = Some(Action::Archived);
+            r.hold(&first, Some(Action::Tagged)).unwrap();
+            // Past the memory bound, so the spool goes through its file.
+            let mut big = FileReport::new("b".into(), Status::Ok);
+            big.detail = Some("x".repeat(Spool::MEMORY));
+            big.action = Some(Action::Archived);
+            r.hold(&big, None).unwrap();
+            r.settle(durable).unwrap();
+            r.file(&FileReport::new("c".into(), Status::New)).unwrap();
+            r.finish().unwrap();
+            assert_eq!(
+                r.summary.action(Action::Archived),
+                if durable { 2 } else { 0 }
+            );
+            assert_eq!(r.summary.action(Action::Tagged), u64::from(!durable));
+            drop(r);
+            let text = String::from_utf8(out).unwrap();
+            let lines: Vec<&str> = text.lines().collect();
+            assert_eq!(lines.len(), 4, "{text:.300}");
+            assert!(lines[0].contains("\"path\":\"a\""));
+            assert!(lines[1].contains("\"path\":\"b\""));
+            assert!(lines[2].contains("\"path\":\"c\""));
+            assert_eq!(lines[0].contains("archived"), durable);
+            assert_eq!(lines[0].contains("\"action\":\"tagged\""), !durable);
+        }
     }
 
     #[test]

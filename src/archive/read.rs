@@ -452,7 +452,11 @@ pub fn verify_member(visit: &mut Visit<'_, '_>) -> FileReport {
                 hasher.update(d);
                 bytes += d.len() as u64;
             }
-            Chunk::Hole(n) => hasher.update_zeros(n),
+            // Holes count as data read, as when the engine reads a sparse file.
+            Chunk::Hole(n) => {
+                hasher.update_zeros(n);
+                bytes += n;
+            }
         }
         Ok(())
     });

@@ -20,6 +20,7 @@ use crate::fs::atomic::Temp;
 use crate::fs::read::AlignedBuf;
 use crate::fs::walk::SkipReason;
 use crate::fs::xattr;
+use crate::sink::{Failure, Out, Sink};
 
 /// An archive being written: to a temp file beside the destination, renamed over it by
 /// [`Writer::finish`]; dropped unfinished, it leaves nothing behind.
@@ -104,20 +105,17 @@ impl Writer {
     /// was done. An `Err` is a failure to write the archive itself, which ends the run.
     pub fn add(&mut self, report: &mut FileReport) -> io::Result<()> {
         self.next_frame_if_full()?;
-        let Some(root) = self
-            .roots
-            .iter()
-            .position(|(r, _)| report.path.starts_with(r))
-        else {
-            return Ok(());
-        };
+        let root = report.root;
         let name = self.member_name(root, &report.path);
+        // A second name is a link member, whatever its first name's verdict (the first name
+        // decides whether there is anything to link to).
+        match report.skip {
+            Some(SkipReason::Symlink) => return self.add_symlink(report, root, &name),
+            Some(SkipReason::HardLink) => return self.add_hard_link(report, root, &name),
+            _ => {}
+        }
         match report.status {
-            Status::Skipped => match report.skip {
-                Some(SkipReason::Symlink) => self.add_symlink(report, root, &name),
-                Some(SkipReason::HardLink) => self.add_hard_link(report, root, &name),
-                _ => Ok(()),
-            },
+            Status::Skipped => Ok(()),
             Status::Error | Status::Changed | Status::Missing => Ok(()),
             s if s.is_damage() && !self.opts.include_damaged => {
                 report.detail = Some(format!(
@@ -342,13 +340,8 @@ impl Writer {
         Ok(())
     }
 
-    /// Where the archive goes.
-    pub fn dest(&self) -> &Path {
-        &self.dest
-    }
-
-    /// Ends the archive, makes it durable and moves it into place.
-    pub fn finish(mut self) -> io::Result<Stats> {
+    /// Ends the archive, makes it durable and puts it in place.
+    fn commit(&mut self) -> io::Result<Stats> {
         let mut out = self.out.take().expect("open until finished");
         // The end-of-archive marker: two zero blocks.
         out.write_all(&[0u8; 1024])?;
@@ -362,6 +355,44 @@ impl Writer {
             .expect("open until finished")
             .commit(name)?;
         Ok(std::mem::take(&mut self.stats))
+    }
+}
+
+/// Each file is written into the archive as its report comes; the report says `archived`
+/// only once the whole archive is durable under its name, so reports are held until then.
+impl Sink for Writer {
+    fn take(&mut self, mut report: FileReport, out: &mut dyn Out) -> Result<(), Failure> {
+        let before = report.action;
+        let added = self.add(&mut report);
+        out.hold(report, before);
+        added.map_err(|e| Failure::new("writing the archive; nothing was left", e))
+    }
+
+    fn finish(&mut self, interrupted: bool, out: &mut dyn Out) -> Result<(), Failure> {
+        if interrupted || self.out.is_none() {
+            // Dropping the temp file leaves nothing under the archive's name.
+            self.temp = None;
+            out.settle(false);
+            return Ok(());
+        }
+        match self.commit() {
+            Ok(stats) => {
+                out.settle(true);
+                out.note(format!(
+                    "archive: wrote {}: {} members, {} of data in {} compressed",
+                    crate::report::escape(&self.dest),
+                    stats.members,
+                    crate::report::bytes(stats.bytes),
+                    crate::report::bytes(stats.compressed),
+                ));
+                Ok(())
+            }
+            Err(e) => {
+                self.temp = None;
+                out.settle(false);
+                Err(Failure::new("finishing the archive; nothing was left", e))
+            }
+        }
     }
 }
 

@@ -26,7 +26,7 @@ pub enum Status {
     /// No valid tag.
     New,
     /// Has a tag that was not verified (`tag` does not read tagged files).
-    Tagged,
+    AlreadyTagged,
     /// The file's tags disagree about its data (one matches, another does not).
     Conflict,
     /// Listed in the manifest, absent from the tree.
@@ -51,7 +51,7 @@ impl Status {
             Status::Older => "older",
             Status::Touched => "touched",
             Status::New => "new",
-            Status::Tagged => "tagged",
+            Status::AlreadyTagged => "already-tagged",
             Status::Conflict => "conflict",
             Status::Missing => "missing",
             Status::Changed => "changed-while-read",
@@ -70,7 +70,7 @@ impl Status {
         Status::Older,
         Status::Touched,
         Status::New,
-        Status::Tagged,
+        Status::AlreadyTagged,
         Status::Conflict,
         Status::Missing,
         Status::Changed,

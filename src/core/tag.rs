@@ -43,6 +43,8 @@ pub mod names {
         DINTCH_WRITE = "user.co.eclecticlight.dintch.hash", "co.eclecticlight.dintch.hash#S";
         /// A repair was rewriting this file in place (a hard-linked one) and did not finish.
         REPAIRING = "user.intact.repairing", "intact.repairing";
+        /// A damaged copy kept by repair: what it is a copy of, and when it was kept.
+        KEPT_DAMAGED = "user.intact.damaged", "intact.damaged";
         /// Dintch: when the file was tagged.
         DINTCH_TIME = "user.co.eclecticlight.dintch.time", "co.eclecticlight.dintch.time";
     }

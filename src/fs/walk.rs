@@ -52,6 +52,9 @@ pub enum SkipReason {
     Leftover,
     /// A temp file a running intact is writing.
     Temporary,
+    /// A damaged copy that repair kept (marked with `user.intact.damaged`): evidence, not a
+    /// file to verify or tag.
+    KeptDamaged,
 }
 
 impl fmt::Display for SkipReason {
@@ -62,6 +65,7 @@ impl fmt::Display for SkipReason {
             SkipReason::HardLink => "hard link to a file already processed",
             SkipReason::Leftover => "left by an interrupted run of intact",
             SkipReason::Temporary => "being written by a running intact",
+            SkipReason::KeptDamaged => "a damaged copy kept by repair",
         })
     }
 }
@@ -77,11 +81,39 @@ pub enum Entry {
         size: u64,
         /// The index of the root it was found under.
         root: usize,
+        /// Its inode (device, number), if it has other names too.
+        inode: Option<Inode>,
     },
     /// Something deliberately not processed.
-    Skip(PathBuf, SkipReason),
+    Skip {
+        /// Its path.
+        path: PathBuf,
+        /// The index of the root it was found under.
+        root: usize,
+        /// Why.
+        reason: SkipReason,
+        /// For a second name of a file, the file's inode.
+        inode: Option<Inode>,
+    },
     /// A path that could not be examined (unreadable directory, vanished root ...).
-    Error(PathBuf, std::io::Error),
+    Error {
+        /// Its path.
+        path: PathBuf,
+        /// The index of the root it was found under.
+        root: usize,
+        /// What went wrong.
+        error: std::io::Error,
+    },
+}
+
+/// A file's identity: its device and inode numbers.
+pub type Inode = (u64, u64);
+
+impl Entry {
+    /// A path that could not be examined.
+    fn error(path: PathBuf, root: usize, error: std::io::Error) -> Entry {
+        Entry::Error { path, root, error }
+    }
 }
 
 /// Checks exclude patterns up front, so a typo is a usage error rather than a failed walk.
@@ -134,12 +166,12 @@ fn walk_root(
     index: usize,
     root: &Path,
     opts: &WalkOptions,
-    links: &mut HashSet<(u64, u64)>,
+    links: &mut HashSet<Inode>,
     visit: &mut impl FnMut(Entry) -> ControlFlow<()>,
 ) -> Result<ControlFlow<()>, ignore::Error> {
     // intact never follows a symlink, not even one given as a root.
     let meta = match fs::symlink_metadata(root) {
-        Err(e) => return Ok(visit(Entry::Error(root.to_path_buf(), e))),
+        Err(e) => return Ok(visit(Entry::error(root.to_path_buf(), index, e))),
         Ok(m) => m,
     };
     if !meta.is_dir() {
@@ -153,7 +185,7 @@ fn walk_root(
     let overrides = overrides.build()?;
     let anchor = Anchor::new(root);
     let mut stack: Vec<Level> = Vec::new();
-    let enter = |path: PathBuf, stack: &mut Vec<Level>| -> Option<Entry> {
+    let enter = |path: PathBuf, stack: &mut Vec<Level>| -> Option<(PathBuf, std::io::Error)> {
         let listed = anchor.open_dir(&path).and_then(|fd| {
             if opts.one_file_system && rustix::fs::fstat(&fd)?.st_dev as u64 != meta.dev() {
                 return Ok(None);
@@ -171,11 +203,11 @@ fn walk_root(
                 bad
             }
             Ok(None) => None,
-            Err(e) => Some(Entry::Error(path, e)),
+            Err(e) => Some((path, e)),
         }
     };
-    if let Some(e) = enter(root.to_path_buf(), &mut stack)
-        && visit(e).is_break()
+    if let Some((path, e)) = enter(root.to_path_buf(), &mut stack)
+        && visit(Entry::error(path, index, e)).is_break()
     {
         return Ok(ControlFlow::Break(()));
     }
@@ -191,7 +223,7 @@ fn walk_root(
         }
         let found = if is_dir {
             match enter(path, &mut stack) {
-                Some(e) => e,
+                Some((path, e)) => Entry::error(path, index, e),
                 None => continue,
             }
         } else {
@@ -206,15 +238,26 @@ fn walk_root(
 
 /// The entry for something that is not a directory. A file with several links is a file
 /// the first time its inode is met, a skipped hard link after.
-fn entry(path: PathBuf, kind: Kind, root: usize, links: &mut HashSet<(u64, u64)>) -> Entry {
+fn entry(path: PathBuf, kind: Kind, root: usize, links: &mut HashSet<Inode>) -> Entry {
+    let skip = |path, reason, inode| Entry::Skip {
+        path,
+        root,
+        reason,
+        inode,
+    };
     match kind {
         Kind::File { nlink, id, .. } if nlink > 1 && !links.insert(id) => {
-            Entry::Skip(path, SkipReason::HardLink)
+            skip(path, SkipReason::HardLink, Some(id))
         }
-        Kind::File { size, .. } => Entry::File { path, size, root },
-        Kind::Symlink => Entry::Skip(path, SkipReason::Symlink),
-        Kind::Special | Kind::Dir => Entry::Skip(path, SkipReason::Special),
-        Kind::Error(e) => Entry::Error(path, e),
+        Kind::File { size, nlink, id } => Entry::File {
+            path,
+            size,
+            root,
+            inode: (nlink > 1).then_some(id),
+        },
+        Kind::Symlink => skip(path, SkipReason::Symlink, None),
+        Kind::Special | Kind::Dir => skip(path, SkipReason::Special, None),
+        Kind::Error(e) => Entry::error(path, root, e),
     }
 }
 
@@ -292,7 +335,7 @@ fn ignore_file(
     anchor: &Anchor,
     dir: &Path,
     entries: &[(OsString, Kind)],
-) -> (Option<Gitignore>, Option<Entry>) {
+) -> (Option<Gitignore>, Option<(PathBuf, std::io::Error)>) {
     let has = entries
         .binary_search_by(|(n, _)| n.as_os_str().cmp(OsStr::new(IGNORE_FILE)))
         .is_ok_and(|i| matches!(entries[i].1, Kind::File { .. }));
@@ -305,24 +348,18 @@ fn ignore_file(
         .open(&path, false)
         .and_then(|mut f| f.read_to_string(&mut text))
     {
-        return (None, Some(Entry::Error(path, e)));
+        return (None, Some((path, e)));
     }
     let mut builder = GitignoreBuilder::new(dir);
     let mut bad = None;
     for line in text.lines() {
         if let Err(e) = builder.add_line(Some(path.clone()), line) {
-            bad.get_or_insert(Entry::Error(
-                path.clone(),
-                std::io::Error::other(e.to_string()),
-            ));
+            bad.get_or_insert((path.clone(), std::io::Error::other(e.to_string())));
         }
     }
     match builder.build() {
         Ok(gi) => (Some(gi), bad),
-        Err(e) => (
-            None,
-            Some(Entry::Error(path, std::io::Error::other(e.to_string()))),
-        ),
+        Err(e) => (None, Some((path, std::io::Error::other(e.to_string())))),
     }
 }
 
@@ -352,8 +389,8 @@ mod tests {
         walk(roots, opts, |e| {
             out.push(match e {
                 Entry::File { path, .. } => format!("file {}", path.display()),
-                Entry::Skip(p, r) => format!("skip {} {r:?}", p.display()),
-                Entry::Error(p, _) => format!("error {}", p.display()),
+                Entry::Skip { path, reason, .. } => format!("skip {} {reason:?}", path.display()),
+                Entry::Error { path, .. } => format!("error {}", path.display()),
             });
             ControlFlow::Continue(())
         })

@@ -21,6 +21,8 @@ pub struct Stored {
     /// A repair was rewriting the file in place and did not finish: its bytes may be mixed,
     /// whatever its mtime says.
     pub repairing: bool,
+    /// The file is a damaged copy that a repair kept: evidence, never verified or tagged.
+    pub kept_damaged: bool,
 }
 
 impl Stored {
@@ -155,6 +157,7 @@ impl Stored {
             }
         }
         stored.repairing = lookup(names::REPAIRING)?.is_some();
+        stored.kept_damaged = lookup(names::KEPT_DAMAGED)?.is_some();
         stored.tags.sort_by_key(|t| t.format);
         Ok(stored)
     }
@@ -250,6 +253,18 @@ pub fn mark_repairing(file: &File) -> io::Result<()> {
 /// Removes the mark of [`mark_repairing`]; `Ok(false)` if there was none.
 pub fn unmark_repairing(file: &File) -> io::Result<bool> {
     remove(file, names::REPAIRING)
+}
+
+/// Marks a damaged copy that a repair keeps, saying what it is a copy of: no later run
+/// verifies or tags it as if it were a good file.
+pub fn mark_kept_damaged(file: &File, note: &str) -> io::Result<()> {
+    rustix::fs::fsetxattr(
+        file,
+        names::KEPT_DAMAGED,
+        note.as_bytes(),
+        XattrFlags::empty(),
+    )?;
+    Ok(())
 }
 
 /// Removes intact's tag; `Ok(false)` if there was none.

@@ -10,6 +10,7 @@ mod archive;
 mod bad_sectors;
 mod confinement;
 mod faults;
+mod full_disks;
 mod interop;
 mod kills;
 mod output;

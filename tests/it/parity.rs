@@ -100,13 +100,14 @@ fn repair_from_the_store_finds_moved_files_and_verifies() {
         intact!("tag", "--algo", algo, src).expect_code(0);
         let r = intact!("protect", "--json", src).expect_code(0).json();
         assert_eq!(r.summary["actions"]["protected"], 31);
-        // Protecting again adds nothing.
+        // Protecting again writes nothing, and says the files are protected already.
+        let before = walkdir_count(&src.join(".intact-parity"));
         let again = intact!("protect", "--json", src).expect_code(0).json();
-        assert_eq!(
-            again.summary["actions"]["protected"], 0,
-            "{:?}",
-            again.summary
-        );
+        assert_eq!(again.summary["actions"]["protected"], 31);
+        for f in &again.files {
+            assert_eq!(f["detail"], "its content already had parity", "{f}");
+        }
+        assert_eq!(walkdir_count(&src.join(".intact-parity")), before);
 
         let good_big = fs::read(src.join("big.bin")).unwrap();
         let good_small = fs::read(src.join("small/s20")).unwrap();
@@ -288,4 +289,19 @@ fn a_store_serves_one_tree() {
         "{}",
         r.stderr
     );
+}
+
+/// How many files are under `dir`.
+fn walkdir_count(dir: &Path) -> usize {
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                walkdir_count(&e.path())
+            } else {
+                1
+            }
+        })
+        .sum()
 }

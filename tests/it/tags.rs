@@ -176,7 +176,7 @@ fn intact_tag_wins_over_foreign_ones_and_update_adopts_foreign() {
     let q = t.write("g", body);
     setxattr(&q, "user.co.eclecticlight.dintch.hash", &sha256(body));
     let j = intact!("tag", "--json", q).expect_code(0).json();
-    assert_eq!(j.status("g"), "tagged");
+    assert_eq!(j.status("g"), "already-tagged");
     assert!(getxattr(&q, TAG).is_none());
     let _ = fs::remove_file(q);
 }

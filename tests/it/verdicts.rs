@@ -49,7 +49,7 @@ fn second_tag_reads_no_data() {
     let before = getxattr(&t.path("dir/b.bin"), TAG);
     let j = intact!("tag", "--json", t.root()).expect_code(0).json();
     assert_eq!(j.summary["bytes"], 0);
-    assert_eq!(j.count("tagged"), 3);
+    assert_eq!(j.count("already-tagged"), 3);
     assert_eq!(getxattr(&t.path("dir/b.bin"), TAG), before, "tag rewritten");
     // --force reads and re-tags everything.
     let j = intact!("tag", "--force", "--json", t.root())

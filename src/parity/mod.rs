@@ -19,8 +19,12 @@
 //! about one slice, not a slice of the size the largest file needs (par2cmdline's overhead on
 //! many small files).
 
+mod protect;
+
+pub use protect::{Protector, store_dir};
+
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -71,16 +75,46 @@ pub struct Store {
     pub root: PathBuf,
     /// Digests of files in packs, and the pack each is in.
     packed: Mutex<HashMap<Digest, PathBuf>>,
-    /// Digests with a set on its way (a job handed out, not yet run).
-    queued: Mutex<HashSet<Digest>>,
+    /// What became of the contents given to this run; a digest not here had parity before
+    /// it (or never came).
+    outcomes: Mutex<HashMap<Digest, Outcome>>,
     redundancy: f64,
     threads: usize,
     /// Small files waiting for their pack to fill, and their bytes.
     pending: Mutex<(Vec<Protectee>, u64)>,
-    /// Set files written, waiting to be made durable and put in place.
-    staged: Mutex<Batch>,
+    /// Set files written, waiting to be made durable and put in place, and the contents
+    /// they protect.
+    staged: Mutex<(Batch, Vec<Digest>)>,
     /// Temp files that killed runs had left in the store, removed when it was opened.
     pub removed: Vec<PathBuf>,
+}
+
+/// What became of a content given to a run of protect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Its set is on its way: queued, computing, or written but not yet durable.
+    Pending,
+    /// Its set is durable under its name.
+    Durable,
+    /// It changed between its check and its parity: it has none.
+    Changed,
+    /// Its set could not be written (the error's code, and its words).
+    Failed(Option<i32>, String),
+}
+
+impl Outcome {
+    fn failed(e: &io::Error) -> Outcome {
+        Outcome::Failed(e.raw_os_error(), e.to_string())
+    }
+
+    /// The error of a failed outcome, as it was.
+    pub fn error(&self) -> Option<io::Error> {
+        match self {
+            Outcome::Failed(Some(code), _) => Some(io::Error::from_raw_os_error(*code)),
+            Outcome::Failed(None, words) => Some(io::Error::other(words.clone())),
+            _ => None,
+        }
+    }
 }
 
 /// What became of a file given to [`Store::add`].
@@ -110,8 +144,9 @@ pub struct Stats {
     pub sets: u64,
     /// Bytes of recovery data and descriptions written.
     pub bytes: u64,
-    /// Files left without parity because they changed after they were verified.
-    pub changed: Vec<PathBuf>,
+    /// Files left without parity because they changed after they were verified: the digest
+    /// they were verified with, and where they are.
+    pub changed: Vec<(Digest, PathBuf)>,
 }
 
 impl Stats {
@@ -139,10 +174,13 @@ impl Store {
         }
         let mut store = Store::read(dir)?;
         if store.root.canonicalize().ok().as_ref() != Some(&root) {
-            return Err(io::Error::other(format!(
-                "this store protects {}: give each tree its own store",
-                store.root.display()
-            )));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "this store protects {}: give each tree its own store",
+                    store.root.display()
+                ),
+            ));
         }
         store.root = root;
         store.redundancy = redundancy;
@@ -198,11 +236,11 @@ impl Store {
             dir: dir.to_path_buf(),
             root,
             packed: Mutex::new(packed),
-            queued: Mutex::new(HashSet::new()),
+            outcomes: Mutex::new(HashMap::new()),
             redundancy: 0.0,
             threads: 1,
             pending: Mutex::new((Vec::new(), 0)),
-            staged: Mutex::new(Batch::default()),
+            staged: Mutex::new((Batch::default(), Vec::new())),
             removed: Vec::new(),
         })
     }
@@ -218,8 +256,7 @@ impl Store {
     pub fn has(&self, digest: &Digest) -> bool {
         let index = with_ext(&self.set_base(digest), "par2");
         lock(&self.packed).contains_key(digest)
-            || lock(&self.queued).contains(digest)
-            || lock(&self.staged).has(&index)
+            || lock(&self.outcomes).contains_key(digest)
             || index.exists()
     }
 
@@ -229,7 +266,7 @@ impl Store {
         if self.has(&file.digest) {
             return Added::Already;
         }
-        lock(&self.queued).insert(file.digest);
+        lock(&self.outcomes).insert(file.digest, Outcome::Pending);
         if file.size >= PACK_LIMIT {
             return Added::Run(Job::File(file));
         }
@@ -253,8 +290,41 @@ impl Store {
 
     /// Computes and stages a job's set (made durable and put in place by [`Store::commit`]).
     /// A file that changed since it was verified gets no parity (a pack is made of the
-    /// others), and is listed in the stats.
-    pub fn run(&self, job: Job) -> io::Result<Stats> {
+    /// others), and is listed in the stats. What becomes of each file is in
+    /// [`Store::outcome`].
+    pub fn run(&self, job: Job) -> Stats {
+        let digests: Vec<Digest> = match &job {
+            Job::File(f) => vec![f.digest],
+            Job::Pack(files) => files.iter().map(|f| f.digest).collect(),
+        };
+        let result = self.compute(job);
+        let mut outcomes = lock(&self.outcomes);
+        match result {
+            Ok(stats) => {
+                for (d, _) in &stats.changed {
+                    outcomes.insert(*d, Outcome::Changed);
+                }
+                stats
+            }
+            Err(e) => {
+                for d in digests {
+                    outcomes.insert(d, Outcome::failed(&e));
+                }
+                Stats::default()
+            }
+        }
+    }
+
+    /// What became of the content `digest` given to this run: its parity is durable (or was
+    /// there before), still on its way, or could not be written.
+    pub fn outcome(&self, digest: &Digest) -> Outcome {
+        lock(&self.outcomes)
+            .get(digest)
+            .cloned()
+            .unwrap_or(Outcome::Durable)
+    }
+
+    fn compute(&self, job: Job) -> io::Result<Stats> {
         match job {
             Job::File(file) => {
                 let base = self.set_base(&file.digest);
@@ -282,7 +352,7 @@ impl Store {
                             return Ok(stats);
                         }
                         Err(ProtectError::Changed(paths)) => {
-                            files.retain(|f| !paths.contains(&f.path));
+                            files.retain(|f| !paths.iter().any(|(_, p)| p == &f.path));
                             changed.extend(paths);
                         }
                         Err(ProtectError::Io(e)) => return Err(e),
@@ -298,15 +368,46 @@ impl Store {
 
     /// Makes every set staged so far durable and puts it in place.
     pub fn commit(&self) -> io::Result<()> {
-        lock(&self.staged).commit()
+        let mut staged = lock(&self.staged);
+        self.commit_staged(&mut staged)
     }
 
-    /// Stages a written set file; a full batch is committed.
-    fn stage(&self, temp: Temp, dest: PathBuf) -> io::Result<()> {
+    /// Removes set directories left empty by sets that could not be written. Only once no
+    /// set is being written (a directory emptied meanwhile could be the one a set is about
+    /// to go in).
+    pub fn tidy(&self) {
+        for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                // Fails, harmlessly, unless the directory is empty.
+                let _ = std::fs::remove_dir(e.path());
+            }
+        }
+    }
+
+    /// Commits a batch, and records what it made durable (or failed to).
+    fn commit_staged(&self, staged: &mut (Batch, Vec<Digest>)) -> io::Result<()> {
+        let committed = staged.0.commit();
+        let mut outcomes = lock(&self.outcomes);
+        for d in staged.1.drain(..) {
+            match &committed {
+                // Durable is what an absent digest means: the map holds only the unsettled.
+                Ok(()) => outcomes.remove(&d),
+                Err(e) => outcomes.insert(d, Outcome::failed(e)),
+            };
+        }
+        committed
+    }
+
+    /// Stages a written set, volume before index (an index means a complete set), for the
+    /// contents `digests`; a full batch is committed.
+    fn stage(&self, files: [(Temp, PathBuf); 2], digests: &[Digest]) -> io::Result<()> {
         let mut staged = lock(&self.staged);
-        staged.add(temp, dest);
-        if staged.len() >= BATCH {
-            staged.commit()?;
+        for (temp, dest) in files {
+            staged.0.add(temp, dest);
+        }
+        staged.1.extend_from_slice(digests);
+        if staged.0.len() >= BATCH {
+            self.commit_staged(&mut staged)?;
         }
         Ok(())
     }
@@ -385,7 +486,10 @@ impl Store {
             .collect();
         if !changed.is_empty() {
             return Err(ProtectError::Changed(
-                changed.into_iter().map(|i| files[i].path.clone()).collect(),
+                changed
+                    .into_iter()
+                    .map(|i| (files[i].digest, files[i].path.clone()))
+                    .collect(),
             ));
         }
         let mut index = created.index.clone();
@@ -410,8 +514,8 @@ impl Store {
         let index_path = with_ext(base, "par2");
         let index_temp = Temp::beside(&index_path)?;
         index_temp.file().write_all(&index)?;
-        self.stage(temp, volume)?;
-        self.stage(index_temp, index_path)?;
+        let digests: Vec<Digest> = files.iter().map(|f| f.digest).collect();
+        self.stage([(temp, volume), (index_temp, index_path)], &digests)?;
         Ok(Stats {
             sets: 1,
             bytes: volume_len + index.len() as u64,
@@ -478,7 +582,7 @@ enum ProtectError {
     Io(#[from] io::Error),
     /// These files changed between verifying and computing parity.
     #[error("changed while its parity was computed")]
-    Changed(Vec<PathBuf>),
+    Changed(Vec<(Digest, PathBuf)>),
 }
 
 /// Reads a file while hashing what goes by. A file that vanished, shrank or cannot be read

@@ -1,5 +1,7 @@
 //! The command line as typed: clap definitions, from which help, man page and completions
-//! are all generated.
+//! are all generated; [`settings`] turns them into what the engine and reporter need.
+
+pub mod settings;
 
 use std::path::PathBuf;
 
@@ -39,153 +41,183 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Hash and tag files that have no valid tag (tagged files are not read)
-    Tag {
-        #[command(flatten)]
-        paths: Paths,
-        #[command(flatten)]
-        common: Common,
-        /// Digest algorithm for new tags
-        #[arg(long, value_enum, default_value_t = AlgoArg::Sha256)]
-        algo: AlgoArg,
-        /// Re-hash and re-tag files that already have a tag
-        #[arg(long)]
-        force: bool,
-        #[command(flatten)]
-        compat: Compat,
-    },
+    Tag(TagArgs),
     /// Re-hash tagged files and report any that changed; never writes anything
     #[command(after_help = EXIT_CODES)]
-    Check {
-        #[command(flatten)]
-        paths: Paths,
-        #[command(flatten)]
-        common: Common,
-        /// Check against a manifest (sha256sum, b3sum, rhash or hashdeep format, paths
-        /// relative to the one PATH) instead of xattrs: for media that cannot hold them
-        #[arg(long, value_name = "FILE")]
-        manifest: Option<PathBuf>,
-        /// The algorithm of the manifest's digests (sha256sum and b3sum lines look alike)
-        #[arg(long, value_enum, default_value_t = AlgoArg::Sha256, requires = "manifest")]
-        algo: AlgoArg,
-    },
+    Check(CheckArgs),
     /// Check, then tag new files and re-tag legitimately changed ones; corrupt files keep
     /// their old tag
     #[command(after_help = EXIT_CODES)]
-    Update {
-        #[command(flatten)]
-        paths: Paths,
-        #[command(flatten)]
-        common: Common,
-        /// Digest algorithm for new tags and re-tags [default: sha256 for new tags, the
-        /// existing tag's for re-tags]
-        #[arg(long, value_enum)]
-        algo: Option<AlgoArg>,
-        /// Also re-tag files whose data changed under an unchanged mtime (only if you know
-        /// the change was intended: the old tag is the evidence of corruption)
-        #[arg(long)]
-        accept_corrupt: bool,
-        #[command(flatten)]
-        compat: Compat,
-    },
+    Update(UpdateArgs),
     /// Remove intact's tag (user.intact) from files, and other tools' with --compat
-    Strip {
-        #[command(flatten)]
-        paths: Paths,
-        #[command(flatten)]
-        common: Common,
-        /// Also remove these tools' tags: shatag, dintch (INTACT_COMPAT does not apply here:
-        /// removing is never a default)
-        #[arg(long, value_enum, value_delimiter = ',', value_name = "FORMATS")]
-        compat: Vec<CompatArg>,
-    },
+    Strip(StripArgs),
     /// Print each file's stored tag and what a check would expect, without reading data
-    Show {
-        #[command(flatten)]
-        paths: Paths,
-        #[command(flatten)]
-        common: Common,
-    },
+    Show(ShowArgs),
     /// Write a manifest that `sha256sum -c` (or `b3sum -c`) accepts, from the tags alone,
     /// with paths relative to PATH
-    Export {
-        /// The file or directory to list
-        #[arg(value_name = "PATH")]
-        path: PathBuf,
-        #[command(flatten)]
-        common: Common,
-        /// Which digests to list: sha256 for sha256sum, blake3 for b3sum
-        #[arg(long, value_enum, default_value_t = AlgoArg::Sha256)]
-        algo: AlgoArg,
-        /// Write the manifest to FILE (atomically) instead of standard output
-        #[arg(short, long, value_name = "FILE")]
-        output: Option<PathBuf>,
-    },
+    Export(ExportArgs),
     /// Tag the files a manifest lists, after verifying that their data matches it
-    Import {
-        /// The manifest (sha256sum, b3sum, BSD --tag, rhash or hashdeep format)
-        #[arg(value_name = "MANIFEST")]
-        manifest: PathBuf,
-        /// The directory its paths are relative to [default: the manifest's directory]
-        #[arg(value_name = "DIR")]
-        dir: Option<PathBuf>,
-        #[command(flatten)]
-        common: Common,
-        /// The algorithm of the manifest's digests (sha256sum and b3sum lines look alike)
-        #[arg(long, value_enum, default_value_t = AlgoArg::Sha256)]
-        algo: AlgoArg,
-        #[command(flatten)]
-        compat: Compat,
-    },
+    Import(ImportArgs),
     /// Redundant compressed copies that carry their tags: create, verify, list
     #[command(subcommand)]
     Archive(ArchiveCommand),
     /// Write PAR2 recovery data for the files under PATH into a parity store, after
     /// verifying them; par2cmdline can use it too
     #[command(after_help = PROTECT_HELP)]
-    Protect {
-        #[command(flatten)]
-        paths: Paths,
-        #[command(flatten)]
-        common: Common,
-        /// Recovery data as a share of the data: this much of each file (or pack of small
-        /// files) can be rebuilt
-        #[arg(long, short = 'r', default_value = "10%", value_parser = parse_percent)]
-        redundancy: f64,
-        /// The parity store [default: PATH/.intact-parity for each PATH]
-        #[arg(long, value_name = "DIR")]
-        store: Option<PathBuf>,
-    },
+    Protect(ProtectArgs),
     /// Restore damaged files bit-exactly from archives, parity or backup trees, verified first
     #[command(after_help = REPAIR_HELP)]
-    Repair {
-        #[command(flatten)]
-        paths: Paths,
-        #[command(flatten)]
-        common: Common,
-        /// Where to look for good copies: archives made by `intact archive create`, parity
-        /// stores made by `intact protect`, or directories of tagged files (a backup, a
-        /// mirror). Searched in order, by digest; PATH/.intact-parity is searched last if
-        /// it exists
-        #[arg(long, short = 'f', value_name = "SOURCE")]
-        from: Vec<PathBuf>,
-        /// Find and verify good copies, and say what would be repaired from where; change
-        /// nothing
-        #[arg(long, short = 'n')]
-        dry_run: bool,
-        /// Keep damaged originals under DIR (at their path relative to PATH) instead of
-        /// beside the repaired file as NAME.damaged
-        #[arg(long, value_name = "DIR", conflicts_with = "discard_damaged")]
-        keep_damaged_in: Option<PathBuf>,
-        /// Do not keep the damaged originals
-        #[arg(long)]
-        discard_damaged: bool,
-    },
+    Repair(RepairArgs),
     /// Print the man page or a shell completion script
-    Generate {
-        /// What to generate
-        #[arg(value_enum)]
-        what: Generated,
-    },
+    Generate(GenerateArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct TagArgs {
+    #[command(flatten)]
+    pub paths: Paths,
+    #[command(flatten)]
+    pub common: Common,
+    /// Digest algorithm for new tags
+    #[arg(long, value_enum, default_value_t = AlgoArg::Sha256)]
+    pub algo: AlgoArg,
+    /// Re-hash and re-tag files that already have a tag
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub compat: Compat,
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub paths: Paths,
+    #[command(flatten)]
+    pub common: Common,
+    /// Check against a manifest (sha256sum, b3sum, rhash or hashdeep format, paths
+    /// relative to the one PATH) instead of xattrs: for media that cannot hold them
+    #[arg(long, value_name = "FILE")]
+    pub manifest: Option<PathBuf>,
+    /// The algorithm of the manifest's digests (sha256sum and b3sum lines look alike)
+    #[arg(long, value_enum, default_value_t = AlgoArg::Sha256, requires = "manifest")]
+    pub algo: AlgoArg,
+}
+
+#[derive(Args, Debug)]
+pub struct UpdateArgs {
+    #[command(flatten)]
+    pub paths: Paths,
+    #[command(flatten)]
+    pub common: Common,
+    /// Digest algorithm for new tags and re-tags [default: sha256 for new tags, the
+    /// existing tag's for re-tags]
+    #[arg(long, value_enum)]
+    pub algo: Option<AlgoArg>,
+    /// Also re-tag files whose data changed under an unchanged mtime (only if you know
+    /// the change was intended: the old tag is the evidence of corruption)
+    #[arg(long)]
+    pub accept_corrupt: bool,
+    #[command(flatten)]
+    pub compat: Compat,
+}
+
+#[derive(Args, Debug)]
+pub struct StripArgs {
+    #[command(flatten)]
+    pub paths: Paths,
+    #[command(flatten)]
+    pub common: Common,
+    /// Also remove these tools' tags: shatag, dintch (INTACT_COMPAT does not apply here:
+    /// removing is never a default)
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "FORMATS")]
+    pub compat: Vec<CompatArg>,
+}
+
+#[derive(Args, Debug)]
+pub struct ShowArgs {
+    #[command(flatten)]
+    pub paths: Paths,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// The file or directory to list
+    #[arg(value_name = "PATH")]
+    pub path: PathBuf,
+    #[command(flatten)]
+    pub common: Common,
+    /// Which digests to list: sha256 for sha256sum, blake3 for b3sum
+    #[arg(long, value_enum, default_value_t = AlgoArg::Sha256)]
+    pub algo: AlgoArg,
+    /// Write the manifest to FILE (atomically) instead of standard output
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct ImportArgs {
+    /// The manifest (sha256sum, b3sum, BSD --tag, rhash or hashdeep format)
+    #[arg(value_name = "MANIFEST")]
+    pub manifest: PathBuf,
+    /// The directory its paths are relative to [default: the manifest's directory]
+    #[arg(value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub common: Common,
+    /// The algorithm of the manifest's digests (sha256sum and b3sum lines look alike)
+    #[arg(long, value_enum, default_value_t = AlgoArg::Sha256)]
+    pub algo: AlgoArg,
+    #[command(flatten)]
+    pub compat: Compat,
+}
+
+#[derive(Args, Debug)]
+pub struct ProtectArgs {
+    #[command(flatten)]
+    pub paths: Paths,
+    #[command(flatten)]
+    pub common: Common,
+    /// Recovery data as a share of the data: this much of each file (or pack of small
+    /// files) can be rebuilt
+    #[arg(long, short = 'r', default_value = "10%", value_parser = parse_percent)]
+    pub redundancy: f64,
+    /// The parity store [default: PATH/.intact-parity for each PATH]
+    #[arg(long, value_name = "DIR")]
+    pub store: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct RepairArgs {
+    #[command(flatten)]
+    pub paths: Paths,
+    #[command(flatten)]
+    pub common: Common,
+    /// Where to look for good copies: archives made by `intact archive create`, parity
+    /// stores made by `intact protect`, or directories of tagged files (a backup, a
+    /// mirror). Searched in order, by digest; PATH/.intact-parity is searched last if
+    /// it exists
+    #[arg(long, short = 'f', value_name = "SOURCE")]
+    pub from: Vec<PathBuf>,
+    /// Find and verify good copies, and say what would be repaired from where; change
+    /// nothing
+    #[arg(long, short = 'n')]
+    pub dry_run: bool,
+    /// Keep damaged originals under DIR (at their path relative to PATH) instead of
+    /// beside the repaired file as NAME.damaged
+    #[arg(long, value_name = "DIR", conflicts_with = "discard_damaged")]
+    pub keep_damaged_in: Option<PathBuf>,
+    /// Do not keep the damaged originals
+    #[arg(long)]
+    pub discard_damaged: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    /// What to generate
+    #[arg(value_enum)]
+    pub what: Generated,
 }
 
 pub const REPAIR_HELP: &str = "\
@@ -227,46 +259,55 @@ pub enum ArchiveCommand {
     /// Write a .tar.zst of the files under PATH, each with its tag and xattrs, after
     /// verifying it; damaged files are left out
     #[command(after_help = ARCHIVE_HELP)]
-    Create {
-        /// The archive to write (by convention NAME.tar.zst); replaced atomically
-        #[arg(value_name = "ARCHIVE")]
-        dest: PathBuf,
-        #[command(flatten)]
-        paths: Paths,
-        #[command(flatten)]
-        common: Common,
-        /// zstd compression level (1-19; higher is smaller and slower)
-        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=19))]
-        level: i32,
-        /// zstd compression threads [default: one per core]
-        #[arg(long, value_name = "N")]
-        compress_threads: Option<u32>,
-        /// Archive files found damaged too, marked as such (their members fail verify and
-        /// are never used by repair)
-        #[arg(long)]
-        include_damaged: bool,
-        /// Leave the files untouched: untagged files are archived without a tag instead of
-        /// being tagged first
-        #[arg(long)]
-        untagged: bool,
-        /// Digest algorithm for new tags [default: sha256]
-        #[arg(long, value_enum)]
-        algo: Option<AlgoArg>,
-    },
+    Create(CreateArgs),
     /// Re-hash every member against the tag it carries, and check the zstd checksums
-    Verify {
-        /// The archive
-        #[arg(value_name = "ARCHIVE")]
-        archive: PathBuf,
-        #[command(flatten)]
-        output: Output,
-    },
+    Verify(VerifyArgs),
     /// List members with mode, owner, size, mtime and digest, like `tar -tv`
-    List {
-        /// The archive
-        #[arg(value_name = "ARCHIVE")]
-        archive: PathBuf,
-    },
+    List(ListArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CreateArgs {
+    /// The archive to write (by convention NAME.tar.zst); replaced atomically
+    #[arg(value_name = "ARCHIVE")]
+    pub dest: PathBuf,
+    #[command(flatten)]
+    pub paths: Paths,
+    #[command(flatten)]
+    pub common: Common,
+    /// zstd compression level (1-19; higher is smaller and slower)
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=19))]
+    pub level: i32,
+    /// zstd compression threads [default: one per core]
+    #[arg(long, value_name = "N")]
+    pub compress_threads: Option<u32>,
+    /// Archive files found damaged too, marked as such (their members fail verify and
+    /// are never used by repair)
+    #[arg(long)]
+    pub include_damaged: bool,
+    /// Leave the files untouched: untagged files are archived without a tag instead of
+    /// being tagged first
+    #[arg(long)]
+    pub untagged: bool,
+    /// Digest algorithm for new tags [default: sha256]
+    #[arg(long, value_enum)]
+    pub algo: Option<AlgoArg>,
+}
+
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    /// The archive
+    #[arg(value_name = "ARCHIVE")]
+    pub archive: PathBuf,
+    #[command(flatten)]
+    pub output: Output,
+}
+
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// The archive
+    #[arg(value_name = "ARCHIVE")]
+    pub archive: PathBuf,
 }
 
 pub const ARCHIVE_HELP: &str = "\

@@ -1,505 +1,22 @@
-//! The engine: walks the trees, processes files on all cores, hands back one report per file
-//! in walk order.
-//!
-//! One walker thread feeds a bounded queue; workers open, hash and tag; the calling thread
-//! reorders their reports and passes them to a sink. A window of tokens bounds how far the
-//! walker may run ahead of the oldest unreported file, so memory stays flat even when one
-//! huge file holds up the output of thousands of small ones.
+//! A worker: opens one file beneath its root, reads its tags, and does the engine's work on
+//! it (hash, classify, tag), making sure the data did not change while it was read.
 
-use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::io;
-use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::AtomicBool;
 
-use crossbeam_channel::bounded;
-
+use super::report::{Action, FileError, FileReport};
+use super::{Config, Progress, Work};
 use crate::core::classify::{self, Status};
 use crate::core::digest::{Algo, Digest};
-use crate::core::manifest::Expected;
 use crate::core::tag::{self, Format, Tag, Timestamp};
 use crate::fs::anchor::Anchor;
 use crate::fs::atomic;
 use crate::fs::device::Gates;
 use crate::fs::read::{self, AlignedBuf, HashError, ReadOptions};
-use crate::fs::walk::{self, Entry, SkipReason, WalkOptions};
+use crate::fs::walk::{Inode, SkipReason};
 use crate::fs::xattr::{self, Stored};
-
-/// The operation to perform on each file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Verb {
-    /// Hash and tag files without a valid tag.
-    Tag,
-    /// Re-hash tagged files and classify them; never writes.
-    Check,
-    /// Check, then make tags match legitimately changed data.
-    Update,
-    /// Remove intact's tag.
-    Strip,
-    /// Print stored tags and what a check would expect, without reading data.
-    Show,
-    /// List tags as a manifest, without reading data.
-    Export,
-    /// Tag files whose data matches a manifest.
-    Import,
-    /// Update, then copy what is intact into an archive (the copying is the caller's).
-    Archive,
-    /// Check, then restore damaged files from good copies (the restoring is the caller's).
-    Repair,
-    /// Verify an archive's members (the reading is the archive module's, not the engine's).
-    Verify,
-    /// Update, then compute parity for what is intact (the parity is the caller's).
-    Protect,
-}
-
-impl Verb {
-    /// Whether the verb reads file data (the others only look at tags and metadata).
-    pub fn reads_data(self) -> bool {
-        matches!(
-            self,
-            Verb::Tag
-                | Verb::Check
-                | Verb::Update
-                | Verb::Import
-                | Verb::Archive
-                | Verb::Repair
-                | Verb::Verify
-                | Verb::Protect
-        )
-    }
-
-    /// Whether the verb changes files (tags, data, or intact's own temp files left over).
-    pub fn writes(self) -> bool {
-        matches!(
-            self,
-            Verb::Tag
-                | Verb::Update
-                | Verb::Strip
-                | Verb::Import
-                | Verb::Archive
-                | Verb::Repair
-                | Verb::Protect
-        )
-    }
-
-    /// The verb's name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Verb::Tag => "tag",
-            Verb::Check => "check",
-            Verb::Update => "update",
-            Verb::Strip => "strip",
-            Verb::Show => "show",
-            Verb::Export => "export",
-            Verb::Import => "import",
-            Verb::Archive => "archive",
-            Verb::Repair => "repair",
-            Verb::Verify => "verify",
-            Verb::Protect => "protect",
-        }
-    }
-}
-
-/// Everything the engine needs to know, decided once from the command line.
-#[derive(Clone, Debug)]
-pub struct Config {
-    /// What to do.
-    pub verb: Verb,
-    /// The algorithm for new tags; re-tags keep the existing tag's algorithm unless set.
-    pub algo: Option<Algo>,
-    /// `tag`: re-hash and re-tag files that already have a tag.
-    pub force: bool,
-    /// `update`: re-tag corrupt files too (the user says the change was intended).
-    pub accept_corrupt: bool,
-    /// mtimes closer than this count as equal.
-    pub mtime_window_ns: u64,
-    /// Worker threads.
-    pub threads: usize,
-    /// Leave the page cache as it was (background scrubs): read with O_DIRECT, which also
-    /// verifies what is on the medium rather than a cached copy; where the file system
-    /// refuses that, drop what was read.
-    pub drop_cache: bool,
-    /// One uncached reader at a time per spinning disk (cached data is read by all workers).
-    pub gate_spinning: bool,
-    /// What to walk and what to leave out.
-    pub walk: WalkOptions,
-    /// Other tools' tags to write beside intact's (`tag`, `update`, `import`) or to remove
-    /// (`strip`).
-    pub compat: Vec<Format>,
-    /// Digests from a manifest, instead of xattrs (`check --manifest`, `import`).
-    pub manifest: Option<Arc<Expected>>,
-    /// Whether tags may be written. Without, a writing verb still reads and judges every
-    /// file as it would, and reports what it would have written as not done.
-    pub write: bool,
-}
-
-impl Config {
-    /// A configuration with defaults for `verb`.
-    pub fn new(verb: Verb) -> Self {
-        Config {
-            verb,
-            algo: None,
-            force: false,
-            accept_corrupt: false,
-            mtime_window_ns: 0,
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            drop_cache: false,
-            gate_spinning: true,
-            walk: WalkOptions::default(),
-            compat: Vec::new(),
-            manifest: None,
-            write: true,
-        }
-    }
-
-    fn new_algo(&self) -> Algo {
-        self.algo.unwrap_or(Algo::Sha256)
-    }
-}
-
-/// What was done to a file's tags.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Action {
-    /// A tag was written with a freshly computed digest.
-    Tagged,
-    /// The digest was unchanged; the tag was rewritten with the file's current mtime.
-    Refreshed,
-    /// The file looks corrupt: its old tag was kept as evidence.
-    Kept,
-    /// intact's tag was removed.
-    Removed,
-    /// The file was copied into an archive.
-    Archived,
-    /// Recovery data was written for the file.
-    Protected,
-    /// The file's data was restored from a verified copy.
-    Repaired,
-}
-
-impl Action {
-    /// Every action, in declaration order (summaries count by `action as usize`).
-    pub const ALL: [Action; 7] = [
-        Action::Tagged,
-        Action::Refreshed,
-        Action::Kept,
-        Action::Removed,
-        Action::Archived,
-        Action::Protected,
-        Action::Repaired,
-    ];
-
-    /// The word used in output.
-    pub fn name(self) -> &'static str {
-        match self {
-            Action::Tagged => "tagged",
-            Action::Refreshed => "refreshed",
-            Action::Kept => "kept",
-            Action::Removed => "removed",
-            Action::Archived => "archived",
-            Action::Protected => "protected",
-            Action::Repaired => "repaired",
-        }
-    }
-}
-
-/// Why a file could not be processed.
-#[derive(Debug, thiserror::Error)]
-pub enum FileError {
-    /// Opening failed.
-    #[error("cannot open: {}", cause(.0))]
-    Open(io::Error),
-    /// Reading the data failed.
-    #[error("cannot read: {}", cause(.0))]
-    Read(io::Error),
-    /// Reading the extended attributes failed.
-    #[error("cannot read tags: {}", cause(.0))]
-    ReadTags(io::Error),
-    /// Writing the tag failed.
-    #[error("cannot write tag: {}", cause(.0))]
-    WriteTag(io::Error),
-    /// Removing the tag failed.
-    #[error("cannot remove tag: {}", cause(.0))]
-    RemoveTag(io::Error),
-    /// The walk could not look at this path.
-    #[error("{}", cause(.0))]
-    Walk(io::Error),
-    /// A temp file left by a killed run could not be removed.
-    #[error("cannot remove this temp file of a killed run: {}", cause(.0))]
-    RemoveTemp(io::Error),
-    /// Restoring the file's data failed; the file was left as it was.
-    #[error("cannot repair: {}; the file was left as it was", cause(.0))]
-    Repair(io::Error),
-    /// `export` was asked for one algorithm; the file is tagged with the other.
-    #[error("tagged with {0} only: `export --algo {0}` lists it")]
-    OtherAlgorithm(Algo),
-}
-
-impl FileError {
-    /// A stable, machine-readable name for the cause.
-    pub fn kind(&self) -> &'static str {
-        let e = match self {
-            FileError::Open(e)
-            | FileError::Read(e)
-            | FileError::ReadTags(e)
-            | FileError::WriteTag(e)
-            | FileError::RemoveTag(e)
-            | FileError::RemoveTemp(e)
-            | FileError::Repair(e)
-            | FileError::Walk(e) => e,
-            FileError::OtherAlgorithm(_) => return "other-algorithm",
-        };
-        match e.raw_os_error() {
-            Some(libc::ENOTSUP) => "no-xattr-support",
-            Some(libc::EACCES | libc::EPERM) => "permission-denied",
-            Some(libc::ENOENT) => "vanished",
-            Some(libc::ENOSPC | libc::E2BIG | libc::EDQUOT) => "no-space",
-            Some(libc::EROFS) => "read-only-file-system",
-            Some(libc::EIO) => "io-error",
-            _ => "other",
-        }
-    }
-}
-
-/// The cause in words a user can act on.
-fn cause(e: &io::Error) -> String {
-    let hint = match e.raw_os_error() {
-        Some(libc::ENOTSUP) => "the file system does not support user extended attributes",
-        Some(libc::ENOENT) => "the file vanished",
-        Some(libc::ENOSPC) => {
-            "no space left (on the device or in the file's extended attribute block)"
-        }
-        Some(libc::E2BIG) => "the extended attribute is too large for this file system",
-        Some(libc::EDQUOT) => "disk quota exceeded",
-        Some(libc::EROFS) => "read-only file system",
-        Some(libc::EIO) => "input/output error (the device could not read it: a failing disk?)",
-        Some(libc::ELOOP) => "a directory on its path is now a symbolic link (not followed)",
-        _ => return e.to_string(),
-    };
-    format!("{hint} ({e})")
-}
-
-/// The outcome for one path: a value, rendered by the reporter.
-#[derive(Debug)]
-pub struct FileReport {
-    /// The path as walked.
-    pub path: PathBuf,
-    /// What was found.
-    pub status: Status,
-    /// What was done about it.
-    pub action: Option<Action>,
-    /// The file's size now.
-    pub size: Option<u64>,
-    /// The file's mtime when it was looked at.
-    pub mtime: Option<Timestamp>,
-    /// The tag the verdict is based on.
-    pub tag: Option<Tag>,
-    /// The digest just computed, if the data was read.
-    pub digest: Option<Digest>,
-    /// Why the file was skipped.
-    pub skip: Option<SkipReason>,
-    /// Why the file could not be processed.
-    pub error: Option<FileError>,
-    /// More about the status: what changed while reading, which tags disagree.
-    pub detail: Option<String>,
-    /// Malformed tags found on the file (attribute, reason).
-    pub malformed: Vec<(&'static str, tag::Malformed)>,
-    /// Bytes of data read.
-    pub bytes_read: u64,
-}
-
-impl FileReport {
-    /// A report with `status` and nothing else known yet.
-    pub fn new(path: PathBuf, status: Status) -> Self {
-        FileReport {
-            path,
-            status,
-            action: None,
-            size: None,
-            mtime: None,
-            tag: None,
-            digest: None,
-            skip: None,
-            error: None,
-            detail: None,
-            malformed: Vec::new(),
-            bytes_read: 0,
-        }
-    }
-
-    fn error(path: PathBuf, error: FileError) -> Self {
-        FileReport {
-            error: Some(error),
-            ..FileReport::new(path, Status::Error)
-        }
-    }
-
-    /// Attaches an error. A damage verdict already reached stays the status: the error (say,
-    /// a re-tag that could not be written) must not hide the corruption.
-    pub(crate) fn fail(&mut self, error: FileError) {
-        if !self.status.is_damage() {
-            self.status = Status::Error;
-        }
-        self.action = None;
-        self.error = Some(error);
-    }
-
-    fn skipped(path: PathBuf, reason: SkipReason) -> Self {
-        FileReport {
-            skip: Some(reason),
-            ..FileReport::new(path, Status::Skipped)
-        }
-    }
-}
-
-/// Live counters for a progress display.
-#[derive(Debug, Default)]
-pub struct Progress {
-    /// Bytes hashed so far.
-    pub bytes: AtomicU64,
-    /// Files reported so far.
-    pub files: AtomicU64,
-    /// The file most recently started.
-    pub current: Mutex<PathBuf>,
-}
-
-/// Work travels in batches, so that small files cost a few channel operations per batch
-/// rather than per file: a batch closes at this many entries ...
-const BATCH_FILES: usize = 64;
-/// ... or at this many bytes of data, so one large file does not hold up the next.
-const BATCH_BYTES: u64 = 1 << 20;
-/// How many batches the walker may run ahead of the oldest one not yet reported.
-const WINDOW: usize = 64;
-
-/// Runs `config.verb` over `roots`, calling `sink` with each file's report in walk order.
-/// Stops early, without a report for unfinished files, once `cancel` is set.
-pub fn run(
-    config: &Config,
-    roots: &[PathBuf],
-    cancel: &AtomicBool,
-    progress: &Progress,
-    mut sink: impl FnMut(FileReport),
-) -> Result<(), ignore::Error> {
-    let threads = config.threads.max(1);
-    let (job_tx, job_rx) = bounded::<(u64, Vec<Entry>)>(threads * 2);
-    let (done_tx, done_rx) = bounded::<(u64, Vec<Option<FileReport>>)>(WINDOW);
-    let (token_tx, token_rx) = bounded::<()>(WINDOW);
-    let gates = &Gates::default();
-    let anchors = &roots.iter().map(|r| Anchor::new(r)).collect::<Vec<_>>();
-
-    std::thread::scope(|s| {
-        let walker = s.spawn(move || {
-            let mut seq = 0u64;
-            let mut batch = Vec::with_capacity(BATCH_FILES);
-            let mut bytes = 0;
-            let mut send = |batch: &mut Vec<Entry>| {
-                if cancel.load(Ordering::Relaxed) || token_tx.send(()).is_err() {
-                    return ControlFlow::Break(());
-                }
-                let full = std::mem::replace(batch, Vec::with_capacity(BATCH_FILES));
-                if job_tx.send((seq, full)).is_err() {
-                    return ControlFlow::Break(());
-                }
-                seq += 1;
-                ControlFlow::Continue(())
-            };
-            let mut visit = |entry: Entry| {
-                if let Entry::File { size, .. } = &entry {
-                    bytes += size;
-                }
-                batch.push(entry);
-                if batch.len() < BATCH_FILES && bytes < BATCH_BYTES {
-                    return ControlFlow::Continue(());
-                }
-                bytes = 0;
-                send(&mut batch)
-            };
-            // import visits what its manifest lists, beneath its one root; the others walk.
-            let walked = match (&config.manifest, config.verb) {
-                (Some(m), Verb::Import) => {
-                    let _ = m.listed().try_for_each(|(_, path)| {
-                        visit(Entry::File {
-                            path,
-                            size: 0,
-                            root: 0,
-                        })
-                    });
-                    Ok(())
-                }
-                _ => walk::walk(roots, &config.walk, visit),
-            };
-            if !batch.is_empty() {
-                let _ = send(&mut batch);
-            }
-            walked
-        });
-        for _ in 0..threads {
-            let (job_rx, done_tx) = (job_rx.clone(), done_tx.clone());
-            s.spawn(move || {
-                let mut worker = Worker {
-                    config,
-                    cancel,
-                    progress,
-                    gates,
-                    bufs: [
-                        AlignedBuf::new(read::BUF_SIZE),
-                        AlignedBuf::new(read::BUF_SIZE),
-                    ],
-                };
-                for (seq, batch) in job_rx {
-                    let reports = batch
-                        .into_iter()
-                        .map(|entry| match entry {
-                            Entry::File { path, root, .. } => worker.process(path, &anchors[root]),
-                            Entry::Skip(path, reason) => Some(FileReport::skipped(path, reason)),
-                            Entry::Error(path, e) => {
-                                Some(FileReport::error(path, FileError::Walk(e)))
-                            }
-                        })
-                        .collect();
-                    if done_tx.send((seq, reports)).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-        drop((job_rx, done_tx));
-
-        let mut pending = BTreeMap::new();
-        let mut next = 0u64;
-        // With a manifest, what it lists but the tree lacks is reported at the end.
-        let mut seen = HashSet::new();
-        for (seq, reports) in done_rx {
-            pending.insert(seq, reports);
-            while let Some(reports) = pending.remove(&next) {
-                let _ = token_rx.recv();
-                next += 1;
-                for report in reports.into_iter().flatten() {
-                    if let Some(m) = &config.manifest {
-                        seen.insert(m.key(&report.path));
-                    }
-                    progress.files.fetch_add(1, Ordering::Relaxed);
-                    sink(report);
-                }
-            }
-        }
-        drop(token_rx);
-        let walked = walker.join().expect("walker thread panicked");
-        if let Some(m) = &config.manifest
-            && !cancel.load(Ordering::Relaxed)
-        {
-            for (key, path) in m.listed() {
-                if !seen.contains(key) {
-                    sink(FileReport::new(path, Status::Missing));
-                }
-            }
-        }
-        walked
-    })
-}
 
 /// The file's identity and state, from `fstat`.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -547,7 +64,7 @@ impl Meta {
     }
 }
 
-struct Worker<'a> {
+pub(super) struct Worker<'a> {
     config: &'a Config,
     cancel: &'a AtomicBool,
     progress: &'a Progress,
@@ -602,19 +119,55 @@ impl Digests {
 /// instead (`None` when the run was interrupted).
 type Outcome = Result<FileReport, Option<FileReport>>;
 
+impl<'a> Worker<'a> {
+    /// A worker with its own read buffers.
+    pub(super) fn new(
+        config: &'a Config,
+        cancel: &'a AtomicBool,
+        progress: &'a Progress,
+        gates: &'a Gates,
+    ) -> Self {
+        Worker {
+            config,
+            cancel,
+            progress,
+            gates,
+            bufs: [
+                AlignedBuf::new(read::BUF_SIZE),
+                AlignedBuf::new(read::BUF_SIZE),
+            ],
+        }
+    }
+}
+
 // Both sides of an Outcome carry a report: boxing the error side would only add an allocation.
 #[allow(clippy::result_large_err)]
 impl Worker<'_> {
     /// Processes one regular file found under `anchor`'s root; `None` if the run was
     /// interrupted meanwhile.
-    fn process(&mut self, path: PathBuf, anchor: &Anchor) -> Option<FileReport> {
+    pub(super) fn process(
+        &mut self,
+        path: PathBuf,
+        root: usize,
+        inode: Option<Inode>,
+        anchor: &Anchor,
+    ) -> Option<FileReport> {
+        let report = self.examine(path, anchor)?;
+        Some(FileReport {
+            root,
+            inode,
+            ..report
+        })
+    }
+
+    fn examine(&mut self, path: PathBuf, anchor: &Anchor) -> Option<FileReport> {
         if let Ok(mut current) = self.progress.current.lock() {
             current.clone_from(&path);
         }
         if let Some(pid) = path.file_name().and_then(atomic::temp_pid) {
             return Some(self.temp_file(path, pid, anchor));
         }
-        let direct = self.config.verb.reads_data() && self.config.drop_cache;
+        let direct = self.config.work.reads_data() && self.config.drop_cache;
         let file = match anchor.open(&path, direct) {
             Ok(f) => f,
             Err(e) if e.raw_os_error() == Some(libc::ELOOP) && is_symlink(&path) => {
@@ -638,6 +191,12 @@ impl Worker<'_> {
                 Err(e) => return Some(FileReport::error(path, FileError::ReadTags(e))),
             },
         };
+        if stored.kept_damaged {
+            return Some(FileReport {
+                size: Some(meta.size),
+                ..FileReport::skipped(path, SkipReason::KeptDamaged)
+            });
+        }
         let report = FileReport {
             size: Some(meta.size),
             mtime: Some(meta.mtime),
@@ -650,15 +209,15 @@ impl Worker<'_> {
             meta,
             stored,
         };
-        let outcome = match self.config.verb {
-            Verb::Show => Ok(self.show(report, &s, None)),
+        let outcome = match self.config.work {
+            Work::Show => Ok(self.show(report, &s, None)),
             // The richest tag of the manifest's algorithm, untouched since it was written.
-            Verb::Export => Ok(self.show(report, &s, Some(self.config.new_algo()))),
-            Verb::Strip => Ok(self.strip(report, &s)),
-            Verb::Check | Verb::Repair | Verb::Verify => self.check(report, &s),
-            Verb::Tag => self.tag(report, &s),
-            Verb::Update | Verb::Archive | Verb::Protect => self.update(report, &s),
-            Verb::Import => self.import(report, &s),
+            Work::Export => Ok(self.show(report, &s, Some(self.config.new_algo()))),
+            Work::Strip => Ok(self.strip(report, &s)),
+            Work::Check => self.check(report, &s),
+            Work::Tag => self.tag(report, &s),
+            Work::Update => self.update(report, &s),
+            Work::Import => self.import(report, &s),
         };
         outcome.map_or_else(|stopped| stopped, Some)
     }
@@ -671,8 +230,7 @@ impl Worker<'_> {
             return FileReport::skipped(path, SkipReason::Temporary);
         }
         let mut report = FileReport::skipped(path, SkipReason::Leftover);
-        let cleans_up = self.config.verb.writes() && self.config.write;
-        if !cleans_up {
+        if !self.config.remove_leftovers {
             report.detail = Some(format!(
                 "left by an interrupted run of intact (pid {pid}); tag, update or repair removes it"
             ));
@@ -775,7 +333,7 @@ impl Worker<'_> {
 
     fn tag(&mut self, mut report: FileReport, s: &Subject) -> Outcome {
         if s.stored.best().is_some() && !self.config.force {
-            report.status = Status::Tagged;
+            report.status = Status::AlreadyTagged;
             // Compat tags can be added without reading: from intact's SHA-256, while the file
             // is as it was when tagged.
             let window = self.config.mtime_window_ns;

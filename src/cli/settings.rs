@@ -1,0 +1,161 @@
+//! The command line turned, once, into settings: the engine's configuration, what to walk,
+//! and how to report. Verb modules start from [`Settings::new`] and adjust what is theirs.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use super::{AlgoArg, Common, CompatArg, Output, Speed};
+use intact::core::digest::Algo;
+use intact::core::manifest::{self, Expected};
+use intact::core::tag::Format;
+use intact::engine::{Config, Work};
+use intact::fs::walk::{self, WalkOptions};
+use intact::parity;
+use intact::report::{Verb, Verbosity};
+
+/// Everything a run needs to know.
+pub struct Settings {
+    /// What the reports are about.
+    pub verb: Verb,
+    /// What the engine does.
+    pub config: Config,
+    /// What to walk.
+    pub roots: Vec<PathBuf>,
+    /// How to report.
+    pub json: bool,
+    /// How much to say.
+    pub verbosity: Verbosity,
+    /// A progress bar, if stderr is a terminal.
+    pub progress: bool,
+    /// Lowest CPU and I/O priority.
+    pub background: bool,
+    /// Per-file lines go to stderr (stdout carries a manifest).
+    pub reports_to_stderr: bool,
+    /// A second Ctrl-C ends the run at once (verbs that write no temp files).
+    pub exit_at_once: bool,
+    /// Known before the run: manifest lines that could not be used.
+    pub failures: Vec<String>,
+}
+
+impl Settings {
+    /// Settings for `verb`, doing `work` on `roots`, from the options every walking verb has.
+    pub fn new(
+        verb: Verb,
+        work: Work,
+        roots: Vec<PathBuf>,
+        common: &Common,
+    ) -> anyhow::Result<Settings> {
+        // Parity stores are intact's own data, checked by their own checksums: walks pass
+        // them by (a store named as PATH is still walked).
+        let mut excludes = common.exclude.clone();
+        excludes.push(format!("{}/", parity::DEFAULT_DIR));
+        walk::check_globs(&excludes).map_err(|e| usage(format!("bad --exclude pattern: {e}")))?;
+        let config = Config {
+            mtime_window_ns: common.mtime_window.unwrap_or(0),
+            threads: threads(common),
+            drop_cache: common.speed == Speed::Background,
+            gate_spinning: common.speed != Speed::Fast,
+            walk: WalkOptions {
+                one_file_system: common.one_file_system,
+                excludes,
+            },
+            ..Config::new(work)
+        };
+        Ok(Settings {
+            verb,
+            config,
+            roots,
+            json: common.output.json,
+            verbosity: verbosity(&common.output),
+            progress: !common.output.quiet && !common.output.no_progress,
+            background: common.speed == Speed::Background,
+            reports_to_stderr: false,
+            exit_at_once: true,
+            failures: Vec::new(),
+        })
+    }
+
+    /// Reads the manifest `file` for `root` into the configuration: lines it cannot use are
+    /// warned about now and make the exit code 3.
+    pub fn manifest(&mut self, file: &Path, root: &Path, algo: Algo) -> anyhow::Result<()> {
+        let reading = || format!("reading {}", file.display());
+        let input = std::fs::File::open(file).with_context(reading)?;
+        let parsed = manifest::read(std::io::BufReader::with_capacity(1 << 20, input), algo)
+            .with_context(reading)?;
+        let (expected, outside) = Expected::new(root, &parsed);
+        let shown = intact::report::escape(file);
+        for bad in parsed.bad.iter().chain(&outside) {
+            eprintln!("intact: warning: {shown}: {bad}");
+        }
+        let bad = parsed.bad.len() + outside.len();
+        if bad > 0 {
+            self.failures
+                .push(format!("{shown}: {bad} line(s) could not be used"));
+        }
+        self.config.manifest = Some(Arc::new(expected));
+        Ok(())
+    }
+}
+
+/// A usage error: exit code 2, as clap gives for the errors it finds.
+#[derive(Debug)]
+pub struct Usage(String);
+
+impl fmt::Display for Usage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+/// A usage error, for `?`.
+pub fn usage(what: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Usage(what.into()))
+}
+
+/// The algorithm an `--algo` names.
+pub fn algo(a: AlgoArg) -> Algo {
+    match a {
+        AlgoArg::Sha256 => Algo::Sha256,
+        AlgoArg::Blake3 => Algo::Blake3,
+    }
+}
+
+/// The tag formats a `--compat` names, each once, in a fixed order.
+pub fn formats(c: &[CompatArg]) -> Vec<Format> {
+    let mut formats: Vec<Format> = c
+        .iter()
+        .map(|c| match c {
+            CompatArg::Shatag => Format::Shatag,
+            CompatArg::Dintch => Format::Dintch,
+        })
+        .collect();
+    formats.sort();
+    formats.dedup();
+    formats
+}
+
+/// How much to say.
+pub fn verbosity(output: &Output) -> Verbosity {
+    if output.quiet {
+        Verbosity::Quiet
+    } else if output.verbose {
+        Verbosity::Verbose
+    } else {
+        Verbosity::Normal
+    }
+}
+
+/// Worker threads for the chosen speed. Spinning disks need no fewer: the engine lets one
+/// worker at a time read from each of them, and the rest hash what is cached.
+fn threads(common: &Common) -> usize {
+    match (common.threads, common.speed) {
+        (Some(n), _) => n as usize,
+        (None, Speed::Background) => 1,
+        (None, _) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    }
+}

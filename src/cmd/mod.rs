@@ -1,0 +1,219 @@
+//! The verbs, one module per family, and the one loop they all run in: the engine's reports
+//! go through the verb's sink to the reporter, with the progress bar, Ctrl-C (and SIGTERM,
+//! SIGHUP), broken pipes and the exit code handled here, once.
+
+pub mod archive;
+pub mod export;
+pub mod generate;
+pub mod protect;
+pub mod repair;
+pub mod scan;
+
+use std::io::{self, IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::Once;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::cli::settings::Settings;
+use intact::engine::{self, Action, FileReport, Progress};
+use intact::fs::walk::{self, Entry, WalkOptions};
+use intact::report::{Exit, Reporter};
+use intact::sink::{Out, Sink};
+
+/// Set to wind a run down: by a signal, or by a failure of the work itself.
+pub static STOP: AtomicBool = AtomicBool::new(false);
+/// Set by a signal only: the run is reported as interrupted.
+static SIGNALLED: AtomicBool = AtomicBool::new(false);
+
+/// Runs the engine over `s.roots` with `sink` between it and the reporter; the exit code is
+/// the one the summary states.
+pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
+    if s.background {
+        for e in intact::fs::sys::lowest_priority() {
+            eprintln!("intact: warning: could not lower priority: {e}");
+        }
+    }
+    on_signals(s.exit_at_once)?;
+    let out: Box<dyn Write> = if s.reports_to_stderr {
+        Box::new(io::stderr())
+    } else {
+        Box::new(io::BufWriter::new(io::stdout().lock()))
+    };
+    let mut reporter = Reporter::new(s.verb, s.json, s.verbosity, out, io::stderr());
+    for failure in &s.failures {
+        reporter.fail(failure.clone());
+    }
+    let progress = Progress::default();
+    let show_bar = s.progress && s.config.work.reads_data() && io::stderr().is_terminal();
+    let start = Instant::now();
+    let (walked, failure, output) = std::thread::scope(|scope| {
+        let bar = show_bar.then(|| progress_bar(scope, &s.roots, &s.config.walk, &progress));
+        let mut front = Front {
+            reporter: &mut reporter,
+            bar: bar.as_ref(),
+            error: None,
+        };
+        let mut failure = None;
+        let walked = engine::run(&s.config, &s.roots, &STOP, &progress, |report| {
+            if failure.is_none()
+                && front.error.is_none()
+                && let Err(f) = sink.take(report, &mut front)
+            {
+                // The work itself cannot be done (a full disk?): stop, leave nothing.
+                STOP.store(true, Ordering::SeqCst);
+                failure = Some(f);
+            }
+        });
+        if let Some(bar) = &bar {
+            bar.finish_and_clear();
+        }
+        if let Err(f) = sink.finish(STOP.load(Ordering::SeqCst), &mut front) {
+            failure.get_or_insert(f);
+        }
+        (walked, failure, front.error)
+    });
+    reporter.summary.elapsed = start.elapsed();
+    reporter.summary.interrupted = SIGNALLED.load(Ordering::SeqCst);
+    let mut output = output;
+    match failure {
+        // The manifest's own stdout closed: as for the reports' (`intact export | head`).
+        Some(f) if f.error.kind() == io::ErrorKind::BrokenPipe => output = Some(f.error),
+        Some(f) => reporter.fail(f.to_string()),
+        None => {}
+    }
+    if let Err(e) = walked {
+        reporter.fail(format!("walking: {e}"));
+    }
+    match output {
+        // A closed pipe (`intact check | head`) ends the run quietly.
+        Some(e) if e.kind() == io::ErrorKind::BrokenPipe => {
+            return Ok(reporter.summary.exit(s.verb));
+        }
+        Some(e) => reporter.fail(format!("writing output: {e}")),
+        None => {}
+    }
+    Ok(reporter
+        .finish()
+        .unwrap_or_else(|_| reporter.summary.exit(s.verb).merge(Exit::Trouble)))
+}
+
+/// The reporter, as sinks see it: prints step around the progress bar, and an output error
+/// (a closed pipe) stops the run.
+struct Front<'a> {
+    reporter: &'a mut Reporter<Box<dyn Write>, io::Stderr>,
+    bar: Option<&'a ProgressBar>,
+    error: Option<io::Error>,
+}
+
+impl Front<'_> {
+    fn print(&mut self, prints: bool, f: impl FnOnce(&mut Self) -> io::Result<()>) {
+        if self.error.is_some() {
+            return;
+        }
+        let result = match self.bar.cloned() {
+            Some(bar) if prints => bar.suspend(|| f(self)),
+            _ => f(self),
+        };
+        if let Err(e) = result {
+            STOP.store(true, Ordering::SeqCst);
+            self.error = Some(e);
+        }
+    }
+}
+
+impl Out for Front<'_> {
+    fn send(&mut self, report: FileReport) {
+        let prints = self.reporter.prints(&report);
+        self.print(prints, |f| f.reporter.file(&report));
+    }
+
+    fn hold(&mut self, report: FileReport, fallback: Option<Action>) {
+        let prints = !report.malformed.is_empty();
+        self.print(prints, |f| f.reporter.hold(&report, fallback));
+    }
+
+    fn settle(&mut self, durable: bool) {
+        self.print(true, |f| f.reporter.settle(durable));
+    }
+
+    fn note(&mut self, line: String) {
+        self.reporter.note(line);
+    }
+
+    fn warn(&mut self, line: String) {
+        self.print(true, |_| writeln!(io::stderr(), "intact: warning: {line}"));
+    }
+}
+
+/// Ctrl-C, SIGTERM (systemd, `timeout`) and SIGHUP wind the run down, which then still
+/// removes its temp files and prints its summary. A second signal ends a run at once when
+/// `exit_at_once` (nothing half-written can be left: tags are one atomic setxattr).
+fn on_signals(exit_at_once: bool) -> anyhow::Result<()> {
+    static INSTALL: Once = Once::new();
+    let mut result = Ok(());
+    INSTALL.call_once(|| {
+        result = ctrlc::set_handler(move || {
+            SIGNALLED.store(true, Ordering::SeqCst);
+            if STOP.swap(true, Ordering::SeqCst) && exit_at_once {
+                std::process::exit(Exit::Interrupted as i32);
+            }
+        });
+    });
+    Ok(result?)
+}
+
+/// A bar on stderr with throughput, ETA and the current file. The total is counted by a
+/// metadata-only walk running alongside, so the bar starts at once and the ETA firms up.
+fn progress_bar<'s>(
+    s: &'s std::thread::Scope<'s, '_>,
+    roots: &'s [PathBuf],
+    walk_opts: &'s WalkOptions,
+    progress: &'s Progress,
+) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr_with_hz(10));
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{bytes:>10}/{total_bytes:10} {bytes_per_sec:>12} ETA {eta:>4}  {wide_msg}",
+        )
+        .expect("valid template"),
+    );
+    let counter = bar.clone();
+    s.spawn(move || {
+        let _ = walk::walk(roots, walk_opts, |entry| {
+            if let Entry::File { size, .. } = entry {
+                counter.inc_length(size);
+            }
+            if counter.is_finished() {
+                std::ops::ControlFlow::Break(())
+            } else {
+                std::ops::ControlFlow::Continue(())
+            }
+        });
+    });
+    let ticker = bar.clone();
+    s.spawn(move || {
+        while !ticker.is_finished() {
+            ticker.set_position(progress.bytes.load(Ordering::Relaxed));
+            if let Ok(current) = progress.current.lock() {
+                ticker.set_message(format!(
+                    "{} files  {}",
+                    progress.files.load(Ordering::Relaxed),
+                    intact::report::escape(&current)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    bar
+}
+
+/// Says that a temp file a killed run left was removed.
+fn removed(path: &std::path::Path) {
+    eprintln!(
+        "intact: removed {}: left by an interrupted run of intact",
+        intact::report::escape(path)
+    );
+}

@@ -1,0 +1,34 @@
+//! `protect`: PAR2 parity for verified files, in each tree's own store or the one given.
+
+use crate::cli::ProtectArgs;
+use crate::cli::settings::{Settings, usage};
+use intact::engine::Work;
+use intact::parity::Protector;
+use intact::report::{Exit, Verb};
+
+pub fn run(a: ProtectArgs) -> anyhow::Result<Exit> {
+    if a.store.is_some() && a.paths.paths.len() > 1 {
+        return Err(usage(
+            "--store takes one PATH (names in a store are relative to it)",
+        ));
+    }
+    let mut s = Settings::new(Verb::Protect, Work::Update, a.paths.paths, &a.common)?;
+    s.config.remove_leftovers = true;
+    s.exit_at_once = false;
+    let (mut protector, removed) = Protector::open(
+        &s.roots,
+        a.store.as_deref(),
+        a.redundancy,
+        s.config.threads,
+        &super::STOP,
+    )
+    .map_err(|e| match e.kind() {
+        // A store given for another tree than the one it protects.
+        std::io::ErrorKind::InvalidInput => usage(e.to_string()),
+        _ => anyhow::Error::new(e),
+    })?;
+    for stale in removed {
+        super::removed(&stale);
+    }
+    super::drive(s, &mut protector)
+}

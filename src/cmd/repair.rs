@@ -1,0 +1,40 @@
+//! `repair`: damaged files restored from the sources named and each tree's own parity
+//! store, verified before anything is replaced.
+
+use crate::cli::RepairArgs;
+use crate::cli::settings::{Settings, usage};
+use intact::engine::Work;
+use intact::parity::{self, Store};
+use intact::repair::{self, Keep, Repairer};
+use intact::report::{Exit, Verb};
+
+pub fn run(a: RepairArgs) -> anyhow::Result<Exit> {
+    let keep = match (a.keep_damaged_in, a.discard_damaged) {
+        (Some(dir), _) => Keep::In(dir),
+        (None, true) => Keep::Discard,
+        (None, false) => Keep::Beside,
+    };
+    let mut from = a.from;
+    // Each PATH's own parity store, if it has one, is searched after the sources named.
+    for p in &a.paths.paths {
+        let store = parity::store_dir(p);
+        if Store::is_store(&store) && !from.contains(&store) {
+            from.push(store);
+        }
+    }
+    if from.is_empty() {
+        return Err(usage(format!(
+            "no sources: give --from ARCHIVE|DIR|STORE (no {} found in PATH)",
+            parity::DEFAULT_DIR
+        )));
+    }
+    let mut s = Settings::new(Verb::Repair, Work::Check, a.paths.paths, &a.common)?;
+    s.config.remove_leftovers = !a.dry_run;
+    s.exit_at_once = false;
+    let opts = repair::Options {
+        dry_run: a.dry_run,
+        keep,
+    };
+    let mut repairer = Repairer::new(&s.roots, &from, opts, &super::STOP);
+    super::drive(s, &mut repairer)
+}

@@ -1,0 +1,299 @@
+//! The engine: walks the trees, processes files on all cores, hands back one report per file
+//! in walk order.
+//!
+//! One walker thread feeds a bounded queue; workers open, hash and tag; the calling thread
+//! reorders their reports and passes them to a sink. A window of tokens bounds how far the
+//! walker may run ahead of the oldest unreported file, so memory stays flat even when one
+//! huge file holds up the output of thousands of small ones.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crossbeam_channel::bounded;
+
+use crate::core::classify::Status;
+use crate::core::digest::Algo;
+use crate::core::manifest::Expected;
+use crate::core::tag::Format;
+use crate::fs::anchor::Anchor;
+use crate::fs::device::Gates;
+use crate::fs::walk::{self, Entry, Inode, SkipReason, WalkOptions};
+
+mod report;
+mod worker;
+
+pub(crate) use report::cause;
+pub use report::{Action, FileError, FileReport};
+use worker::Worker;
+
+/// What the engine does to each file. Verbs that do more (archive, protect, repair) run one
+/// of these and act on the reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Work {
+    /// Hash and tag files without a valid tag.
+    Tag,
+    /// Re-hash tagged files and classify them; never writes.
+    Check,
+    /// Check, then make tags match legitimately changed data.
+    Update,
+    /// Remove intact's tag.
+    Strip,
+    /// Stored tags and what a check would expect, without reading data.
+    Show,
+    /// As show, for the tags of one algorithm (`Config::algo`): a manifest's lines.
+    Export,
+    /// Tag files whose data matches a manifest.
+    Import,
+}
+
+impl Work {
+    /// Whether file data is read (the others only look at tags and metadata).
+    pub fn reads_data(self) -> bool {
+        matches!(self, Work::Tag | Work::Check | Work::Update | Work::Import)
+    }
+}
+
+/// Everything the engine needs to know, decided once from the command line.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// What to do.
+    pub work: Work,
+    /// The algorithm for new tags; re-tags keep the existing tag's algorithm unless set.
+    pub algo: Option<Algo>,
+    /// `tag`: re-hash and re-tag files that already have a tag.
+    pub force: bool,
+    /// `update`: re-tag corrupt files too (the user says the change was intended).
+    pub accept_corrupt: bool,
+    /// mtimes closer than this count as equal.
+    pub mtime_window_ns: u64,
+    /// Worker threads.
+    pub threads: usize,
+    /// Leave the page cache as it was (background scrubs): read with O_DIRECT, which also
+    /// verifies what is on the medium rather than a cached copy; where the file system
+    /// refuses that, drop what was read.
+    pub drop_cache: bool,
+    /// One uncached reader at a time per spinning disk (cached data is read by all workers).
+    pub gate_spinning: bool,
+    /// What to walk and what to leave out.
+    pub walk: WalkOptions,
+    /// Other tools' tags to write beside intact's (`tag`, `update`, `import`) or to remove
+    /// (`strip`).
+    pub compat: Vec<Format>,
+    /// Digests from a manifest, instead of xattrs (`check --manifest`, `import`).
+    pub manifest: Option<Arc<Expected>>,
+    /// Whether tags may be written. Without, a writing verb still reads and judges every
+    /// file as it would, and reports what it would have written as not done.
+    pub write: bool,
+    /// Whether temp files left by killed runs are removed where the walk meets them (the
+    /// verbs that change files do; check, show and dry runs only report them).
+    pub remove_leftovers: bool,
+}
+
+impl Config {
+    /// A configuration with defaults for `work`.
+    pub fn new(work: Work) -> Self {
+        Config {
+            work,
+            algo: None,
+            force: false,
+            accept_corrupt: false,
+            mtime_window_ns: 0,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            drop_cache: false,
+            gate_spinning: true,
+            walk: WalkOptions::default(),
+            compat: Vec::new(),
+            manifest: None,
+            write: true,
+            remove_leftovers: false,
+        }
+    }
+
+    fn new_algo(&self) -> Algo {
+        self.algo.unwrap_or(Algo::Sha256)
+    }
+}
+
+/// Live counters for a progress display.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Bytes hashed so far.
+    pub bytes: AtomicU64,
+    /// Files reported so far.
+    pub files: AtomicU64,
+    /// The file most recently started.
+    pub current: Mutex<PathBuf>,
+}
+
+/// Work travels in batches, so that small files cost a few channel operations per batch
+/// rather than per file: a batch closes at this many entries ...
+const BATCH_FILES: usize = 64;
+/// ... or at this many bytes of data, so one large file does not hold up the next.
+const BATCH_BYTES: u64 = 1 << 20;
+/// How many batches the walker may run ahead of the oldest one not yet reported.
+const WINDOW: usize = 64;
+
+/// Runs `config.work` over `roots`, calling `sink` with each file's report in walk order.
+/// Stops early, without a report for unfinished files, once `cancel` is set.
+pub fn run(
+    config: &Config,
+    roots: &[PathBuf],
+    cancel: &AtomicBool,
+    progress: &Progress,
+    mut sink: impl FnMut(FileReport),
+) -> Result<(), ignore::Error> {
+    let threads = config.threads.max(1);
+    let (job_tx, job_rx) = bounded::<(u64, Vec<Entry>)>(threads * 2);
+    let (done_tx, done_rx) = bounded::<(u64, Vec<Option<FileReport>>)>(WINDOW);
+    let (token_tx, token_rx) = bounded::<()>(WINDOW);
+    let gates = &Gates::default();
+    let anchors = &roots.iter().map(|r| Anchor::new(r)).collect::<Vec<_>>();
+
+    std::thread::scope(|s| {
+        let walker = s.spawn(move || {
+            let mut seq = 0u64;
+            let mut batch = Vec::with_capacity(BATCH_FILES);
+            let mut bytes = 0;
+            let mut send = |batch: &mut Vec<Entry>| {
+                if cancel.load(Ordering::Relaxed) || token_tx.send(()).is_err() {
+                    return ControlFlow::Break(());
+                }
+                let full = std::mem::replace(batch, Vec::with_capacity(BATCH_FILES));
+                if job_tx.send((seq, full)).is_err() {
+                    return ControlFlow::Break(());
+                }
+                seq += 1;
+                ControlFlow::Continue(())
+            };
+            let mut visit = |entry: Entry| {
+                if let Entry::File { size, .. } = &entry {
+                    bytes += size;
+                }
+                batch.push(entry);
+                if batch.len() < BATCH_FILES && bytes < BATCH_BYTES {
+                    return ControlFlow::Continue(());
+                }
+                bytes = 0;
+                send(&mut batch)
+            };
+            // import visits what its manifest lists, beneath its one root; the others walk.
+            let walked = match (&config.manifest, config.work) {
+                (Some(m), Work::Import) => {
+                    let _ = m.listed().try_for_each(|(_, path)| {
+                        visit(Entry::File {
+                            path,
+                            size: 0,
+                            root: 0,
+                            inode: None,
+                        })
+                    });
+                    Ok(())
+                }
+                _ => walk::walk(roots, &config.walk, visit),
+            };
+            if !batch.is_empty() {
+                let _ = send(&mut batch);
+            }
+            walked
+        });
+        for _ in 0..threads {
+            let (job_rx, done_tx) = (job_rx.clone(), done_tx.clone());
+            s.spawn(move || {
+                let mut worker = Worker::new(config, cancel, progress, gates);
+                for (seq, batch) in job_rx {
+                    let reports = batch
+                        .into_iter()
+                        .map(|entry| match entry {
+                            Entry::File {
+                                path, root, inode, ..
+                            } => worker.process(path, root, inode, &anchors[root]),
+                            Entry::Skip {
+                                path,
+                                root,
+                                reason,
+                                inode,
+                            } => Some(FileReport {
+                                root,
+                                inode,
+                                ..FileReport::skipped(path, reason)
+                            }),
+                            Entry::Error { path, root, error } => Some(FileReport {
+                                root,
+                                ..FileReport::error(path, FileError::Walk(error))
+                            }),
+                        })
+                        .collect();
+                    if done_tx.send((seq, reports)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop((job_rx, done_tx));
+
+        let mut pending = BTreeMap::new();
+        let mut next = 0u64;
+        // With a manifest, what it lists but the tree lacks is reported at the end.
+        let mut seen = HashSet::new();
+        // Files with several names found damaged: their other names carry the damage too.
+        let mut damaged: HashMap<Inode, (Status, PathBuf)> = HashMap::new();
+        for (seq, reports) in done_rx {
+            pending.insert(seq, reports);
+            while let Some(reports) = pending.remove(&next) {
+                let _ = token_rx.recv();
+                next += 1;
+                for mut report in reports.into_iter().flatten() {
+                    if let Some(m) = &config.manifest {
+                        seen.insert(m.key(&report.path));
+                    }
+                    if let Some(inode) = report.inode {
+                        name_damage(&mut report, inode, &mut damaged);
+                    }
+                    // Files not read count whole, so the progress bar ends at its total.
+                    let unread = report.size.unwrap_or(0).saturating_sub(report.bytes_read);
+                    progress.bytes.fetch_add(unread, Ordering::Relaxed);
+                    progress.files.fetch_add(1, Ordering::Relaxed);
+                    sink(report);
+                }
+            }
+        }
+        drop(token_rx);
+        let walked = walker.join().expect("walker thread panicked");
+        if let Some(m) = &config.manifest
+            && !cancel.load(Ordering::Relaxed)
+        {
+            for (key, path) in m.listed() {
+                if !seen.contains(key) {
+                    sink(FileReport::new(path, Status::Missing));
+                }
+            }
+        }
+        walked
+    })
+}
+
+/// The damage found in a file with several names, said under each of them: the first name
+/// met was read (once), and the others are reported as carrying the same bytes.
+fn name_damage(
+    report: &mut FileReport,
+    inode: Inode,
+    damaged: &mut HashMap<Inode, (Status, PathBuf)>,
+) {
+    if report.skip != Some(SkipReason::HardLink) {
+        if report.status.is_damage() {
+            damaged.insert(inode, (report.status, report.path.clone()));
+        }
+        return;
+    }
+    if let Some((status, first)) = damaged.get(&inode) {
+        report.status = *status;
+        report.detail = Some(format!(
+            "another name of {}, which is {}",
+            crate::report::escape(first),
+            status.name()
+        ));
+    }
+}

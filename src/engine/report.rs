@@ -1,0 +1,225 @@
+//! What the engine says of each file: one value per path, rendered by the reporter.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::core::classify::Status;
+use crate::core::digest::{Algo, Digest};
+use crate::core::tag::{self, Tag, Timestamp};
+use crate::fs::walk::{Inode, SkipReason};
+
+/// What was done to a file's tags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Action {
+    /// A tag was written with a freshly computed digest.
+    Tagged,
+    /// The digest was unchanged; the tag was rewritten with the file's current mtime.
+    Refreshed,
+    /// The file looks corrupt: its old tag was kept as evidence.
+    Kept,
+    /// intact's tag was removed.
+    Removed,
+    /// The file was copied into an archive.
+    Archived,
+    /// Recovery data was written for the file.
+    Protected,
+    /// The file's data was restored from a verified copy.
+    Repaired,
+}
+
+impl Action {
+    /// Every action, in declaration order (summaries count by `action as usize`).
+    pub const ALL: [Action; 7] = [
+        Action::Tagged,
+        Action::Refreshed,
+        Action::Kept,
+        Action::Removed,
+        Action::Archived,
+        Action::Protected,
+        Action::Repaired,
+    ];
+
+    /// The word used in output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Tagged => "tagged",
+            Action::Refreshed => "refreshed",
+            Action::Kept => "kept",
+            Action::Removed => "removed",
+            Action::Archived => "archived",
+            Action::Protected => "protected",
+            Action::Repaired => "repaired",
+        }
+    }
+}
+
+/// Why a file could not be processed.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// Opening failed.
+    #[error("cannot open: {}", cause(.0))]
+    Open(io::Error),
+    /// Reading the data failed.
+    #[error("cannot read: {}", cause(.0))]
+    Read(io::Error),
+    /// Reading the extended attributes failed.
+    #[error("cannot read tags: {}", cause(.0))]
+    ReadTags(io::Error),
+    /// Writing the tag failed.
+    #[error("cannot write tag: {}", cause(.0))]
+    WriteTag(io::Error),
+    /// Removing the tag failed.
+    #[error("cannot remove tag: {}", cause(.0))]
+    RemoveTag(io::Error),
+    /// The walk could not look at this path.
+    #[error("{}", cause(.0))]
+    Walk(io::Error),
+    /// A temp file left by a killed run could not be removed.
+    #[error("cannot remove this temp file of a killed run: {}", cause(.0))]
+    RemoveTemp(io::Error),
+    /// The file's parity could not be written.
+    #[error("cannot write its parity: {}", cause(.0))]
+    Protect(io::Error),
+    /// Restoring the file's data failed; the file was left as it was.
+    #[error("cannot repair: {}; the file was left as it was", cause(.0))]
+    Repair(io::Error),
+    /// `export` was asked for one algorithm; the file is tagged with the other.
+    #[error("tagged with {0} only: `export --algo {0}` lists it")]
+    OtherAlgorithm(Algo),
+}
+
+impl FileError {
+    /// A stable, machine-readable name for the cause.
+    pub fn kind(&self) -> &'static str {
+        let e = match self {
+            FileError::Open(e)
+            | FileError::Read(e)
+            | FileError::ReadTags(e)
+            | FileError::WriteTag(e)
+            | FileError::RemoveTag(e)
+            | FileError::RemoveTemp(e)
+            | FileError::Repair(e)
+            | FileError::Protect(e)
+            | FileError::Walk(e) => e,
+            FileError::OtherAlgorithm(_) => return "other-algorithm",
+        };
+        match e.raw_os_error() {
+            Some(libc::ENOTSUP) => "no-xattr-support",
+            Some(libc::EACCES | libc::EPERM) => "permission-denied",
+            Some(libc::ENOENT) => "vanished",
+            Some(libc::ENOSPC | libc::E2BIG | libc::EDQUOT) => "no-space",
+            Some(libc::EROFS) => "read-only-file-system",
+            Some(libc::EIO) => "io-error",
+            _ => "other",
+        }
+    }
+}
+
+/// The cause in words a user can act on.
+pub(crate) fn cause(e: &io::Error) -> String {
+    let hint = match e.raw_os_error() {
+        Some(libc::ENOTSUP) => "the file system does not support user extended attributes",
+        Some(libc::ENOENT) => "the file vanished",
+        Some(libc::ENOSPC) => {
+            "no space left (on the device or in the file's extended attribute block)"
+        }
+        Some(libc::E2BIG) => "the extended attribute is too large for this file system",
+        Some(libc::EDQUOT) => "disk quota exceeded",
+        Some(libc::EROFS) => "read-only file system",
+        Some(libc::EIO) => "input/output error (the device could not read it: a failing disk?)",
+        Some(libc::ELOOP) => "a directory on its path is now a symbolic link (not followed)",
+        _ => return e.to_string(),
+    };
+    format!("{hint} ({e})")
+}
+
+/// The outcome for one path: a value, rendered by the reporter.
+#[derive(Debug)]
+pub struct FileReport {
+    /// The path as walked.
+    pub path: PathBuf,
+    /// The index of the root (of those given) it was found under.
+    pub root: usize,
+    /// Its inode (device, number), if it has several names.
+    pub inode: Option<Inode>,
+    /// What was found.
+    pub status: Status,
+    /// What was done about it.
+    pub action: Option<Action>,
+    /// The file's size now.
+    pub size: Option<u64>,
+    /// The file's mtime when it was looked at.
+    pub mtime: Option<Timestamp>,
+    /// The tag the verdict is based on.
+    pub tag: Option<Tag>,
+    /// The digest just computed, if the data was read.
+    pub digest: Option<Digest>,
+    /// Why the file was skipped.
+    pub skip: Option<SkipReason>,
+    /// Why the file could not be processed.
+    pub error: Option<FileError>,
+    /// More about the status: what changed while reading, which tags disagree.
+    pub detail: Option<String>,
+    /// Malformed tags found on the file (attribute, reason).
+    pub malformed: Vec<(&'static str, tag::Malformed)>,
+    /// Bytes of data read.
+    pub bytes_read: u64,
+}
+
+impl FileReport {
+    /// A report with `status` and nothing else known yet.
+    pub fn new(path: PathBuf, status: Status) -> Self {
+        FileReport {
+            path,
+            root: 0,
+            inode: None,
+            status,
+            action: None,
+            size: None,
+            mtime: None,
+            tag: None,
+            digest: None,
+            skip: None,
+            error: None,
+            detail: None,
+            malformed: Vec::new(),
+            bytes_read: 0,
+        }
+    }
+
+    pub(crate) fn error(path: PathBuf, error: FileError) -> Self {
+        FileReport {
+            error: Some(error),
+            ..FileReport::new(path, Status::Error)
+        }
+    }
+
+    /// Attaches an error. A damage verdict already reached stays the status: the error (say,
+    /// a re-tag that could not be written) must not hide the corruption.
+    pub(crate) fn fail(&mut self, error: FileError) {
+        if !self.status.is_damage() {
+            self.status = Status::Error;
+        }
+        self.action = None;
+        self.error = Some(error);
+    }
+
+    pub(crate) fn skipped(path: PathBuf, reason: SkipReason) -> Self {
+        FileReport {
+            skip: Some(reason),
+            ..FileReport::new(path, Status::Skipped)
+        }
+    }
+}
+
+impl FileReport {
+    /// The path relative to the root it was found under (`roots[self.root]`); for a root
+    /// that is a file, its name.
+    pub fn relative<'a>(&'a self, roots: &[PathBuf]) -> &'a Path {
+        match roots.get(self.root).map(|r| self.path.strip_prefix(r)) {
+            Some(Ok(rel)) if !rel.as_os_str().is_empty() => rel,
+            _ => Path::new(self.path.file_name().unwrap_or(self.path.as_os_str())),
+        }
+    }
+}

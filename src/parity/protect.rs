@@ -1,0 +1,230 @@
+//! `protect`: verified files get PAR2 parity, computed by worker threads, several sets at a
+//! time, while the engine verifies the files that come next.
+//!
+//! A file is reported `protected` only once its set is durable under its name. Sets are made
+//! durable in batches, so reports wait in a queue, in walk order, until the batch holding
+//! their set is committed (or fails, which makes the file an error); the queue is bounded by
+//! the batch and the pack sizes, not by the tree.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender};
+
+use super::{Added, DEFAULT_DIR, Job, Outcome, Protectee, Stats, Store};
+use crate::core::classify::Status;
+use crate::core::digest::Digest;
+use crate::engine::{Action, FileError, FileReport};
+use crate::sink::{Failure, Out, Sink};
+
+/// Where a tree's parity store is by default: in the tree (beside a file given as PATH).
+pub fn store_dir(path: &Path) -> PathBuf {
+    if path.is_dir() {
+        path.join(DEFAULT_DIR)
+    } else {
+        crate::fs::atomic::parent(path).join(DEFAULT_DIR)
+    }
+}
+
+/// Gives verified files parity, in one store per root.
+pub struct Protector {
+    roots: Vec<PathBuf>,
+    stores: Arc<Vec<Store>>,
+    jobs: Option<Sender<(usize, Job)>>,
+    done: Receiver<Stats>,
+    workers: Vec<JoinHandle<()>>,
+    /// Reports in walk order, each with the content it waits for (store, digest), if any.
+    held: VecDeque<Held>,
+    stats: Stats,
+}
+
+struct Held {
+    report: FileReport,
+    wait: Option<(usize, Digest)>,
+    /// Its content had parity before (under this or another name).
+    already: bool,
+}
+
+impl Protector {
+    /// Opens (creating them if need be) the store given, or each root's own, and starts
+    /// `threads` workers; they stop early once `cancel` is set. Returns the temp files
+    /// that killed runs had left in the stores, removed.
+    pub fn open(
+        roots: &[PathBuf],
+        given: Option<&Path>,
+        redundancy: f64,
+        threads: usize,
+        cancel: &'static AtomicBool,
+    ) -> io::Result<(Protector, Vec<PathBuf>)> {
+        let mut stores = Vec::new();
+        let mut removed = Vec::new();
+        for root in roots {
+            let dir = given.map_or_else(|| store_dir(root), Path::to_path_buf);
+            // Names are relative to the root, or for a file to its directory.
+            let base = if root.is_dir() {
+                root.as_path()
+            } else {
+                crate::fs::atomic::parent(root)
+            };
+            let mut store = Store::open(&dir, base, redundancy, threads).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("opening the parity store {}: {e}", dir.display()),
+                )
+            })?;
+            removed.append(&mut store.removed);
+            stores.push(store);
+        }
+        let stores = Arc::new(stores);
+        let (jobs, job_rx) = crossbeam_channel::bounded::<(usize, Job)>(threads * 2);
+        let (done_tx, done) = crossbeam_channel::unbounded();
+        let workers = (0..threads)
+            .map(|_| {
+                let (stores, job_rx, done_tx) = (stores.clone(), job_rx.clone(), done_tx.clone());
+                std::thread::spawn(move || {
+                    for (i, job) in job_rx {
+                        // Interrupted: the rest stay without parity (and are said to).
+                        if !cancel.load(Ordering::Relaxed) {
+                            let _ = done_tx.send(stores[i].run(job));
+                        }
+                    }
+                })
+            })
+            .collect();
+        let protector = Protector {
+            roots: roots.to_vec(),
+            stores,
+            jobs: Some(jobs),
+            done,
+            workers,
+            held: VecDeque::new(),
+            stats: Stats::default(),
+        };
+        Ok((protector, removed))
+    }
+
+    /// Hands a verified file to its root's store; damaged, unreadable and skipped files get
+    /// none. Returns what the report must wait for, and whether its content had parity.
+    fn give(&mut self, report: &FileReport) -> Result<(Option<(usize, Digest)>, bool), Failure> {
+        let (Some(digest), Some(size)) = (report.digest, report.size) else {
+            return Ok((None, false));
+        };
+        if report.status.is_damage() || matches!(report.status, Status::Error | Status::Changed) {
+            return Ok((None, false));
+        }
+        let i = report.root;
+        let added = self.stores[i].add(Protectee {
+            path: report.path.clone(),
+            name: report.relative(&self.roots).as_os_str().as_bytes().to_vec(),
+            size,
+            digest,
+        });
+        let already = match added {
+            Added::Run(job) => {
+                self.send(i, job)?;
+                false
+            }
+            Added::Waiting => false,
+            Added::Already => self.stores[i].outcome(&digest) == Outcome::Durable,
+        };
+        Ok((Some((i, digest)), already))
+    }
+
+    fn send(&mut self, i: usize, job: Job) -> Result<(), Failure> {
+        let jobs = self.jobs.as_ref().expect("open until finished");
+        jobs.send((i, job))
+            .map_err(|_| Failure::new("computing parity", io::Error::other("the workers stopped")))
+    }
+
+    /// Lets out the reports at the head of the queue whose parity is settled; at the end
+    /// (`last`), all of them.
+    fn release(&mut self, out: &mut dyn Out, last: bool) {
+        for stats in self.done.try_iter() {
+            self.stats.add(stats);
+        }
+        while let Some(head) = self.held.front() {
+            let outcome = head.wait.map(|(i, d)| self.stores[i].outcome(&d));
+            if outcome == Some(Outcome::Pending) && !last {
+                break;
+            }
+            let Held {
+                mut report,
+                already,
+                ..
+            } = self.held.pop_front().expect("a head");
+            match outcome {
+                None | Some(Outcome::Pending) => {}
+                Some(Outcome::Durable) => {
+                    report.action = Some(Action::Protected);
+                    if already {
+                        report.detail = Some("its content already had parity".into());
+                    }
+                }
+                Some(Outcome::Changed) => {
+                    report.status = Status::Changed;
+                    report.action = None;
+                    report.detail = Some("changed while its parity was computed: no parity".into());
+                }
+                Some(failed @ Outcome::Failed(..)) => {
+                    let e = failed.error().expect("a failed outcome");
+                    report.fail(FileError::Protect(e));
+                }
+            }
+            out.send(report);
+        }
+    }
+}
+
+impl Sink for Protector {
+    fn take(&mut self, report: FileReport, out: &mut dyn Out) -> Result<(), Failure> {
+        let given = self.give(&report);
+        let (wait, already) = given.as_ref().map_or((None, false), |g| *g);
+        self.held.push_back(Held {
+            report,
+            wait,
+            already,
+        });
+        self.release(out, false);
+        given.map(drop)
+    }
+
+    fn finish(&mut self, interrupted: bool, out: &mut dyn Out) -> Result<(), Failure> {
+        if !interrupted {
+            for i in 0..self.stores.len() {
+                if let Some(job) = self.stores[i].take_pending() {
+                    self.send(i, job)?;
+                }
+            }
+        }
+        drop(self.jobs.take());
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+        let mut failure = None;
+        for store in self.stores.iter() {
+            store.tidy();
+        }
+        if !interrupted {
+            for store in self.stores.iter() {
+                if let Err(e) = store.commit() {
+                    failure.get_or_insert(Failure::new(
+                        format!("writing parity in {}", crate::report::escape(&store.dir)),
+                        e,
+                    ));
+                }
+            }
+        }
+        self.release(out, true);
+        out.note(format!(
+            "protect: wrote {} PAR2 sets, {}",
+            self.stats.sets,
+            crate::report::bytes(self.stats.bytes)
+        ));
+        failure.map_or(Ok(()), Err)
+    }
+}

@@ -1,0 +1,336 @@
+//! Repair: damaged files get their original bytes back from good copies.
+//!
+//! A check finds the damaged files; each one's tag says which bytes it should hold. Sources
+//! ([`source`]: archives, backup trees, parity stores, PAR2 sets) are searched by digest, not
+//! by name, so a file moved or renamed since the copy was made is still found. A copy is only
+//! a lead: its bytes are hashed on their way into a temp file beside the damaged one, and
+//! only bytes that hash to the tag replace anything ([`replace`]). The damaged original is
+//! kept, marked, unless the user says otherwise.
+//!
+//! Each verified copy is one step of a plan, carried out at once or, in a dry run, only
+//! said: the dry run goes through the same search and the same verification.
+//!
+//! Every write happens in the damaged file's own directory, opened beneath the root given
+//! on the command line without following symlinks: no name found in a source ever decides
+//! where bytes go.
+
+mod replace;
+mod source;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::core::classify::Status;
+use crate::core::digest::Digest;
+use crate::engine::{Action, FileError, FileReport};
+use crate::fs::anchor::Anchor;
+use crate::fs::walk::{Inode, SkipReason};
+use crate::sink::{Failure, Out, Sink};
+
+use replace::{Refused, Restored};
+use source::{Attempts, Fill, Search};
+
+/// What to do with the damaged original once it is replaced.
+#[derive(Clone, Debug)]
+pub enum Keep {
+    /// Keep it beside the repaired file, as `<name>.damaged`.
+    Beside,
+    /// Keep it in this directory, at its path relative to the root it was found under.
+    In(PathBuf),
+    /// Discard it.
+    Discard,
+}
+
+/// How to repair.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Find and verify good copies, and say what would be done; change nothing.
+    pub dry_run: bool,
+    /// What becomes of damaged originals.
+    pub keep: Keep,
+}
+
+/// Collects the damaged files a check finds, then repairs them from the sources.
+pub struct Repairer {
+    sources: Vec<Box<dyn Search>>,
+    work: Work,
+    /// Reports in walk order, let out once the repairs are done: damaged files (an index
+    /// into the targets) and other names of damaged files.
+    held: Vec<Held>,
+    cancel: &'static AtomicBool,
+}
+
+enum Held {
+    Target(usize),
+    OtherName(Box<FileReport>),
+}
+
+/// The damaged files and how to put bytes in their place.
+struct Work {
+    roots: Vec<PathBuf>,
+    anchors: Vec<Anchor>,
+    opts: Options,
+    targets: Vec<Target>,
+}
+
+/// A damaged file waiting for good bytes.
+struct Target {
+    report: FileReport,
+    want: Want,
+    /// What was tried and why it did not do, for the report.
+    tried: Vec<String>,
+    done: bool,
+}
+
+/// What a source is asked for: the content a damaged file should hold, and where it is.
+pub(crate) struct Want {
+    /// The digest its tag holds.
+    pub digest: Digest,
+    /// The size its tag records.
+    pub size: Option<u64>,
+    /// Where the damaged file is.
+    pub path: PathBuf,
+    /// Its path relative to its root.
+    pub rel: PathBuf,
+}
+
+impl Repairer {
+    /// A repairer for files found under `roots`, searching the sources at `from` in order.
+    pub fn new(
+        roots: &[PathBuf],
+        from: &[PathBuf],
+        opts: Options,
+        cancel: &'static AtomicBool,
+    ) -> Repairer {
+        Repairer {
+            sources: from.iter().map(|p| source::at(p)).collect(),
+            work: Work {
+                roots: roots.to_vec(),
+                anchors: roots.iter().map(|r| Anchor::new(r)).collect(),
+                opts,
+                targets: Vec::new(),
+            },
+            held: Vec::new(),
+            cancel,
+        }
+    }
+
+    /// Searches the sources in order and restores each damaged file from the first copy
+    /// that verifies.
+    fn run(&mut self) {
+        for source in &self.sources {
+            if self.work.all_done() || self.cancel.load(Ordering::Relaxed) {
+                break;
+            }
+            if let Err(why) = source.search(&mut self.work, self.cancel) {
+                let what = format!("{} unusable ({why})", source.name());
+                for t in self.work.targets.iter_mut().filter(|t| !t.done) {
+                    t.tried.push(what.clone());
+                }
+            }
+        }
+    }
+}
+
+impl Sink for Repairer {
+    fn take(&mut self, report: FileReport, out: &mut dyn Out) -> Result<(), Failure> {
+        if !report.status.is_damage() {
+            out.send(report);
+        } else if report.skip == Some(SkipReason::HardLink) {
+            self.held.push(Held::OtherName(Box::new(report)));
+        } else if let Some(tag) = &report.tag {
+            let want = Want {
+                digest: tag.digest,
+                size: tag.size,
+                path: report.path.clone(),
+                rel: report.relative(&self.work.roots).to_path_buf(),
+            };
+            self.held.push(Held::Target(self.work.targets.len()));
+            self.work.targets.push(Target {
+                report,
+                want,
+                tried: Vec::new(),
+                done: false,
+            });
+        } else {
+            out.send(report);
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, interrupted: bool, out: &mut dyn Out) -> Result<(), Failure> {
+        if !interrupted {
+            self.run();
+        }
+        let repaired: Vec<(Inode, PathBuf)> = self
+            .work
+            .targets
+            .iter()
+            .filter(|t| t.report.action == Some(Action::Repaired))
+            .filter_map(|t| Some((t.report.inode?, t.report.path.clone())))
+            .collect();
+        for held in std::mem::take(&mut self.held) {
+            let report = match held {
+                Held::OtherName(report) => other_name(*report, &repaired),
+                Held::Target(i) => {
+                    let t = &mut self.work.targets[i];
+                    if !t.done && t.report.error.is_none() {
+                        t.report.detail = Some(if t.tried.is_empty() {
+                            "no good copy found in the sources".into()
+                        } else {
+                            format!("no good copy found: {}", t.tried.join("; "))
+                        });
+                    }
+                    std::mem::replace(&mut t.report, FileReport::new(PathBuf::new(), Status::Ok))
+                }
+            };
+            out.send(report);
+        }
+        Ok(())
+    }
+}
+
+impl Attempts for Work {
+    fn count(&self) -> usize {
+        self.targets.len()
+    }
+
+    fn want(&self, i: usize) -> Option<&Want> {
+        let t = &self.targets[i];
+        (!t.done).then_some(&t.want)
+    }
+
+    fn roots(&self) -> &[PathBuf] {
+        &self.roots
+    }
+
+    fn tried(&mut self, i: usize, what: String) {
+        self.targets[i].tried.push(what);
+    }
+
+    /// One step: the copy is verified for target `i` and, unless this is a dry run, put in
+    /// its place; then every other damaged file with the same content gets the same bytes.
+    fn offer(&mut self, i: usize, from: &str, fill: &mut Fill<'_>) -> bool {
+        let outcome = self.restore(i, fill);
+        if !self.settle(i, outcome, from) {
+            return false;
+        }
+        let good = self.targets[i].report.path.clone();
+        let digest = self.targets[i].want.digest;
+        for j in 0..self.targets.len() {
+            if self.targets[j].done || self.targets[j].want.digest != digest {
+                continue;
+            }
+            // A dry run repaired nothing to copy from; the copy is verified.
+            let outcome = if self.opts.dry_run {
+                Ok(Restored::default())
+            } else {
+                self.restore(j, &mut |sink| source::read_file(&good, sink))
+            };
+            self.settle(j, outcome, from);
+        }
+        true
+    }
+}
+
+impl Work {
+    fn all_done(&self) -> bool {
+        self.targets.iter().all(|t| t.done)
+    }
+
+    fn restore(&self, i: usize, fill: &mut Fill<'_>) -> Result<Restored, Refused> {
+        let t = &self.targets[i];
+        replace::restore(
+            &self.anchors[t.report.root],
+            &t.report,
+            &t.want,
+            &self.opts,
+            fill,
+        )
+    }
+
+    /// Records an attempt's outcome; true if the file is now repaired (or would be).
+    fn settle(&mut self, i: usize, outcome: Result<Restored, Refused>, from: &str) -> bool {
+        let t = &mut self.targets[i];
+        match outcome {
+            Ok(Restored { kept, warning }) => {
+                t.done = true;
+                let was = t.report.status.name();
+                if self.opts.dry_run {
+                    t.report.detail = Some(format!("would be repaired from {from}"));
+                    return true;
+                }
+                t.report.status = Status::Ok;
+                t.report.action = Some(Action::Repaired);
+                let mut detail = match kept {
+                    Some(k) => format!(
+                        "was {was}; restored from {from}; damaged copy kept as {}",
+                        crate::report::escape(&k)
+                    ),
+                    None => format!("was {was}; restored from {from}"),
+                };
+                if let Some(w) = warning {
+                    detail.push_str(&format!("; but {w}"));
+                }
+                t.report.detail = Some(detail);
+                true
+            }
+            Err(Refused::CopyDamaged) => {
+                t.tried.push(format!("{from} is damaged too"));
+                false
+            }
+            Err(Refused::Unreadable(e)) => {
+                t.tried.push(format!("{from} unreadable ({e})"));
+                false
+            }
+            Err(Refused::Target(e)) => {
+                // The file could not be written: trying other copies would fail the same way.
+                t.done = true;
+                t.report.error = Some(FileError::Repair(e));
+                false
+            }
+        }
+    }
+}
+
+/// Another name of a damaged file, said as the repair of its inode went.
+fn other_name(mut report: FileReport, repaired: &[(Inode, PathBuf)]) -> FileReport {
+    if let Some((_, first)) = repaired.iter().find(|(i, _)| Some(*i) == report.inode) {
+        report.status = Status::Ok;
+        report.detail = Some(format!(
+            "another name of {}, repaired",
+            crate::report::escape(first)
+        ));
+    }
+    report
+}
+
+/// The kept copy of a damaged file `name`: beside it as `NAME.damaged` (a name too long for
+/// that is shortened), or under `dir` at its path relative to its root.
+fn keep_at(keep: &Keep, name: &std::ffi::OsStr, rel: &Path) -> Option<replace::KeepAt> {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    match keep {
+        Keep::Discard => None,
+        Keep::Beside => {
+            const SUFFIX: &[u8] = b".damaged";
+            // Room for the suffix and a `.N` to tell copies apart, within NAME_MAX.
+            let mut k = name.as_bytes()[..name.len().min(255 - SUFFIX.len() - 4)].to_vec();
+            k.extend_from_slice(SUFFIX);
+            Some(replace::KeepAt::Beside(std::ffi::OsString::from_vec(k)))
+        }
+        Keep::In(dir) => Some(replace::KeepAt::Elsewhere(if rel.as_os_str().is_empty() {
+            dir.join(name)
+        } else {
+            dir.join(rel)
+        })),
+    }
+}
+
+/// Marks what a kept copy is, so no later run takes it for a good file.
+fn kept_note(name: &std::ffi::OsStr) -> String {
+    format!(
+        "damaged copy of {}, kept by intact repair at {}",
+        crate::report::escape(Path::new(name)),
+        crate::core::tag::Timestamp::now().sec
+    )
+}

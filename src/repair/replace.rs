@@ -1,0 +1,397 @@
+//! The verified replace: a copy's bytes are hashed on their way into a temp file beside the
+//! damaged file, and only bytes that hash to its tag (and have its size) replace it, after
+//! the file is proven to be still the one the check judged.
+//!
+//! The temp file gets the original's user xattrs, owner, mode and times, is made durable, and
+//! is renamed over the original. A file with several hard links is rewritten in place instead
+//! (every name must see the repair), after it is marked, so that a run killed midway leaves
+//! damage that every later check reports. The damaged original is kept (marked so that no
+//! later run takes it for a good file) unless the user says otherwise. Until the rename, a
+//! failure leaves the original as it was and nothing else behind.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io::{self, Read, Seek, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags};
+
+use super::{Options, Want, keep_at, kept_note};
+use crate::archive::Chunk;
+use crate::core::digest::Hasher;
+use crate::core::tag::{Timestamp, names};
+use crate::engine::FileReport;
+use crate::fs::anchor::Anchor;
+use crate::fs::atomic::Temp;
+use crate::fs::xattr;
+
+/// Restores the damaged file of `report` (under `anchor`'s root) from the bytes `fill`
+/// streams: hashed on the way into a temp file beside it; only if they match `want` does the
+/// temp file replace the original. In a dry run, the bytes are only hashed.
+pub(super) fn restore(
+    anchor: &Anchor,
+    report: &FileReport,
+    want: &Want,
+    opts: &Options,
+    fill: &mut super::Fill<'_>,
+) -> Result<Restored, Refused> {
+    let path = &report.path;
+    let (dir_path, name) = match (path.parent(), path.file_name()) {
+        (Some(d), Some(n)) => (d, n),
+        _ => return Err(Refused::Target(io::Error::other("no file name"))),
+    };
+    let dir = anchor.open_dir(dir_path).map_err(Refused::Target)?;
+    let original = File::from(open_at(&dir, name, OFlags::RDONLY).map_err(Refused::Target)?);
+    let meta = original.metadata().map_err(Refused::Target)?;
+    unchanged(report, want, &original, &meta)?;
+    let (digest, size) = (want.digest, want.size);
+    let mut temp = if opts.dry_run {
+        None
+    } else {
+        Some(Temp::new_in(&dir).map_err(Refused::Target)?)
+    };
+    let mut hasher = Hasher::new(digest.algo);
+    let mut len = 0u64;
+    // Why the stream was stopped from this side: the target could not be written, or
+    // the copy is longer than the file it should restore.
+    let mut write_err = None;
+    let mut too_long = false;
+    let filled = fill(&mut |chunk| {
+        let n = match chunk {
+            Chunk::Data(d) => d.len() as u64,
+            Chunk::Hole(n) => n,
+        };
+        len = len.saturating_add(n);
+        if size.is_some_and(|s| len > s) {
+            too_long = true;
+            return Err(io::Error::other("longer than the file it should restore"));
+        }
+        let written = match chunk {
+            Chunk::Data(d) => {
+                hasher.update(d);
+                temp.as_ref().map_or(Ok(()), |t| t.file().write_all(d))
+            }
+            Chunk::Hole(n) => {
+                hasher.update_zeros(n);
+                temp.as_ref().map_or(Ok(()), |t| {
+                    let n = i64::try_from(n).map_err(io::Error::other)?;
+                    t.file().seek(io::SeekFrom::Current(n)).map(drop)
+                })
+            }
+        };
+        written.map_err(|e| {
+            let stop = io::Error::new(e.kind(), "write failed");
+            write_err = Some(e);
+            stop
+        })
+    });
+    if let Some(e) = write_err {
+        return Err(Refused::Target(e));
+    }
+    if too_long {
+        return Err(Refused::CopyDamaged);
+    }
+    filled.map_err(Refused::Unreadable)?;
+    if hasher.finalize() != digest || size.is_some_and(|s| s != len) {
+        return Err(Refused::CopyDamaged);
+    }
+    let Some(temp) = temp.take() else {
+        return Ok(Restored::default());
+    };
+    let keep = keep_at(&opts.keep, name, &want.rel);
+    let mut restored = replace(temp, name, &original, &meta, len, keep).map_err(Refused::Target)?;
+    // A name kept beside is shown with the directory it is in.
+    restored.kept = restored.kept.map(|k| {
+        if k.parent() == Some(Path::new("")) {
+            dir_path.join(k)
+        } else {
+            k
+        }
+    });
+    Ok(restored)
+}
+
+/// Makes sure the damaged file is still the one the check judged: same size, same mtime,
+/// same tag (an edit since the check must not be overwritten).
+fn unchanged(
+    report: &FileReport,
+    want: &Want,
+    file: &File,
+    meta: &std::fs::Metadata,
+) -> Result<(), Refused> {
+    let now = Timestamp {
+        sec: meta.mtime(),
+        nsec: meta.mtime_nsec() as u32,
+    };
+    let same = meta.is_file()
+        && Some(meta.len()) == report.size
+        && Some(now) == report.mtime
+        && xattr::read(file)
+            .map_err(Refused::Target)?
+            .tags
+            .iter()
+            .any(|tag| tag.digest == want.digest);
+    if same {
+        Ok(())
+    } else {
+        Err(Refused::Target(io::Error::other(
+            "the file changed since it was checked; run repair again",
+        )))
+    }
+}
+
+/// A successful restore.
+#[derive(Default)]
+pub(super) struct Restored {
+    /// Where the damaged original was kept.
+    pub kept: Option<PathBuf>,
+    /// Something that went wrong after the repaired file was in place.
+    pub warning: Option<String>,
+}
+
+/// Why a restore did not happen.
+pub(super) enum Refused {
+    /// The copy's bytes do not hash to the tag.
+    CopyDamaged,
+    /// The copy could not be read.
+    Unreadable(io::Error),
+    /// The damaged file or its directory could not be written: nothing was changed.
+    Target(io::Error),
+}
+
+pub(super) enum KeepAt {
+    /// A name in the same directory.
+    Beside(OsString),
+    /// A path elsewhere.
+    Elsewhere(PathBuf),
+}
+
+/// Puts the verified bytes in `temp` in place of the damaged file `name` (open as
+/// `original`, with metadata `meta`), in the directory `temp` is in: given the original's
+/// user xattrs, owner, mode and times, made durable, and renamed over it, after the damaged
+/// bytes are kept if asked. Until the rename, a failure leaves the original as it was and
+/// nothing else behind; after it, problems are warnings.
+fn replace(
+    temp: Temp,
+    name: &OsStr,
+    original: &File,
+    meta: &std::fs::Metadata,
+    len: u64,
+    keep: Option<KeepAt>,
+) -> io::Result<Restored> {
+    temp.file().set_len(len)?;
+    if meta.nlink() > 1 {
+        return rewrite_in_place(temp, name, original, meta, len, keep);
+    }
+    let attrs = xattr::read_all(original)?;
+    xattr::write_all(
+        temp.file(),
+        attrs.iter().filter(|(n, _)| n != names::REPAIRING),
+    )?;
+    let (uid, gid) = (meta.uid(), meta.gid());
+    if let Err(e) = rustix::fs::fchown(
+        temp.file(),
+        Some(rustix::fs::Uid::from_raw(uid)),
+        Some(rustix::fs::Gid::from_raw(gid)),
+    ) && (uid, gid)
+        != (
+            rustix::process::getuid().as_raw(),
+            rustix::process::getgid().as_raw(),
+        )
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("cannot give the repaired file its owner {uid}:{gid} ({e})"),
+        ));
+    }
+    rustix::fs::fchmod(
+        temp.file(),
+        Mode::from_raw_mode((meta.mode() & 0o7777) as _),
+    )?;
+    set_times(temp.file(), meta)?;
+    let dir = temp.dir().try_clone()?;
+    let kept = match keep {
+        None => None,
+        Some(KeepAt::Beside(k)) => Some(link_beside(&dir, name, &k)?),
+        Some(KeepAt::Elsewhere(p)) => Some(copy_to(original, name, &p)?),
+    };
+    if let Err(e) = temp.commit(name) {
+        if let Some(k) = &kept {
+            unkeep(&dir, k);
+        }
+        return Err(e);
+    }
+    let mut restored = Restored {
+        kept,
+        warning: None,
+    };
+    if matches!(&restored.kept, Some(k) if k.parent() == Some(Path::new(""))) {
+        // The damaged inode now lives on only under the kept name: marked, and without its
+        // tag, no later run reports the same damage again or takes it for a good file.
+        let marked = xattr::mark_kept_damaged(original, &kept_note(name))
+            .and_then(|()| xattr::remove_intact(original).map(drop));
+        if let Err(e) = marked {
+            restored.warning = Some(format!("finishing up failed: {e}"));
+        }
+    }
+    Ok(restored)
+}
+
+/// For an inode with several names: every name must see the repair, so the verified bytes
+/// are written into it. That is the one step that is not atomic, so the file is marked
+/// first (an xattr, made durable before any byte changes): a run killed midway leaves mixed
+/// bytes under a moved mtime, and the mark makes every later check report them as damage
+/// (never as an edit) until a repair completes and removes it.
+fn rewrite_in_place(
+    temp: Temp,
+    name: &OsStr,
+    original: &File,
+    meta: &std::fs::Metadata,
+    len: u64,
+    keep: Option<KeepAt>,
+) -> io::Result<Restored> {
+    let dir = temp.dir();
+    // The damaged bytes are copied out first: a second link would see the repair too.
+    let kept = match keep {
+        None => None,
+        Some(KeepAt::Beside(k)) => Some(copy_beside(dir, &k, original, name)?),
+        Some(KeepAt::Elsewhere(p)) => Some(copy_to(original, name, &p)?),
+    };
+    let target = match open_at(dir, name, OFlags::WRONLY).map(File::from) {
+        Ok(f)
+            if f.metadata()
+                .is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino()) =>
+        {
+            f
+        }
+        Ok(_) | Err(_) => {
+            if let Some(k) = &kept {
+                unkeep(dir, k);
+            }
+            return Err(io::Error::other(
+                "the file was replaced since it was checked; run repair again",
+            ));
+        }
+    };
+    let marked = xattr::mark_repairing(&target).and_then(|()| target.sync_all());
+    if let Err(e) = marked {
+        if let Some(k) = &kept {
+            unkeep(dir, k);
+        }
+        return Err(e);
+    }
+    let written = (|| {
+        let mut from = temp.file();
+        from.seek(io::SeekFrom::Start(0))?;
+        io::copy(&mut from.take(len), &mut &target)?;
+        target.set_len(len)?;
+        set_times(&target, meta)?;
+        target.sync_all()
+    })();
+    if let Err(e) = written {
+        return Err(io::Error::new(
+            e.kind(),
+            format!(
+                "{e}: the file may be partly rewritten; it is marked, so checks report it as \
+                 damaged until a repair completes"
+            ),
+        ));
+    }
+    let mut restored = Restored {
+        kept,
+        warning: None,
+    };
+    // Left behind, the mark would only keep a good file under suspicion (a check finds the
+    // data matching and says ok): a warning, not a failure.
+    if let Err(e) = xattr::unmark_repairing(&target) {
+        restored.warning = Some(format!("could not remove the repair mark: {e}"));
+    }
+    Ok(restored)
+}
+
+/// Opens `name` in `dir`, never through a symlink.
+fn open_at(dir: &OwnedFd, name: &OsStr, flags: OFlags) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat(
+        dir,
+        name,
+        flags | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        Mode::empty(),
+    )?)
+}
+
+/// The original's access and modification times, to the nanosecond.
+fn set_times(file: &File, meta: &std::fs::Metadata) -> io::Result<()> {
+    let ts = |sec: i64, nsec: i64| rustix::fs::Timespec {
+        tv_sec: sec,
+        tv_nsec: nsec as _,
+    };
+    rustix::fs::futimens(
+        file,
+        &rustix::fs::Timestamps {
+            last_access: ts(meta.atime(), meta.atime_nsec()),
+            last_modification: ts(meta.mtime(), meta.mtime_nsec()),
+        },
+    )?;
+    Ok(())
+}
+
+/// Creates a name for the damaged inode beside it (a hard link), under a free variant of
+/// `keep`.
+fn link_beside(dir: &OwnedFd, name: &OsStr, keep: &OsStr) -> io::Result<PathBuf> {
+    free_name(keep, |k| {
+        rustix::fs::linkat(dir, name, dir, k, rustix::fs::AtFlags::empty()).map_err(io::Error::from)
+    })
+}
+
+/// Copies the damaged bytes to a new file beside the original, under a free variant of
+/// `keep`; nothing is under that name unless the whole copy is.
+fn copy_beside(dir: &OwnedFd, keep: &OsStr, original: &File, name: &OsStr) -> io::Result<PathBuf> {
+    let mut temp = Temp::new_in(dir)?;
+    io::copy(&mut { original }, &mut temp.file())?;
+    xattr::mark_kept_damaged(temp.file(), &kept_note(name))?;
+    free_name(keep, |k| temp.commit_new(k))
+}
+
+/// Tries `make` on `keep`, then `keep.1`, `keep.2` ... until a name is free.
+fn free_name(keep: &OsStr, mut make: impl FnMut(&OsStr) -> io::Result<()>) -> io::Result<PathBuf> {
+    for n in 0..1000 {
+        let mut k = keep.to_os_string();
+        if n > 0 {
+            k.push(format!(".{n}"));
+        }
+        match make(&k) {
+            Ok(()) => return Ok(PathBuf::from(k)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::other(
+        "no free name to keep the damaged copy under",
+    ))
+}
+
+/// Removes a kept copy made for a repair that did not happen. Names beside the original are
+/// relative to `dir`; others are paths.
+fn unkeep(dir: &OwnedFd, kept: &Path) {
+    if kept.parent() == Some(Path::new("")) {
+        let _ = rustix::fs::unlinkat(dir, kept, rustix::fs::AtFlags::empty());
+    } else {
+        let _ = std::fs::remove_file(kept);
+    }
+}
+
+/// Copies the damaged bytes to `path`, which must not exist yet; nothing is under that name
+/// unless the whole copy is.
+fn copy_to(original: &File, name: &OsStr, path: &Path) -> io::Result<PathBuf> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let mut temp = Temp::beside(path)?;
+    io::copy(&mut { original }, &mut temp.file())?;
+    // Marked where the file system can (a directory on a stick may hold no xattrs).
+    let _ = xattr::mark_kept_damaged(temp.file(), &kept_note(name));
+    temp.commit_new(path.file_name().unwrap_or(path.as_os_str()))?;
+    Ok(path.to_path_buf())
+}

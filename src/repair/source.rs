@@ -1,0 +1,400 @@
+//! Where good copies are found: archives made by `archive create` (members carry their
+//! tags), trees of tagged files (a backup, a mirror), parity stores made by `protect`, and
+//! PAR2 sets made by any PAR2 program. Each looks for the wanted contents by digest and
+//! offers what it finds; the repairer verifies every offer, so a source is only ever a lead.
+
+use std::collections::HashMap;
+use std::io::{self, Read};
+use std::ops::ControlFlow;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::Want;
+use crate::archive::{self, Chunk};
+use crate::core::digest::Digest;
+use crate::core::tag::Tag;
+use crate::fs::anchor::Anchor;
+use crate::fs::walk::{self, Entry, WalkOptions};
+use crate::fs::xattr;
+use crate::parity::{self, Store};
+use crate::report::escape;
+
+/// Streams a copy's bytes into the sink it is given.
+pub(crate) type Fill<'f> =
+    dyn FnMut(&mut dyn FnMut(Chunk<'_>) -> io::Result<()>) -> io::Result<()> + 'f;
+
+/// What a source works for: the damaged files, and what to do with a copy.
+pub(crate) trait Attempts {
+    /// How many damaged files there are.
+    fn count(&self) -> usize;
+    /// What damaged file `i` wants, while it is not repaired yet.
+    fn want(&self, i: usize) -> Option<&Want>;
+    /// The trees being repaired.
+    fn roots(&self) -> &[PathBuf];
+    /// Verifies a copy for file `i` (and puts it in place): whether `i` is done now.
+    fn offer(&mut self, i: usize, from: &str, fill: &mut Fill<'_>) -> bool;
+    /// Notes a lead that came to nothing, for file `i`'s report.
+    fn tried(&mut self, i: usize, what: String);
+}
+
+/// A place good copies may be found in.
+pub(crate) trait Search {
+    /// How it is named in reports.
+    fn name(&self) -> String;
+    /// Offers every copy found of what is wanted; `Err` if the source cannot be used at all.
+    fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), String>;
+}
+
+/// The source at `path`: a parity store, a tree, a PAR2 set, or (any other file) an archive.
+pub(crate) fn at(path: &Path) -> Box<dyn Search> {
+    let path = path.to_path_buf();
+    if Store::is_store(&path) {
+        Box::new(ParityStore(path))
+    } else if path.is_dir() {
+        Box::new(Tree(path))
+    } else if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("par2"))
+    {
+        Box::new(Par2Set(path))
+    } else {
+        Box::new(Archive(path))
+    }
+}
+
+/// The damaged files still waiting, by the digest they want.
+fn wanted(work: &dyn Attempts) -> HashMap<Digest, Vec<usize>> {
+    let mut map: HashMap<Digest, Vec<usize>> = HashMap::new();
+    for i in 0..work.count() {
+        if let Some(w) = work.want(i) {
+            map.entry(w.digest).or_default().push(i);
+        }
+    }
+    map
+}
+
+fn all_done(work: &dyn Attempts) -> bool {
+    (0..work.count()).all(|i| work.want(i).is_none())
+}
+
+/// An archive made by `intact archive create`: members are found by the tags they carry.
+struct Archive(PathBuf);
+
+impl Search for Archive {
+    fn name(&self) -> String {
+        escape(&self.0)
+    }
+
+    fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), String> {
+        let wanted = wanted(work);
+        let shown = self.name();
+        archive::read(&self.0, |mut visit| {
+            if cancel.load(Ordering::Relaxed) {
+                return ControlFlow::Break(());
+            }
+            let m = visit.member;
+            if m.kind != archive::Kind::File {
+                return ControlFlow::Continue(());
+            }
+            let stored = m.stored();
+            let Some(indices) = stored.tags.iter().find_map(|t| wanted.get(&t.digest)) else {
+                return ControlFlow::Continue(());
+            };
+            // One offer per content: the repairer gives its bytes to every file that wants
+            // them.
+            let first = indices.iter().copied().find(|&i| {
+                work.want(i)
+                    .is_some_and(|w| w.size.is_none_or(|s| s == m.size))
+            });
+            if let Some(i) = first {
+                let from = format!("{shown} ({})", escape(&m.path()));
+                work.offer(i, &from, &mut |sink| visit.data(sink));
+            }
+            if all_done(work) {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })
+        .map_err(|e| format!("unreadable: {e}"))
+    }
+}
+
+/// A tree of tagged files: a backup, a mirror, another disk.
+struct Tree(PathBuf);
+
+impl Search for Tree {
+    fn name(&self) -> String {
+        escape(&self.0)
+    }
+
+    fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), String> {
+        let wanted = wanted(work);
+        let mut candidates: HashMap<Digest, Vec<PathBuf>> = HashMap::new();
+        walk_tags(std::slice::from_ref(&self.0), cancel, |path, tags| {
+            if let Some(t) = tags.iter().find(|t| wanted.contains_key(&t.digest)) {
+                candidates.entry(t.digest).or_default().push(path);
+            }
+        });
+        let shown = self.name();
+        for (digest, indices) in wanted {
+            let Some(found) = candidates.get(&digest) else {
+                continue;
+            };
+            for i in indices {
+                let Some(want) = work.want(i) else {
+                    continue;
+                };
+                let (target, size) = (want.path.clone(), want.size);
+                let mut found = found.clone();
+                // The copy at the same relative path first, then the closest names.
+                found.sort_by_key(|p| std::cmp::Reverse(common_suffix(&want.rel, p)));
+                for path in found {
+                    if work.want(i).is_none() || cancel.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let len = std::fs::symlink_metadata(&path).map(|m| m.len()).ok();
+                    if same_file(&path, &target) || size.is_some_and(|s| Some(s) != len) {
+                        continue;
+                    }
+                    let from = format!("{shown} ({})", escape(&path));
+                    work.offer(i, &from, &mut |sink| read_file(&path, sink));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A PAR2 set made by any PAR2 program: its files are found by name, relative to the set's
+/// directory (as par2cmdline does), and rebuilt for the damaged files they are.
+struct Par2Set(PathBuf);
+
+impl Search for Par2Set {
+    fn name(&self) -> String {
+        format!("PAR2 set {}", escape(&self.0))
+    }
+
+    fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), String> {
+        let set = parity::load(&self.0).map_err(|e| e.to_string())?;
+        let base = crate::fs::atomic::parent(&self.0);
+        let paths: Vec<Option<PathBuf>> = set
+            .files
+            .iter()
+            .map(|f| parity::resolve(base, &f.name))
+            .collect();
+        let from = self.name();
+        for i in 0..work.count() {
+            if cancel.load(Ordering::Relaxed) {
+                break;
+            }
+            let Some(want) = work.want(i) else {
+                continue;
+            };
+            let target = want.path.clone();
+            let at = paths
+                .iter()
+                .position(|p| p.as_ref().is_some_and(|p| same_file(p, &target)));
+            if let Some(at) = at {
+                rebuild(work, i, &set, at, &paths, &from);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A parity store made by `intact protect`: sets are found by the damaged file's digest.
+struct ParityStore(PathBuf);
+
+impl Search for ParityStore {
+    fn name(&self) -> String {
+        format!("parity in {}", escape(&self.0))
+    }
+
+    fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), String> {
+        let store = Store::read(&self.0).map_err(|e| format!("unreadable: {e}"))?;
+        let from = self.name();
+        let mut by_digest = None;
+        for i in 0..work.count() {
+            if cancel.load(Ordering::Relaxed) {
+                break;
+            }
+            let Some(want) = work.want(i) else {
+                continue;
+            };
+            let found = match store.find(&want.digest) {
+                None => continue,
+                Some(Ok(found)) => found,
+                Some(Err(e)) => {
+                    work.tried(i, format!("{from} unusable ({e})"));
+                    continue;
+                }
+            };
+            // The other members of a pack are where the set says, under the store's root;
+            // one that is not (moved, renamed) is looked for by its digest in the trees.
+            let paths: Vec<Option<PathBuf>> = found
+                .set
+                .files
+                .iter()
+                .zip(&found.members)
+                .map(|(f, digest)| {
+                    let named = parity::resolve(&store.root, &f.name)
+                        .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.len() == f.len));
+                    named.or_else(|| digest.and_then(|d| locate(work.roots(), &d, &mut by_digest)))
+                })
+                .collect();
+            rebuild(work, i, &found.set, found.at, &paths, &from);
+        }
+        Ok(())
+    }
+}
+
+/// Rebuilds damaged file `i`, file `at` of `set`, whose other files are at `paths`, and
+/// offers the result.
+fn rebuild(
+    work: &mut dyn Attempts,
+    i: usize,
+    set: &par2::Set,
+    at: usize,
+    paths: &[Option<PathBuf>],
+    from: &str,
+) {
+    let Some(target) = work.want(i).map(|w| w.path.clone()) else {
+        return;
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // The damaged file is read where it is now; the set's other files where it says.
+    let mut open = |j: usize| -> io::Result<Option<Box<dyn Read>>> {
+        let path = if j == at {
+            Some(&target)
+        } else {
+            paths[j].as_ref()
+        };
+        match path.map(|p| crate::fs::sys::open_nofollow(p)) {
+            None => Ok(None),
+            Some(Ok(f)) => Ok(Some(Box::new(f))),
+            Some(Err(e)) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Some(Err(e)) => Err(e),
+        }
+    };
+    let recovered = match set.recover(&mut open, threads) {
+        Ok(r) => r,
+        Err(par2::Error::TooMuchDamage { damaged, available }) => {
+            work.tried(
+                i,
+                format!(
+                    "{from}: {damaged} slices damaged, only {available} recovery slices \
+                     (more damage than the redundancy covers)"
+                ),
+            );
+            return;
+        }
+        Err(e) => {
+            work.tried(i, format!("{from} unusable ({e})"));
+            return;
+        }
+    };
+    work.offer(i, from, &mut |sink| {
+        let mut current = crate::fs::sys::open_nofollow(&target)?;
+        set.restore(at, &recovered, Some(&mut current), &mut |bytes| {
+            sink(Chunk::Data(bytes))
+        })
+        .map_err(|e| match e {
+            par2::Error::Io(e) => e,
+            other => io::Error::other(other.to_string()),
+        })
+    });
+}
+
+/// Where a file with `digest` is now, from the tags in the trees being repaired (read once,
+/// on first need).
+fn locate(
+    roots: &[PathBuf],
+    digest: &Digest,
+    by_digest: &mut Option<HashMap<Digest, PathBuf>>,
+) -> Option<PathBuf> {
+    let map = by_digest.get_or_insert_with(|| {
+        let mut map = HashMap::new();
+        walk_tags(roots, &AtomicBool::new(false), |path, tags| {
+            for t in tags {
+                map.entry(t.digest).or_insert_with(|| path.clone());
+            }
+        });
+        map
+    });
+    map.get(digest).cloned()
+}
+
+/// Streams a file's bytes.
+pub(super) fn read_file(
+    path: &Path,
+    sink: &mut dyn FnMut(Chunk<'_>) -> io::Result<()>,
+) -> io::Result<()> {
+    let mut file = crate::fs::sys::open_nofollow(path)?;
+    crate::fs::sys::advise_sequential(&file);
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => sink(Chunk::Data(&buf[..n]))?,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Every file under `roots` with the tags it carries (read without reading data; files are
+/// opened beneath their root, never through a symlink).
+fn walk_tags(roots: &[PathBuf], cancel: &AtomicBool, mut each: impl FnMut(PathBuf, Vec<Tag>)) {
+    let anchors: Vec<Anchor> = roots.iter().map(|r| Anchor::new(r)).collect();
+    let _ = walk::walk(roots, &WalkOptions::default(), |entry| {
+        if cancel.load(Ordering::Relaxed) {
+            return ControlFlow::Break(());
+        }
+        if let Entry::File { path, root, .. } = entry
+            && let Ok(file) = anchors[root].open(&path, false)
+            && let Ok(stored) = xattr::read(&file)
+            && !stored.tags.is_empty()
+            && !stored.kept_damaged
+        {
+            each(path, stored.tags);
+        }
+        ControlFlow::Continue(())
+    });
+}
+
+/// How many trailing path components two paths share.
+fn common_suffix(a: &Path, b: &Path) -> usize {
+    a.components()
+        .rev()
+        .zip(b.components().rev())
+        .take_while(|(x, y)| x == y)
+        .count()
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::symlink_metadata(a), std::fs::symlink_metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn closest_names_share_the_longest_suffix() {
+        let p = Path::new;
+        assert_eq!(
+            common_suffix(p("photos/2024/a.jpg"), p("/backup/photos/2024/a.jpg")),
+            3
+        );
+        assert_eq!(
+            common_suffix(p("photos/2024/a.jpg"), p("/backup/old/a.jpg")),
+            1
+        );
+        assert_eq!(common_suffix(p("a.jpg"), p("/backup/b.jpg")), 0);
+    }
+}

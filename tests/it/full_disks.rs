@@ -1,0 +1,143 @@
+//! Full disks: every writing verb says what could not be written, claims nothing it did not
+//! make durable (no file `archived` or `protected` without its archive or set in place),
+//! exits 3 with a summary that says 3 too, and leaves nothing behind.
+
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+
+use crate::common::*;
+
+/// Fills the file system that holds `dir` until it has no space left.
+fn fill(dir: &Path) {
+    let mut f = fs::File::create(dir.join("filler")).unwrap();
+    // Smaller and smaller writes, down to the last byte a block can hold.
+    for size in [64 << 10, 4 << 10, 512, 1] {
+        let block = vec![0x5au8; size];
+        while f.write_all(&block).is_ok() && f.sync_data().is_ok() {}
+    }
+    // Every free block, also those a file would need for its first byte.
+    for i in 0.. {
+        if fs::write(dir.join(format!("filler{i}")), b"x").is_err() {
+            break;
+        }
+    }
+}
+
+/// Asserts that no file claims `action`, and that the summary states the exit code 3.
+fn claims_nothing(j: &Json, action: &str) {
+    for f in &j.files {
+        assert_ne!(f["action"], action, "{f}");
+    }
+    assert_eq!(j.summary["actions"][action], 0, "{}", j.summary);
+    assert_eq!(j.summary["exit_code"], 3, "{}", j.summary);
+    assert!(
+        !j.summary["errors"].as_array().unwrap().is_empty(),
+        "{}",
+        j.summary
+    );
+}
+
+fn tagged_tree(t: &Tree) -> std::path::PathBuf {
+    for i in 0..6 {
+        t.write(format!("src/f{i}"), data(300_000, 40 + i));
+    }
+    intact!("tag", t.path("src")).expect_code(0);
+    t.path("src")
+}
+
+#[test]
+fn an_archive_or_manifest_into_a_full_disk_claims_nothing_and_leaves_nothing() {
+    require_root!();
+    let t = Tree::new();
+    let src = tagged_tree(&t);
+    let m = Mount::new("tmpfs", "size=1m", t.path("full"));
+    fill(&m.0);
+    let j = intact!("archive", "create", "--json", m.0.join("a.tar.zst"), &src)
+        .expect_code(3)
+        .json();
+    claims_nothing(&j, "archived");
+    assert!(!m.0.join("a.tar.zst").exists());
+    let j = intact!("export", "--json", "-o", m.0.join("SUMS"), &src)
+        .expect_code(3)
+        .json();
+    assert_eq!(j.summary["exit_code"], 3);
+    assert!(!m.0.join("SUMS").exists());
+    assert!(leftovers(&m.0).is_empty(), "{:?}", leftovers(&m.0));
+    // Without --json: the summary, then what failed.
+    let r = intact!("archive", "create", m.0.join("a.tar.zst"), &src).expect_code(3);
+    assert!(r.stderr.contains("intact: error: "), "{}", r.stderr);
+    assert!(!r.stderr.contains("archived"), "{}", r.stderr);
+}
+
+#[test]
+fn parity_that_does_not_fit_is_never_claimed() {
+    require_root!();
+    let t = Tree::new();
+    let src = tagged_tree(&t);
+    let m = Mount::new("tmpfs", "size=1m", t.path("full"));
+    let store = m.0.join("store");
+    // The store exists and protects one file, then its disk fills up.
+    intact!("protect", "--store", &store, t.path("src/f0")).expect_code(0);
+    fill(&m.0);
+    let j = intact!("protect", "--json", "--store", &store, &src)
+        .expect_code(3)
+        .json();
+    assert_eq!(j.summary["exit_code"], 3);
+    for f in &j.files {
+        if f["action"] == "protected" {
+            // Only f0, whose parity was there before.
+            assert!(f["path"].as_str().unwrap().ends_with("/f0"), "{f}");
+        } else {
+            assert_eq!(f["status"], "error", "{f}");
+            assert_eq!(f["error_kind"], "no-space", "{f}");
+        }
+    }
+    assert!(leftovers(&m.0).is_empty(), "{:?}", leftovers(&m.0));
+    // No empty set directories: every directory in the store holds a set.
+    for e in fs::read_dir(&store).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            assert!(
+                fs::read_dir(e.path()).unwrap().next().is_some(),
+                "{e:?} is empty"
+            );
+        }
+    }
+}
+
+#[test]
+fn tags_that_do_not_fit_are_errors_that_say_so() {
+    require_faults!();
+    let t = Tree::new();
+    // A small ext4: a tag that does not fit in the inode needs a block, and there is none.
+    let disk = crate::faultfs::LoopFs::ext4(t.root(), 4, &["-I", "128", "-N", "64", "-m", "0"]);
+    for i in 0..4 {
+        fs::write(disk.root.join(format!("f{i}")), data(1000, i)).unwrap();
+    }
+    fill(&disk.root);
+    let j = intact!("tag", "--json", &disk.root).expect_code(3).json();
+    for i in 0..4 {
+        let f = j.file(&format!("f{i}"));
+        assert_eq!(f["status"], "error", "{f}");
+        assert_eq!(f["error_kind"], "no-space", "{f}");
+        assert!(f.get("action").is_none(), "{f}");
+    }
+    assert_eq!(j.summary["actions"]["tagged"], 0);
+}
+
+#[test]
+fn protect_on_a_read_only_file_system_is_an_error_not_a_usage_error() {
+    require_root!();
+    let t = Tree::new();
+    let m = Mount::new("tmpfs", "size=1m", t.path("ro"));
+    fs::write(m.0.join("f"), b"data").unwrap();
+    let status = std::process::Command::new("mount")
+        .args(["-o", "remount,ro"])
+        .arg(&m.0)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let r = intact!("protect", &m.0).expect_code(3);
+    assert!(r.stderr.contains("Read-only file system"), "{}", r.stderr);
+}
