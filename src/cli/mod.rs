@@ -427,3 +427,13 @@ fn parse_window(s: &str) -> Result<u64, String> {
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        super::Cli::command().debug_assert();
+    }
+}

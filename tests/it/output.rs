@@ -157,3 +157,20 @@ fn help_documents_exit_codes_and_docs_are_generated() {
     );
     assert!(bash.stdout.contains("--mtime-window"));
 }
+
+#[test]
+fn tag_summary_words_statuses_apart_from_actions() {
+    let t = Tree::new();
+    t.write("a", b"one");
+    intact!("tag", t.root()).expect_code(0);
+    t.write("b", b"two");
+    let r = intact!("tag", t.root()).expect_code(0);
+    assert!(
+        r.stderr.contains("tag: 2 files,")
+            && r.stderr.contains(": 1 new, 1 already-tagged, 1 tagged"),
+        "{}",
+        r.stderr
+    );
+    let r = intact!("check", t.path("a")).expect_code(0);
+    assert!(r.stderr.contains("check: 1 file,"), "{}", r.stderr);
+}

@@ -218,11 +218,69 @@ fn hard_links_are_repaired_in_place_so_every_name_sees_it() {
     let ino = fs::metadata(&f).unwrap().ino();
     flip_byte(&f, 299_999);
     let when = mtime(&f);
-    intact!("repair", t.path("src"), "--from", a).expect_code(0);
+    // The damage is said under every name that carries it, the inode read once.
+    let j = intact!("check", "--json", t.path("src"))
+        .expect_code(1)
+        .json();
+    assert_eq!(j.status("one"), "corrupt");
+    assert_eq!(j.status("two"), "corrupt");
+    assert!(
+        j.file("two")["detail"]
+            .as_str()
+            .unwrap()
+            .contains("another name of")
+    );
+    assert_eq!(j.summary["bytes"], 300_000);
+    let j = intact!("repair", "--json", t.path("src"), "--from", a)
+        .expect_code(0)
+        .json();
+    assert_eq!(j.file("one")["action"], "repaired");
+    assert_eq!(j.status("two"), "ok");
     assert_eq!(fs::metadata(&f).unwrap().ino(), ino);
     assert_eq!(fs::read(t.path("src/two")).unwrap(), good);
     assert_eq!(mtime(&f), when);
     assert_ne!(fs::read(t.path("src/one.damaged")).unwrap(), good);
+}
+
+#[test]
+fn kept_damaged_copies_are_marked_and_never_taken_for_good_files() {
+    let t = Tree::new();
+    let long = "n".repeat(250);
+    let f = t.write(format!("src/{long}"), data(40_000, 12));
+    let g = t.write("src/short", data(40_000, 13));
+    let a = archive(&t, &t.path("src"));
+    flip_byte(&f, 10);
+    flip_byte(&g, 10);
+    // Quiet, and still a line for each file replaced: the record of what changed.
+    let r = intact!("repair", "-q", t.path("src"), "--from", a).expect_code(0);
+    assert_eq!(
+        r.stdout
+            .lines()
+            .filter(|l| l.starts_with("repaired "))
+            .count(),
+        2,
+        "{}",
+        r.stdout
+    );
+    let kept = t.path("src/short.damaged");
+    assert!(getxattr(&kept, "user.intact.damaged").is_some());
+    // The long name is shortened to fit, not hidden.
+    let shortened: Vec<_> = fs::read_dir(t.path("src"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".damaged") && n.starts_with("nnn"))
+        .collect();
+    assert_eq!(shortened.len(), 1, "{shortened:?}");
+    assert!(shortened[0].len() <= 255);
+    // Later runs skip them: not new, and tag leaves them untagged.
+    let j = intact!("check", "--json", t.path("src"))
+        .expect_code(0)
+        .json();
+    assert_eq!(j.status("short.damaged"), "skipped");
+    assert_eq!(j.file("short.damaged")["skip"], "kept-damaged");
+    assert_eq!(j.count("new"), 0);
+    intact!("tag", t.path("src")).expect_code(0);
+    assert!(getxattr(&kept, TAG).is_none());
 }
 
 #[test]
