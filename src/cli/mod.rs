@@ -15,9 +15,10 @@ Exit codes:
   2    usage error
   3    some files could not be processed or verified: unreadable, vanished, tag could not
        be written (no xattr support, permission, no space), changed while being read, tags
-       in conflict, listed in a manifest but missing, unreadable manifest lines, malformed
-       tag in check, tagged with the other algorithm in export
-  130  interrupted (Ctrl-C) before the end";
+       in conflict, listed in a manifest but missing, unusable manifest lines, malformed
+       tag in check, tagged with the other algorithm in export; or the work itself (an
+       archive, a manifest, a parity store) could not be written
+  130  interrupted (Ctrl-C, SIGTERM, SIGHUP) before the end";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -225,7 +226,10 @@ A damaged file is one a check finds corrupt (or in mismatch): its tag says which
 should hold. Copies are found by that digest, so a file moved or renamed since it was copied
 is still found. A copy's bytes must hash to the tag before they replace anything; the new
 file gets the original's mode, owner, xattrs and mtime, and is renamed into place. A file
-with several hard links is rewritten in place, so every name sees the repair.
+with several hard links is rewritten in place, so every name sees the repair; it is marked
+first (user.intact.repairing), so a run killed midway leaves damage every check reports.
+The damaged original is kept as NAME.damaged, marked (user.intact.damaged) so that later
+runs skip it rather than take it for a good file.
 
 Exit codes: 0 nothing damaged is left; 1 some damage could not be repaired (or --dry-run);
 3 errors; as for check otherwise.";
