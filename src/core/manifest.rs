@@ -309,6 +309,11 @@ fn parse_line(line: &[u8], algo: Algo) -> Result<Entry, String> {
         [b' ', b' ' | b'*', name @ ..] if !name.is_empty() => name,
         _ => return Err("expected two characters (\"  \" or \" *\") after the digest".into()),
     };
+    entry(digest, name, escaped)
+}
+
+/// An entry for `name` as written (unescaped if the line said so); its line is set later.
+fn entry(digest: Digest, name: &[u8], escaped: bool) -> Result<Entry, String> {
     Ok(Entry {
         digest,
         path: if escaped {
@@ -338,15 +343,7 @@ fn parse_bsd(line: &[u8], escaped: bool) -> Result<Option<Entry>, String> {
     }
     let name = &line[open + 1..close];
     let digest = hex_digest(algo, &line[close + 4..])?;
-    Ok(Some(Entry {
-        digest,
-        path: if escaped {
-            unescape(name)?
-        } else {
-            name.to_vec()
-        },
-        line: 0,
-    }))
+    entry(digest, name, escaped).map(Some)
 }
 
 fn hex_digest(algo: Algo, hex: &[u8]) -> Result<Digest, String> {

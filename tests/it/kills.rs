@@ -29,12 +29,16 @@ fn reap(mut child: Child) -> Option<i32> {
     }
 }
 
-/// A pseudo-random delay below `max`, different each call.
-fn random_delay(max: Duration, seed: &mut u64) -> Duration {
+/// Runs `cmd`, sends it `sig` after a pseudo-random delay below `max` (different each
+/// call), and waits for it to end.
+fn kill_within(cmd: Cmd, max: Duration, sig: i32, seed: &mut u64) {
+    let child = cmd.command().spawn().unwrap();
     *seed ^= *seed << 13;
     *seed ^= *seed >> 7;
     *seed ^= *seed << 17;
-    max.mul_f64((*seed % 1000) as f64 / 1000.0)
+    std::thread::sleep(max.mul_f64((*seed % 1000) as f64 / 1000.0));
+    signal(&child, sig);
+    reap(child);
 }
 
 fn seed() -> u64 {
@@ -155,13 +159,8 @@ fn kills_at_random_moments_leave_old_bytes_or_verified_new_ones() {
         for (f, _) in &good {
             flip_byte(f, 6 << 20);
         }
-        let child = cmd!("repair", "--discard-damaged", &src, "--from", &archive)
-            .command()
-            .spawn()
-            .unwrap();
-        std::thread::sleep(random_delay(took, &mut seed));
-        signal(&child, sig);
-        reap(child);
+        let repair = cmd!("repair", "--discard-damaged", &src, "--from", &archive);
+        kill_within(repair, took, sig, &mut seed);
         let j = intact!("check", "--json", &src).json();
         for (f, bytes) in &good {
             let name = f.file_name().unwrap().to_str().unwrap();
@@ -181,25 +180,23 @@ fn kills_at_random_moments_leave_old_bytes_or_verified_new_ones() {
         intact!("archive", "create", &again, &src).expect_code(0);
         let took = start.elapsed();
         fs::remove_file(&again).unwrap();
-        let child = cmd!("archive", "create", &again, &src)
-            .command()
-            .spawn()
-            .unwrap();
-        std::thread::sleep(random_delay(took, &mut seed));
-        signal(&child, sig);
-        reap(child);
+        kill_within(
+            cmd!("archive", "create", &again, &src),
+            took,
+            sig,
+            &mut seed,
+        );
         if again.exists() {
             intact!("archive", "verify", &again).expect_code(0);
         }
 
         let _ = fs::remove_dir_all(&store);
-        let child = cmd!("protect", "--store", &store, &src)
-            .command()
-            .spawn()
-            .unwrap();
-        std::thread::sleep(random_delay(took, &mut seed));
-        signal(&child, sig);
-        reap(child);
+        kill_within(
+            cmd!("protect", "--store", &store, &src),
+            took,
+            sig,
+            &mut seed,
+        );
         // Every index in place names a complete set that par2cmdline accepts.
         for index in par2_indexes(&store) {
             let ok = std::process::Command::new("par2")
