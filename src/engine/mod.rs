@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crossbeam_channel::bounded;
+use crossbeam_channel::{Sender, bounded};
 
 use crate::core::classify::Status;
 use crate::core::digest::Algo;
@@ -153,52 +153,7 @@ pub fn run(
     let anchors = &roots.iter().map(|r| Anchor::new(r)).collect::<Vec<_>>();
 
     std::thread::scope(|s| {
-        let walker = s.spawn(move || {
-            let mut seq = 0u64;
-            let mut batch = Vec::with_capacity(BATCH_FILES);
-            let mut bytes = 0;
-            let mut send = |batch: &mut Vec<Entry>| {
-                if cancel.load(Ordering::Relaxed) || token_tx.send(()).is_err() {
-                    return ControlFlow::Break(());
-                }
-                let full = std::mem::replace(batch, Vec::with_capacity(BATCH_FILES));
-                if job_tx.send((seq, full)).is_err() {
-                    return ControlFlow::Break(());
-                }
-                seq += 1;
-                ControlFlow::Continue(())
-            };
-            let mut visit = |entry: Entry| {
-                if let Entry::File { size, .. } = &entry {
-                    bytes += size;
-                }
-                batch.push(entry);
-                if batch.len() < BATCH_FILES && bytes < BATCH_BYTES {
-                    return ControlFlow::Continue(());
-                }
-                bytes = 0;
-                send(&mut batch)
-            };
-            // import visits what its manifest lists, beneath its one root; the others walk.
-            let walked = match (&config.manifest, config.work) {
-                (Some(m), Work::Import) => {
-                    let _ = m.listed().try_for_each(|(_, path)| {
-                        visit(Entry::File {
-                            path,
-                            size: 0,
-                            root: 0,
-                            inode: None,
-                        })
-                    });
-                    Ok(())
-                }
-                _ => walk::walk(roots, &config.walk, visit),
-            };
-            if !batch.is_empty() {
-                let _ = send(&mut batch);
-            }
-            walked
-        });
+        let walker = s.spawn(move || walk_in_batches(config, roots, cancel, job_tx, token_tx));
         for _ in 0..threads {
             let (job_rx, done_tx) = (job_rx.clone(), done_tx.clone());
             s.spawn(move || {
@@ -206,25 +161,7 @@ pub fn run(
                 for (seq, batch) in job_rx {
                     let reports = batch
                         .into_iter()
-                        .map(|entry| match entry {
-                            Entry::File {
-                                path, root, inode, ..
-                            } => worker.process(path, root, inode, &anchors[root]),
-                            Entry::Skip {
-                                path,
-                                root,
-                                reason,
-                                inode,
-                            } => Some(FileReport {
-                                root,
-                                inode,
-                                ..FileReport::skipped(path, reason)
-                            }),
-                            Entry::Error { path, root, error } => Some(FileReport {
-                                root,
-                                ..FileReport::error(path, FileError::Walk(error))
-                            }),
-                        })
+                        .map(|entry| worker.entry(entry, anchors))
                         .collect();
                     if done_tx.send((seq, reports)).is_err() {
                         break;
@@ -273,6 +210,61 @@ pub fn run(
         }
         walked
     })
+}
+
+/// The walker: entries in batches, each batch taking a token from the window first, so the
+/// walk never runs further ahead of the oldest unreported file than the window allows.
+fn walk_in_batches(
+    config: &Config,
+    roots: &[PathBuf],
+    cancel: &AtomicBool,
+    job_tx: Sender<(u64, Vec<Entry>)>,
+    token_tx: Sender<()>,
+) -> Result<(), ignore::Error> {
+    let mut seq = 0u64;
+    let mut batch = Vec::with_capacity(BATCH_FILES);
+    let mut bytes = 0;
+    let mut send = |batch: &mut Vec<Entry>| {
+        if cancel.load(Ordering::Relaxed) || token_tx.send(()).is_err() {
+            return ControlFlow::Break(());
+        }
+        let full = std::mem::replace(batch, Vec::with_capacity(BATCH_FILES));
+        if job_tx.send((seq, full)).is_err() {
+            return ControlFlow::Break(());
+        }
+        seq += 1;
+        ControlFlow::Continue(())
+    };
+    let mut visit = |entry: Entry| {
+        if let Entry::File { size, .. } = &entry {
+            bytes += size;
+        }
+        batch.push(entry);
+        if batch.len() < BATCH_FILES && bytes < BATCH_BYTES {
+            return ControlFlow::Continue(());
+        }
+        bytes = 0;
+        send(&mut batch)
+    };
+    // import visits what its manifest lists, beneath its one root; the others walk.
+    let walked = match (&config.manifest, config.work) {
+        (Some(m), Work::Import) => {
+            let _ = m.listed().try_for_each(|(_, path)| {
+                visit(Entry::File {
+                    path,
+                    size: 0,
+                    root: 0,
+                    inode: None,
+                })
+            });
+            Ok(())
+        }
+        _ => walk::walk(roots, &config.walk, visit),
+    };
+    if !batch.is_empty() {
+        let _ = send(&mut batch);
+    }
+    walked
 }
 
 /// The damage found in a file with several names, said under each of them: the first name

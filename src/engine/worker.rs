@@ -15,7 +15,7 @@ use crate::fs::anchor::Anchor;
 use crate::fs::atomic;
 use crate::fs::device::Gates;
 use crate::fs::read::{self, AlignedBuf, HashError, ReadOptions};
-use crate::fs::walk::{Inode, SkipReason};
+use crate::fs::walk::{Entry, Inode, SkipReason};
 use crate::fs::xattr::{self, Stored};
 
 /// The file's identity and state, from `fstat`.
@@ -145,7 +145,30 @@ impl<'a> Worker<'a> {
 impl Worker<'_> {
     /// Processes one regular file found under `anchor`'s root; `None` if the run was
     /// interrupted meanwhile.
-    pub(super) fn process(
+    /// The report for one thing the walk found; `None` if the run was interrupted.
+    pub(super) fn entry(&mut self, entry: Entry, anchors: &[Anchor]) -> Option<FileReport> {
+        match entry {
+            Entry::File {
+                path, root, inode, ..
+            } => self.process(path, root, inode, &anchors[root]),
+            Entry::Skip {
+                path,
+                root,
+                reason,
+                inode,
+            } => Some(FileReport {
+                root,
+                inode,
+                ..FileReport::skipped(path, reason)
+            }),
+            Entry::Error { path, root, error } => Some(FileReport {
+                root,
+                ..FileReport::error(path, FileError::Walk(error))
+            }),
+        }
+    }
+
+    fn process(
         &mut self,
         path: PathBuf,
         root: usize,
