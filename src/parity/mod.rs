@@ -82,9 +82,10 @@ pub struct Store {
     threads: usize,
     /// Small files waiting for their pack to fill, and their bytes.
     pending: Mutex<(Vec<Protectee>, u64)>,
-    /// Set files written, waiting to be made durable and put in place, and the contents
-    /// they protect.
-    staged: Mutex<(Batch, Vec<Digest>)>,
+    /// Set files written, waiting to be made durable and put in place.
+    staged: Mutex<Staged>,
+    /// Sets made durable by this run, and their bytes.
+    written: Mutex<(u64, u64)>,
     /// Temp files that killed runs had left in the store, removed when it was opened.
     pub removed: Vec<PathBuf>,
 }
@@ -137,26 +138,19 @@ pub enum Job {
     Pack(Vec<Protectee>),
 }
 
-/// What protecting did.
-#[derive(Debug, Default, Clone)]
-pub struct Stats {
-    /// Sets written.
-    pub sets: u64,
-    /// Bytes of recovery data and descriptions written.
-    pub bytes: u64,
-    /// Files left without parity because they changed after they were verified: the digest
-    /// they were verified with, and where they are.
-    pub changed: Vec<(Digest, PathBuf)>,
+/// Set files written and not yet durable, the contents they protect, and their count and
+/// bytes.
+#[derive(Default)]
+struct Staged {
+    batch: Batch,
+    digests: Vec<Digest>,
+    sets: u64,
+    bytes: u64,
 }
 
-impl Stats {
-    /// Adds `other` to these totals.
-    pub fn add(&mut self, other: Stats) {
-        self.sets += other.sets;
-        self.bytes += other.bytes;
-        self.changed.extend(other.changed);
-    }
-}
+/// Files left without parity because they changed after they were verified: the digest they
+/// were verified with, and where they are.
+type Changed = Vec<(Digest, PathBuf)>;
 
 impl Store {
     /// Opens (creating it if need be) the store at `dir` for files under `root`.
@@ -240,7 +234,8 @@ impl Store {
             redundancy: 0.0,
             threads: 1,
             pending: Mutex::new((Vec::new(), 0)),
-            staged: Mutex::new((Batch::default(), Vec::new())),
+            staged: Mutex::new(Staged::default()),
+            written: Mutex::new((0, 0)),
             removed: Vec::new(),
         })
     }
@@ -290,9 +285,8 @@ impl Store {
 
     /// Computes and stages a job's set (made durable and put in place by [`Store::commit`]).
     /// A file that changed since it was verified gets no parity (a pack is made of the
-    /// others), and is listed in the stats. What becomes of each file is in
-    /// [`Store::outcome`].
-    pub fn run(&self, job: Job) -> Stats {
+    /// others). What becomes of each file is in [`Store::outcome`].
+    pub fn run(&self, job: Job) {
         let digests: Vec<Digest> = match &job {
             Job::File(f) => vec![f.digest],
             Job::Pack(files) => files.iter().map(|f| f.digest).collect(),
@@ -300,17 +294,15 @@ impl Store {
         let result = self.compute(job);
         let mut outcomes = lock(&self.outcomes);
         match result {
-            Ok(stats) => {
-                for (d, _) in &stats.changed {
-                    outcomes.insert(*d, Outcome::Changed);
+            Ok(changed) => {
+                for (d, _) in changed {
+                    outcomes.insert(d, Outcome::Changed);
                 }
-                stats
             }
             Err(e) => {
                 for d in digests {
                     outcomes.insert(d, Outcome::failed(&e));
                 }
-                Stats::default()
             }
         }
     }
@@ -324,18 +316,20 @@ impl Store {
             .unwrap_or(Outcome::Durable)
     }
 
-    fn compute(&self, job: Job) -> io::Result<Stats> {
+    /// Sets made durable by this run so far, and their bytes.
+    pub fn written(&self) -> (u64, u64) {
+        *lock(&self.written)
+    }
+
+    fn compute(&self, job: Job) -> io::Result<Changed> {
         match job {
             Job::File(file) => {
                 let base = self.set_base(&file.digest);
                 let slices = (file.size / MIN_SLICE).clamp(1, MAX_SLICES);
                 let slice = par2::slice_size_for(file.size, slices);
                 match self.write_set(std::slice::from_ref(&file), slice, &base, false) {
-                    Ok(stats) => Ok(stats),
-                    Err(ProtectError::Changed(changed)) => Ok(Stats {
-                        changed,
-                        ..Stats::default()
-                    }),
+                    Ok(()) => Ok(Vec::new()),
+                    Err(ProtectError::Changed(changed)) => Ok(changed),
                     Err(ProtectError::Io(e)) => Err(e),
                 }
             }
@@ -343,13 +337,12 @@ impl Store {
                 let mut changed = Vec::new();
                 while !files.is_empty() {
                     match self.write_pack(&files) {
-                        Ok((mut stats, index)) => {
+                        Ok(index) => {
                             let mut packed = lock(&self.packed);
                             for f in files {
                                 packed.insert(f.digest, index.clone());
                             }
-                            stats.changed = changed;
-                            return Ok(stats);
+                            return Ok(changed);
                         }
                         Err(ProtectError::Changed(paths)) => {
                             files.retain(|f| !paths.iter().any(|(_, p)| p == &f.path));
@@ -358,10 +351,7 @@ impl Store {
                         Err(ProtectError::Io(e)) => return Err(e),
                     }
                 }
-                Ok(Stats {
-                    changed,
-                    ..Stats::default()
-                })
+                Ok(changed)
             }
         }
     }
@@ -385,10 +375,16 @@ impl Store {
     }
 
     /// Commits a batch, and records what it made durable (or failed to).
-    fn commit_staged(&self, staged: &mut (Batch, Vec<Digest>)) -> io::Result<()> {
-        let committed = staged.0.commit();
+    fn commit_staged(&self, staged: &mut Staged) -> io::Result<()> {
+        let committed = staged.batch.commit();
+        if committed.is_ok() {
+            let mut written = lock(&self.written);
+            written.0 += staged.sets;
+            written.1 += staged.bytes;
+        }
+        (staged.sets, staged.bytes) = (0, 0);
         let mut outcomes = lock(&self.outcomes);
-        for d in staged.1.drain(..) {
+        for d in staged.digests.drain(..) {
             match &committed {
                 // Durable is what an absent digest means: the map holds only the unsettled.
                 Ok(()) => outcomes.remove(&d),
@@ -400,20 +396,22 @@ impl Store {
 
     /// Stages a written set, volume before index (an index means a complete set), for the
     /// contents `digests`; a full batch is committed.
-    fn stage(&self, files: [(Temp, PathBuf); 2], digests: &[Digest]) -> io::Result<()> {
+    fn stage(&self, files: [(Temp, PathBuf); 2], digests: &[Digest], bytes: u64) -> io::Result<()> {
         let mut staged = lock(&self.staged);
         for (temp, dest) in files {
-            staged.0.add(temp, dest);
+            staged.batch.add(temp, dest);
         }
-        staged.1.extend_from_slice(digests);
-        if staged.0.len() >= BATCH {
+        staged.digests.extend_from_slice(digests);
+        staged.sets += 1;
+        staged.bytes += bytes;
+        if staged.batch.len() >= BATCH {
             self.commit_staged(&mut staged)?;
         }
         Ok(())
     }
 
     /// Writes one pack; returns its index file too.
-    fn write_pack(&self, files: &[Protectee]) -> Result<(Stats, PathBuf), ProtectError> {
+    fn write_pack(&self, files: &[Protectee]) -> Result<PathBuf, ProtectError> {
         // About one slice per file: small files waste little padding.
         let total: u64 = files.iter().map(|f| f.size).sum();
         let slice = (total.div_ceil(files.len() as u64))
@@ -424,8 +422,8 @@ impl Store {
             id.update(&f.digest.bytes);
         }
         let base = self.dir.join("packs").join(&id.finalize().hex()[..32]);
-        let stats = self.write_set(files, slice, &base, true)?;
-        Ok((stats, with_ext(&base, "par2")))
+        self.write_set(files, slice, &base, true)?;
+        Ok(with_ext(&base, "par2"))
     }
 
     /// Computes a set over `files` (each hashed again as it is read: a file that changed
@@ -437,7 +435,7 @@ impl Store {
         slice: u64,
         base: &Path,
         pack: bool,
-    ) -> Result<Stats, ProtectError> {
+    ) -> Result<(), ProtectError> {
         let inputs: Vec<par2::Input> = files
             .iter()
             .map(|f| par2::Input {
@@ -515,12 +513,9 @@ impl Store {
         let index_temp = Temp::beside(&index_path)?;
         index_temp.file().write_all(&index)?;
         let digests: Vec<Digest> = files.iter().map(|f| f.digest).collect();
-        self.stage([(temp, volume), (index_temp, index_path)], &digests)?;
-        Ok(Stats {
-            sets: 1,
-            bytes: volume_len + index.len() as u64,
-            changed: Vec::new(),
-        })
+        let bytes = volume_len + index.len() as u64;
+        self.stage([(temp, volume), (index_temp, index_path)], &digests, bytes)?;
+        Ok(())
     }
 
     /// The set that protects `digest`, loaded, and the position in it of the file with that

@@ -3,8 +3,9 @@
 //!
 //! A file is reported `protected` only once its set is durable under its name. Sets are made
 //! durable in batches, so reports wait in a queue, in walk order, until the batch holding
-//! their set is committed (or fails, which makes the file an error); the queue is bounded by
-//! the batch and the pack sizes, not by the tree.
+//! their set is committed (or fails, which makes the file an error). When the queue reaches
+//! [`HOLD`] reports (many small files not yet filling a pack), what is pending is computed and
+//! committed at once, so memory stays bounded whatever the tree.
 
 use std::collections::VecDeque;
 use std::io;
@@ -16,7 +17,7 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender};
 
-use super::{Added, DEFAULT_DIR, Job, Outcome, Protectee, Stats, Store};
+use super::{Added, DEFAULT_DIR, Job, Outcome, Protectee, Store};
 use crate::core::classify::Status;
 use crate::core::digest::Digest;
 use crate::engine::{Action, FileError, FileReport};
@@ -36,12 +37,17 @@ pub struct Protector {
     roots: Vec<PathBuf>,
     stores: Arc<Vec<Store>>,
     jobs: Option<Sender<(usize, Job)>>,
-    done: Receiver<Stats>,
+    /// One message per job handed out, when it is finished (or dropped on interruption).
+    done: Receiver<()>,
+    /// Jobs handed out and not yet finished.
+    running: usize,
     workers: Vec<JoinHandle<()>>,
     /// Reports in walk order, each with the content it waits for (store, digest), if any.
     held: VecDeque<Held>,
-    stats: Stats,
 }
+
+/// Reports held before pending parity is forced out.
+const HOLD: usize = 8192;
 
 struct Held {
     report: FileReport,
@@ -90,8 +96,9 @@ impl Protector {
                     for (i, job) in job_rx {
                         // Interrupted: the rest stay without parity (and are said to).
                         if !cancel.load(Ordering::Relaxed) {
-                            let _ = done_tx.send(stores[i].run(job));
+                            stores[i].run(job);
                         }
+                        let _ = done_tx.send(());
                     }
                 })
             })
@@ -101,9 +108,9 @@ impl Protector {
             stores,
             jobs: Some(jobs),
             done,
+            running: 0,
             workers,
             held: VecDeque::new(),
-            stats: Stats::default(),
         };
         Ok((protector, removed))
     }
@@ -137,16 +144,42 @@ impl Protector {
 
     fn send(&mut self, i: usize, job: Job) -> Result<(), Failure> {
         let jobs = self.jobs.as_ref().expect("open until finished");
-        jobs.send((i, job))
-            .map_err(|_| Failure::new("computing parity", io::Error::other("the workers stopped")))
+        jobs.send((i, job)).map_err(|_| {
+            Failure::new("computing parity", io::Error::other("the workers stopped"))
+        })?;
+        self.running += 1;
+        Ok(())
+    }
+
+    /// Hands out every store's pending files, waits for all jobs to finish and commits: every
+    /// held report is then settled.
+    fn flush(&mut self) -> Result<(), Failure> {
+        let mut failure = None;
+        for i in 0..self.stores.len() {
+            if let Some(job) = self.stores[i].take_pending()
+                && let Err(e) = self.send(i, job)
+            {
+                failure.get_or_insert(e);
+            }
+        }
+        while self.running > 0 && self.done.recv().is_ok() {
+            self.running -= 1;
+        }
+        for store in self.stores.iter() {
+            if let Err(e) = store.commit() {
+                failure.get_or_insert(Failure::new(
+                    format!("writing parity in {}", crate::report::escape(&store.dir)),
+                    e,
+                ));
+            }
+        }
+        failure.map_or(Ok(()), Err)
     }
 
     /// Lets out the reports at the head of the queue whose parity is settled; at the end
     /// (`last`), all of them.
     fn release(&mut self, out: &mut dyn Out, last: bool) {
-        for stats in self.done.try_iter() {
-            self.stats.add(stats);
-        }
+        self.running -= self.done.try_iter().count();
         while let Some(head) = self.held.front() {
             let outcome = head.wait.map(|(i, d)| self.stores[i].outcome(&d));
             if outcome == Some(Outcome::Pending) && !last {
@@ -189,42 +222,34 @@ impl Sink for Protector {
             wait,
             already,
         });
+        let flushed = if self.held.len() >= HOLD {
+            self.flush()
+        } else {
+            Ok(())
+        };
         self.release(out, false);
-        given.map(drop)
+        given.map(drop).and(flushed)
     }
 
     fn finish(&mut self, interrupted: bool, out: &mut dyn Out) -> Result<(), Failure> {
-        if !interrupted {
-            for i in 0..self.stores.len() {
-                if let Some(job) = self.stores[i].take_pending() {
-                    self.send(i, job)?;
-                }
-            }
-        }
+        let result = if interrupted { Ok(()) } else { self.flush() };
         drop(self.jobs.take());
         for worker in self.workers.drain(..) {
             let _ = worker.join();
         }
-        let mut failure = None;
         for store in self.stores.iter() {
             store.tidy();
         }
-        if !interrupted {
-            for store in self.stores.iter() {
-                if let Err(e) = store.commit() {
-                    failure.get_or_insert(Failure::new(
-                        format!("writing parity in {}", crate::report::escape(&store.dir)),
-                        e,
-                    ));
-                }
-            }
-        }
         self.release(out, true);
+        let (sets, bytes) = self
+            .stores
+            .iter()
+            .map(Store::written)
+            .fold((0, 0), |(s, b), (s2, b2)| (s + s2, b + b2));
         out.note(format!(
-            "protect: wrote {} PAR2 sets, {}",
-            self.stats.sets,
-            crate::report::bytes(self.stats.bytes)
+            "protect: wrote {sets} PAR2 sets, {}",
+            crate::report::bytes(bytes)
         ));
-        failure.map_or(Ok(()), Err)
+        result
     }
 }

@@ -305,3 +305,31 @@ fn walkdir_count(dir: &Path) -> usize {
         })
         .sum()
 }
+
+#[test]
+fn many_small_files_are_settled_in_slices_and_all_protected() {
+    // More files than the protector holds reports for: it forces their packs out part way.
+    let t = Tree::new();
+    let n = 9000;
+    for i in 0..n {
+        t.write(
+            format!("src/d{:02}/f{i:05}", i % 50),
+            data(40, 7 + i as u64),
+        );
+    }
+    let src = t.path("src");
+    let r = intact!("protect", "--json", src).expect_code(0).json();
+    let protected = r
+        .files
+        .iter()
+        .filter(|f| f["action"] == "protected")
+        .count();
+    assert_eq!(protected, n, "{}", r.summary);
+    for (i, victim) in [(3, "src/d03/f00003"), (8950, "src/d00/f08950")] {
+        let victim = t.path(victim);
+        let good = fs::read(&victim).unwrap();
+        flip_byte(&victim, 5);
+        intact!("repair", "--discard-damaged", src).expect_code(0);
+        assert_eq!(fs::read(&victim).unwrap(), good, "file {i}");
+    }
+}
