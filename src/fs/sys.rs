@@ -56,20 +56,15 @@ pub fn noatime() -> rustix::fs::OFlags {
     return rustix::fs::OFlags::empty();
 }
 
-/// A handle on a root directory for [`open_beneath`] (`O_PATH`: no read permission needed).
-/// `None` for a root that is a file, or where `open_beneath` does not exist.
+/// A handle on a root directory for [`open_beneath`] and the `*at` calls (`O_PATH` on Linux:
+/// no read permission needed). `None` for a root that is a file.
 pub fn open_anchor(root: &std::path::Path) -> Option<rustix::fd::OwnedFd> {
+    use rustix::fs::OFlags;
     #[cfg(target_os = "linux")]
-    {
-        use rustix::fs::OFlags;
-        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
-        rustix::fs::open(root, flags, rustix::fs::Mode::empty()).ok()
-    }
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
     #[cfg(not(target_os = "linux"))]
-    {
-        let _ = root;
-        None
-    }
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    rustix::fs::open(root, flags, rustix::fs::Mode::empty()).ok()
 }
 
 /// Opens `rel` under the directory `dir` without following any symlink and without leaving
@@ -85,11 +80,15 @@ pub fn open_beneath(
         use rustix::fs::ResolveFlags;
         let resolve =
             ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+        // openat2 asks for a retry when a rename raced with the lookup; a tree renamed
+        // without pause must not keep the run here forever.
+        let mut retries = 0;
         loop {
             match rustix::fs::openat2(dir, rel, flags, rustix::fs::Mode::empty(), resolve) {
                 Err(rustix::io::Errno::NOSYS) => return None,
-                // openat2 may ask for a retry when a rename raced with the lookup.
-                Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) if retries < 64 => {
+                    retries += 1
+                }
                 // Leaving the root through ".." (a directory moved away meanwhile).
                 Err(rustix::io::Errno::XDEV) => {
                     return Some(Err(io::Error::other(
