@@ -225,10 +225,6 @@ impl Writer {
         self.stats.members += 1;
         self.stats.bytes += before.len();
         self.frame_bytes += body;
-        if before.nlink() > 1 {
-            self.links
-                .insert((before.dev(), before.ino()), name.to_vec());
-        }
         if let Err(e) = copied.error {
             report.fail(FileError::Read(e));
             report.detail = Some("the archived copy is incomplete and fails verify".into());
@@ -252,6 +248,11 @@ impl Writer {
                 "changed between verifying and archiving: the archived copy fails verify",
             );
             return Ok(());
+        }
+        // Only a copy proven good is worth linking other names to.
+        if before.nlink() > 1 {
+            self.links
+                .insert((before.dev(), before.ino()), name.to_vec());
         }
         report.action = Some(Action::Archived);
         Ok(())
