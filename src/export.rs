@@ -54,10 +54,13 @@ impl Listing {
         })
     }
 
-    fn out(&mut self) -> &mut dyn Write {
+    fn write(&mut self, bytes: &[u8]) -> Result<(), Failure> {
+        let what = "writing the manifest";
         match &mut self.to {
-            To::Stdout(out) => out,
-            To::File { out, .. } => out,
+            To::Stdout(out) => out
+                .write_all(bytes)
+                .map_err(|e| Failure::on_stdout(what, e)),
+            To::File { out, .. } => out.write_all(bytes).map_err(|e| Failure::new(what, e)),
         }
     }
 }
@@ -69,9 +72,7 @@ impl Sink for Listing {
         if let (Some(tag), Status::Ok | Status::Corrupt) = (&report.tag, report.status) {
             let rel = report.relative(&self.roots).as_os_str().as_bytes().to_vec();
             let line = manifest::format_line(&tag.digest, &rel);
-            self.out()
-                .write_all(&line)
-                .map_err(|e| Failure::new("writing the manifest", e))?;
+            self.write(&line)?;
         }
         out.send(report);
         Ok(())
@@ -80,7 +81,9 @@ impl Sink for Listing {
     fn finish(&mut self, interrupted: bool, _out: &mut dyn Out) -> Result<(), Failure> {
         let failed = |e| Failure::new("writing the manifest", e);
         match &mut self.to {
-            To::Stdout(out) => out.flush().map_err(failed),
+            To::Stdout(out) => out
+                .flush()
+                .map_err(|e| Failure::on_stdout("writing the manifest", e)),
             // An unfinished manifest leaves nothing behind: the temp file goes with it.
             To::File { temp, dest, out } if !interrupted => {
                 out.flush().map_err(failed)?;

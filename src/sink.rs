@@ -63,6 +63,9 @@ pub struct Failure {
     pub what: String,
     /// Why it failed.
     pub error: io::Error,
+    /// It was writing to standard output: a closed pipe there ends the run quietly, as it
+    /// does for the reports (`intact export | head`).
+    pub stdout: bool,
 }
 
 impl Failure {
@@ -71,6 +74,15 @@ impl Failure {
         Failure {
             what: what.into(),
             error,
+            stdout: false,
+        }
+    }
+
+    /// A failure of `what`, writing to standard output.
+    pub fn on_stdout(what: impl Into<String>, error: io::Error) -> Self {
+        Failure {
+            stdout: true,
+            ..Failure::new(what, error)
         }
     }
 }

@@ -80,7 +80,9 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
     let mut output = output;
     match failure {
         // The manifest's own stdout closed: as for the reports' (`intact export | head`).
-        Some(f) if f.error.kind() == io::ErrorKind::BrokenPipe => output = Some(f.error),
+        Some(f) if f.stdout && f.error.kind() == io::ErrorKind::BrokenPipe => {
+            output = Some(f.error)
+        }
         Some(f) => reporter.fail(f.to_string()),
         None => {}
     }
