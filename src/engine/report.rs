@@ -84,6 +84,13 @@ pub enum FileError {
     /// Restoring the file's data failed; the file was left as it was.
     #[error("cannot repair: {}; the file was left as it was", cause(.0))]
     Repair(io::Error),
+    /// Rewriting the file in place failed part way (a file with several names).
+    #[error(
+        "repair stopped part way: {}; the file is marked, so checks report it as damaged \
+         until a repair completes",
+        cause(.0)
+    )]
+    RepairPartial(io::Error),
     /// `export` was asked for one algorithm; the file is tagged with the other.
     #[error("tagged with {0} only: `export --algo {0}` lists it")]
     OtherAlgorithm(Algo),
@@ -100,6 +107,7 @@ impl FileError {
             | FileError::RemoveTag(e)
             | FileError::RemoveTemp(e)
             | FileError::Repair(e)
+            | FileError::RepairPartial(e)
             | FileError::Protect(e)
             | FileError::Walk(e) => e,
             FileError::OtherAlgorithm(_) => return "other-algorithm",

@@ -38,13 +38,8 @@ impl Temp {
     /// A new, empty temp file (mode 0600) in the open directory `dir`.
     pub fn new_in(dir: impl AsFd) -> io::Result<Temp> {
         let dir = dir.as_fd().try_clone_to_owned()?;
-        static NEXT: AtomicU64 = AtomicU64::new(0);
         loop {
-            let name = OsString::from(format!(
-                "{PREFIX}{}-{}{SUFFIX}",
-                std::process::id(),
-                NEXT.fetch_add(1, Ordering::Relaxed)
-            ));
+            let name = next_name();
             let flags =
                 OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
             match rustix::fs::openat(&dir, &name, flags, Mode::from_raw_mode(0o600)) {
@@ -210,6 +205,30 @@ pub fn parent(path: &Path) -> &Path {
 pub fn open_dir(dir: &Path) -> io::Result<OwnedFd> {
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
     Ok(rustix::fs::open(dir, flags, Mode::empty())?)
+}
+
+/// A temp name not yet used by this process (the PID makes it unique among running
+/// processes; one left by an earlier process with the same PID may exist).
+fn next_name() -> OsString {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    OsString::from(format!(
+        "{PREFIX}{}-{}{SUFFIX}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+/// Gives the file `name` in `dir` a second name, a temp name (which a later run removes
+/// should this one be killed), and returns it.
+pub fn link_temp(dir: &OwnedFd, name: &OsStr) -> io::Result<OsString> {
+    loop {
+        let temp = next_name();
+        match rustix::fs::linkat(dir, name, dir, &temp, rustix::fs::AtFlags::empty()) {
+            Err(rustix::io::Errno::EXIST) => continue,
+            Err(e) => return Err(e.into()),
+            Ok(()) => return Ok(temp),
+        }
+    }
 }
 
 /// The PID in the name of a temp file intact made, if `name` is one.

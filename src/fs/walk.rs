@@ -245,7 +245,20 @@ fn entry(path: PathBuf, kind: Kind, root: usize, links: &mut HashSet<Inode>) -> 
         reason,
         inode,
     };
+    // A temp file of intact's may be a second name of a file being repaired: it must not
+    // take the inode's turn (it is never read).
+    let temp = || {
+        path.file_name()
+            .and_then(crate::fs::atomic::temp_pid)
+            .is_some()
+    };
     match kind {
+        Kind::File { nlink, .. } if nlink > 1 && temp() => Entry::File {
+            path,
+            size: 0,
+            root,
+            inode: None,
+        },
         Kind::File { nlink, id, .. } if nlink > 1 && !links.insert(id) => {
             skip(path, SkipReason::HardLink, Some(id))
         }
@@ -407,6 +420,8 @@ mod tests {
             fs::write(d.join(name), name).unwrap();
         }
         fs::hard_link(d.join("a"), d.join("c")).unwrap();
+        // A repair's temp name for the same inode comes first, and must not take its turn.
+        fs::hard_link(d.join("a"), d.join(".intact-1-0.tmp")).unwrap();
         std::os::unix::fs::symlink("a", d.join("link")).unwrap();
         std::os::unix::fs::symlink(".", d.join("loop")).unwrap();
         let got = collect(&[d.to_path_buf()], &WalkOptions::default());
@@ -415,6 +430,7 @@ mod tests {
             got,
             vec![
                 format!("file {d}/.hidden"),
+                format!("file {d}/.intact-1-0.tmp"),
                 format!("file {d}/a"),
                 format!("file {d}/b"),
                 format!("skip {d}/c HardLink"),

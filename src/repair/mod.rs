@@ -289,6 +289,11 @@ impl Work {
                 t.report.error = Some(FileError::Repair(e));
                 false
             }
+            Err(Refused::Partial(e)) => {
+                t.done = true;
+                t.report.error = Some(FileError::RepairPartial(e));
+                false
+            }
         }
     }
 }

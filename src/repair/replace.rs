@@ -16,7 +16,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{Mode, OFlags};
+use rustix::fs::{Mode, OFlags, RenameFlags};
 
 use super::{Options, Want, keep_at, kept_note};
 use crate::archive::Chunk;
@@ -24,7 +24,7 @@ use crate::core::digest::Hasher;
 use crate::core::tag::{Timestamp, names};
 use crate::engine::FileReport;
 use crate::fs::anchor::Anchor;
-use crate::fs::atomic::Temp;
+use crate::fs::atomic::{self, Temp};
 use crate::fs::xattr;
 
 /// Restores the damaged file of `report` (under `anchor`'s root) from the bytes `fill`
@@ -101,7 +101,12 @@ pub(super) fn restore(
         return Ok(Restored::default());
     };
     let keep = keep_at(&opts.keep, name, &want.rel);
-    let mut restored = replace(temp, name, &original, &meta, len, keep).map_err(Refused::Target)?;
+    temp.file().set_len(len).map_err(Refused::Target)?;
+    let mut restored = if meta.nlink() > 1 {
+        rewrite_in_place(temp, name, &original, &meta, len, keep)?
+    } else {
+        replace(temp, name, &original, &meta, keep).map_err(Refused::Target)?
+    };
     // A name kept beside is shown with the directory it is in.
     restored.kept = restored.kept.map(|k| {
         if k.parent() == Some(Path::new("")) {
@@ -159,6 +164,9 @@ pub(super) enum Refused {
     Unreadable(io::Error),
     /// The damaged file or its directory could not be written: nothing was changed.
     Target(io::Error),
+    /// Rewriting a file with several names in place failed part way: it is marked, so every
+    /// check reports it as damaged until a repair completes.
+    Partial(io::Error),
 }
 
 pub(super) enum KeepAt {
@@ -178,13 +186,8 @@ fn replace(
     name: &OsStr,
     original: &File,
     meta: &std::fs::Metadata,
-    len: u64,
     keep: Option<KeepAt>,
 ) -> io::Result<Restored> {
-    temp.file().set_len(len)?;
-    if meta.nlink() > 1 {
-        return rewrite_in_place(temp, name, original, meta, len, keep);
-    }
     let attrs = xattr::read_all(original)?;
     xattr::write_all(
         temp.file(),
@@ -212,31 +215,66 @@ fn replace(
     )?;
     set_times(temp.file(), meta)?;
     let dir = temp.dir().try_clone()?;
-    let kept = match keep {
-        None => None,
-        Some(KeepAt::Beside(k)) => Some(link_beside(&dir, name, &k)?),
-        Some(KeepAt::Elsewhere(p)) => Some(copy_to(original, name, &p)?),
+    still_in_place(&dir, name, meta)?;
+    // Kept beside, the damaged inode gets a temp name first and its kept name only once the
+    // repair is in place: a kill in between leaves a temp file that the next run removes,
+    // never a second name that would make the next repair rewrite both names in place.
+    let (linked, copied) = match keep {
+        None => (None, None),
+        Some(KeepAt::Beside(k)) => (Some((atomic::link_temp(&dir, name)?, k)), None),
+        Some(KeepAt::Elsewhere(p)) => (None, Some(copy_to(original, name, &p)?)),
     };
     if let Err(e) = temp.commit(name) {
-        if let Some(k) = &kept {
+        if let Some((t, _)) = &linked {
+            unkeep(&dir, Path::new(t));
+        }
+        if let Some(k) = &copied {
             unkeep(&dir, k);
         }
         return Err(e);
     }
     let mut restored = Restored {
-        kept,
+        kept: copied,
         warning: None,
     };
-    if matches!(&restored.kept, Some(k) if k.parent() == Some(Path::new(""))) {
+    if let Some((t, k)) = linked {
         // The damaged inode now lives on only under the kept name: marked, and without its
         // tag, no later run reports the same damage again or takes it for a good file.
-        let marked = xattr::mark_kept_damaged(original, &kept_note(name))
-            .and_then(|()| xattr::remove_intact(original).map(drop));
-        if let Err(e) = marked {
-            restored.warning = Some(format!("finishing up failed: {e}"));
+        let finished = xattr::mark_kept_damaged(original, &kept_note(name))
+            .and_then(|()| xattr::remove_intact(original).map(drop))
+            .and_then(|()| {
+                free_name(&k, |k| {
+                    rustix::fs::renameat_with(&dir, &t, &dir, k, RenameFlags::NOREPLACE)
+                        .map_err(io::Error::from)
+                })
+            });
+        match finished {
+            Ok(k) => restored.kept = Some(k),
+            Err(e) => {
+                restored.warning = Some(format!("keeping the damaged copy failed: {e}"));
+                unkeep(&dir, Path::new(&t));
+            }
         }
     }
     Ok(restored)
+}
+
+/// Makes sure `name` in `dir` is still the damaged file as it was opened (same inode, size
+/// and mtime), just before it is replaced: an edit or a replacement made while the copy was
+/// being read must not be overwritten.
+fn still_in_place(dir: &OwnedFd, name: &OsStr, meta: &std::fs::Metadata) -> io::Result<()> {
+    let now = rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
+    #[allow(clippy::unnecessary_cast)] // The stat fields' types differ between systems.
+    let same = (now.st_dev as u64, now.st_ino as u64) == (meta.dev(), meta.ino())
+        && now.st_size as u64 == meta.len()
+        && (now.st_mtime as i64, now.st_mtime_nsec as i64) == (meta.mtime(), meta.mtime_nsec());
+    if same {
+        Ok(())
+    } else {
+        Err(io::Error::other(
+            "the file changed while its copy was read; run repair again",
+        ))
+    }
 }
 
 /// For an inode with several names: every name must see the repair, so the verified bytes
@@ -251,14 +289,17 @@ fn rewrite_in_place(
     meta: &std::fs::Metadata,
     len: u64,
     keep: Option<KeepAt>,
-) -> io::Result<Restored> {
+) -> Result<Restored, Refused> {
     let dir = temp.dir();
+    still_in_place(dir, name, meta).map_err(Refused::Target)?;
     // The damaged bytes are copied out first: a second link would see the repair too.
     let kept = match keep {
         None => None,
-        Some(KeepAt::Beside(k)) => Some(copy_beside(dir, &k, original, name)?),
-        Some(KeepAt::Elsewhere(p)) => Some(copy_to(original, name, &p)?),
-    };
+        Some(KeepAt::Beside(k)) => Some(copy_beside(dir, &k, original, name)),
+        Some(KeepAt::Elsewhere(p)) => Some(copy_to(original, name, &p)),
+    }
+    .transpose()
+    .map_err(Refused::Target)?;
     let target = match open_at(dir, name, OFlags::WRONLY).map(File::from) {
         Ok(f)
             if f.metadata()
@@ -270,9 +311,9 @@ fn rewrite_in_place(
             if let Some(k) = &kept {
                 unkeep(dir, k);
             }
-            return Err(io::Error::other(
+            return Err(Refused::Target(io::Error::other(
                 "the file was replaced since it was checked; run repair again",
-            ));
+            )));
         }
     };
     let marked = xattr::mark_repairing(&target).and_then(|()| target.sync_all());
@@ -280,7 +321,7 @@ fn rewrite_in_place(
         if let Some(k) = &kept {
             unkeep(dir, k);
         }
-        return Err(e);
+        return Err(Refused::Target(e));
     }
     let written = (|| {
         let mut from = temp.file();
@@ -291,13 +332,7 @@ fn rewrite_in_place(
         target.sync_all()
     })();
     if let Err(e) = written {
-        return Err(io::Error::new(
-            e.kind(),
-            format!(
-                "{e}: the file may be partly rewritten; it is marked, so checks report it as \
-                 damaged until a repair completes"
-            ),
-        ));
+        return Err(Refused::Partial(e));
     }
     let mut restored = Restored {
         kept,
@@ -335,14 +370,6 @@ fn set_times(file: &File, meta: &std::fs::Metadata) -> io::Result<()> {
         },
     )?;
     Ok(())
-}
-
-/// Creates a name for the damaged inode beside it (a hard link), under a free variant of
-/// `keep`.
-fn link_beside(dir: &OwnedFd, name: &OsStr, keep: &OsStr) -> io::Result<PathBuf> {
-    free_name(keep, |k| {
-        rustix::fs::linkat(dir, name, dir, k, rustix::fs::AtFlags::empty()).map_err(io::Error::from)
-    })
 }
 
 /// Copies the damaged bytes to a new file beside the original, under a free variant of
