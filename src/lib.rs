@@ -13,9 +13,12 @@ pub mod core;
 pub mod engine;
 pub mod export;
 pub mod fs;
+pub mod metrics;
 pub mod parity;
 pub mod repair;
 pub mod report;
+pub mod scrub;
 pub mod sink;
+pub mod state;
 #[cfg(test)]
 mod testutil;

@@ -10,7 +10,7 @@ use clap::Parser;
 
 use cli::settings::Usage;
 use cli::{ArchiveCommand, Cli, Command};
-use cmd::{archive, export, generate, protect, repair, scan};
+use cmd::{archive, export, generate, protect, repair, scan, scrub, status};
 use intact::report::Exit;
 
 fn main() -> ExitCode {
@@ -19,6 +19,8 @@ fn main() -> ExitCode {
         Command::Tag(a) => scan::tag(a),
         Command::Check(a) => scan::check(a),
         Command::Update(a) => scan::update(a),
+        Command::Scrub(a) => scrub::run(a),
+        Command::Status(a) => status::run(a),
         Command::Strip(a) => scan::strip(a),
         Command::Show(a) => scan::show(a),
         Command::Import(a) => scan::import(a),

@@ -45,6 +45,8 @@ pub enum Verb {
     Protect,
     /// `repair`.
     Repair,
+    /// `scrub`.
+    Scrub,
 }
 
 impl Verb {
@@ -62,6 +64,7 @@ impl Verb {
             Verb::Verify => "verify",
             Verb::Protect => "protect",
             Verb::Repair => "repair",
+            Verb::Scrub => "scrub",
         }
     }
 }
@@ -118,6 +121,8 @@ pub struct Summary {
     /// What could not be done beyond single files (an archive or parity store that could
     /// not be written, manifest lines that could not be used): each makes the exit code 3.
     pub failures: Vec<String>,
+    /// Verb-specific fields of the JSON summary (a scrub's budget and cycle).
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Summary {
@@ -168,7 +173,10 @@ impl Summary {
             exit = exit.merge(Exit::Interrupted);
         }
         // A malformed tag leaves a file unverifiable: trouble for check, repaired by the others.
-        let unverified = if matches!(verb, Verb::Check | Verb::Repair | Verb::Verify) {
+        let unverified = if matches!(
+            verb,
+            Verb::Check | Verb::Scrub | Verb::Repair | Verb::Verify
+        ) {
             self.malformed
         } else {
             0
@@ -419,6 +427,7 @@ impl Style {
                         )
                 }
                 Verb::Check
+                | Verb::Scrub
                 | Verb::Update
                 | Verb::Archive
                 | Verb::Verify
@@ -664,6 +673,8 @@ struct JsonSummary {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     errors: Vec<String>,
     exit_code: i32,
+    #[serde(flatten)]
+    extra: serde_json::Map<String, serde_json::Value>,
 }
 
 impl JsonSummary {
@@ -686,6 +697,7 @@ impl JsonSummary {
             interrupted: s.interrupted,
             errors: s.failures.clone(),
             exit_code: exit as i32,
+            extra: s.extra.clone(),
         }
     }
 }

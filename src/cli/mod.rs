@@ -50,6 +50,14 @@ pub enum Command {
     /// their old tag
     #[command(after_help = EXIT_CODES)]
     Update(UpdateArgs),
+    /// Verify tagged files least recently verified first, within a budget: run from a timer,
+    /// repeated runs verify every file once per cycle
+    #[command(after_help = SCRUB_HELP)]
+    Scrub(ScrubArgs),
+    /// Show, from tags and the state database alone (no data read), how recently the files
+    /// were verified, damage not yet repaired, and how many have parity or archived copies
+    #[command(after_help = STATUS_HELP)]
+    Status(StatusArgs),
     /// Remove intact's tag (user.intact) from files, and other tools' with --compat
     Strip(StripArgs),
     /// Print each file's stored tag and what a check would expect, without reading data
@@ -102,6 +110,10 @@ pub struct CheckArgs {
     /// The algorithm of the manifest's digests (sha256sum and b3sum lines look alike)
     #[arg(long, value_enum, default_value_t = AlgoArg::Sha256, requires = "manifest")]
     pub algo: AlgoArg,
+    #[command(flatten)]
+    pub state: StateArgs,
+    #[command(flatten)]
+    pub metrics: Metrics,
 }
 
 #[derive(Args, Debug)]
@@ -120,6 +132,74 @@ pub struct UpdateArgs {
     pub accept_corrupt: bool,
     #[command(flatten)]
     pub compat: Compat,
+    #[command(flatten)]
+    pub state: StateArgs,
+    #[command(flatten)]
+    pub metrics: Metrics,
+}
+
+#[derive(Args, Debug)]
+pub struct ScrubArgs {
+    #[command(flatten)]
+    pub paths: Paths,
+    #[command(flatten)]
+    pub common: Common,
+    /// Start no file after this long (e.g. 2h, 30m); files already started finish
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub max_time: Option<std::time::Duration>,
+    /// Verify at most this much data (e.g. 500G, 1.5T, 200MB; K, M, G, T are powers of 1024,
+    /// kB, MB, GB, TB of 1000)
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_bytes: Option<u64>,
+    /// Verify at most this share of the data tagged under PATH (as SnapRAID's scrub -p)
+    #[arg(long, value_name = "N", value_parser = parse_share)]
+    pub max_percent: Option<f64>,
+    /// Only files not verified for this long (e.g. 10d, 4w; as SnapRAID's scrub -o)
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub older_than: Option<std::time::Duration>,
+    /// Apply update's rules to the files visited: tag new files, re-tag edited ones (never
+    /// corrupt ones). Without it a scrub writes nothing to the files, as check
+    #[arg(long)]
+    pub update: bool,
+    #[command(flatten)]
+    pub state: StateArgs,
+    #[command(flatten)]
+    pub metrics: Metrics,
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub paths: Paths,
+    #[command(flatten)]
+    pub common: Common,
+    /// List this many damaged files at most (all with --json)
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub damage_lines: usize,
+    #[command(flatten)]
+    pub state: StateArgs,
+    #[command(flatten)]
+    pub metrics: Metrics,
+}
+
+#[derive(Args, Debug)]
+pub struct StateArgs {
+    /// The state database: when each file was last verified, damage found, copies made
+    /// [default: $XDG_STATE_HOME/intact/state.db; /var/lib/intact/state.db for root;
+    /// ~/.local/state/intact/state.db]
+    #[arg(long, value_name = "FILE", env = "INTACT_STATE")]
+    pub state: Option<PathBuf>,
+    /// Record nothing in the state database (the run verifies just the same)
+    #[arg(long, conflicts_with = "state")]
+    pub no_state: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct Metrics {
+    /// Write Prometheus metrics of the run to FILE (atomically), for node_exporter's textfile
+    /// collector
+    #[arg(long, value_name = "FILE")]
+    pub metrics: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -187,6 +267,8 @@ pub struct ProtectArgs {
     /// The parity store [default: PATH/.intact-parity for each PATH]
     #[arg(long, value_name = "DIR")]
     pub store: Option<PathBuf>,
+    #[command(flatten)]
+    pub state: StateArgs,
 }
 
 #[derive(Args, Debug)]
@@ -212,6 +294,8 @@ pub struct RepairArgs {
     /// Do not keep the damaged originals
     #[arg(long)]
     pub discard_damaged: bool,
+    #[command(flatten)]
+    pub state: StateArgs,
 }
 
 #[derive(Args, Debug)]
@@ -242,6 +326,66 @@ files share packs, about one slice each. Names in the sets are relative to PATH:
 `par2 verify -B PATH SET.par2` and `par2 repair -B PATH SET.par2` work on them.
 
 Exit codes: 0 all protected; 1 damaged files found; 3 some files could not be protected.";
+
+pub const SCRUB_HELP: &str = "\
+Files are verified in rolling order: those not yet verified in the current cycle first (never
+verified ones before all others), then the least recently verified. A cycle ends when every
+tagged file has been verified once; the summary says how far through it the tree is. Without a
+budget a scrub verifies every file once. Verdicts, output and exit codes are check's; the
+state database (see --state) remembers when each file was verified. Planning reads tags and
+metadata only.
+
+Exit codes: as for check (1 damage found, 3 errors, 130 interrupted).";
+
+pub const STATUS_HELP: &str = "\
+Reads tags and metadata, and the state database; no file data. Shows files tagged and
+untagged, how long since each was last verified (a chart), damage found and not yet repaired
+or accepted, files with parity or archived copies, and how long a full cycle takes at the
+speed of recent scrubs.
+
+Exit codes: 0; 1 damage found earlier is not yet repaired or accepted; 3 errors.";
+
+/// `2h`, `30m`, `10d`, `1w 2d` as a duration.
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (e.g. 2h, 30m, 10d)"))
+}
+
+/// `500G`, `1.5T`, `200MB`, `4096` as bytes.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (n, unit) = t.split_at(split);
+    let n: f64 = n.parse().map_err(|_| format!("{s:?} is not a size"))?;
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024f64.powi(2),
+        "g" | "gib" => 1024f64.powi(3),
+        "t" | "tib" => 1024f64.powi(4),
+        "p" | "pib" => 1024f64.powi(5),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        "pb" => 1e15,
+        _ => {
+            return Err(format!(
+                "{s:?}: unknown unit (K, M, G, T, or kB, MB, GB, TB)"
+            ));
+        }
+    };
+    Ok((n * scale) as u64)
+}
+
+/// A share in percent, more than 0 and at most 100.
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.trim_end_matches('%').parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 100.0 => Ok(v),
+        _ => Err(format!("{s:?}: a percentage more than 0 and at most 100")),
+    }
+}
 
 /// `10%`, `10` or `0.5%` as a fraction.
 fn parse_percent(s: &str) -> Result<f64, String> {
@@ -296,6 +440,8 @@ pub struct CreateArgs {
     /// Digest algorithm for new tags [default: sha256]
     #[arg(long, value_enum)]
     pub algo: Option<AlgoArg>,
+    #[command(flatten)]
+    pub state: StateArgs,
 }
 
 #[derive(Args, Debug)]
@@ -439,5 +585,15 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         super::Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn sizes_in_both_kinds_of_units() {
+        assert_eq!(super::parse_size("4096"), Ok(4096));
+        assert_eq!(super::parse_size("2K"), Ok(2048));
+        assert_eq!(super::parse_size("1.5G"), Ok(3 << 29));
+        assert_eq!(super::parse_size("500GB"), Ok(500_000_000_000));
+        assert!(super::parse_size("5 parsecs").is_err());
+        assert!(super::parse_size("G").is_err());
     }
 }

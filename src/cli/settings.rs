@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use super::{AlgoArg, Common, CompatArg, Output, Speed};
+use super::{AlgoArg, Common, CompatArg, Output, Speed, StateArgs};
 use intact::core::digest::Algo;
 use intact::core::manifest::{self, Expected};
 use intact::core::tag::Format;
@@ -38,6 +38,23 @@ pub struct Settings {
     pub exit_at_once: bool,
     /// Known before the run: manifest lines that could not be used.
     pub failures: Vec<String>,
+    /// The state database to record verdicts and copies in, if any.
+    pub state: Option<PathBuf>,
+    /// Where to write Prometheus metrics of the run.
+    pub metrics: Option<PathBuf>,
+    /// A scrub's plan: what to verify, in which order.
+    pub scrub: Option<Scrub>,
+}
+
+/// What a scrub verifies.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Scrub {
+    /// Bytes and share.
+    pub budget: intact::scrub::Budget,
+    /// Tag untagged files too (`--update`).
+    pub untagged_too: bool,
+    /// Start no file after this long.
+    pub max_time: Option<std::time::Duration>,
 }
 
 impl Settings {
@@ -75,7 +92,19 @@ impl Settings {
             reports_to_stderr: false,
             exit_at_once: true,
             failures: Vec::new(),
+            state: None,
+            metrics: None,
+            scrub: None,
         })
+    }
+
+    /// Records in the state database `a` names (or the default one) unless told not to.
+    pub fn record(&mut self, a: &StateArgs) {
+        self.state = if a.no_state {
+            None
+        } else {
+            a.state.clone().or_else(intact::state::default_path)
+        };
     }
 
     /// Reads the manifest `file` for `root` into the configuration: lines it cannot use are

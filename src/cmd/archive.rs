@@ -20,6 +20,7 @@ pub fn create(a: CreateArgs) -> anyhow::Result<Exit> {
     s.config.write = !a.untagged;
     s.config.remove_leftovers = !a.untagged;
     s.exit_at_once = false;
+    s.record(&a.state);
     let opts = archive::Options {
         level: a.level,
         threads: a.compress_threads.unwrap_or(s.config.threads as u32),

@@ -8,6 +8,8 @@ pub mod generate;
 pub mod protect;
 pub mod repair;
 pub mod scan;
+pub mod scrub;
+pub mod status;
 
 use std::io::{self, IsTerminal, Write};
 use std::path::PathBuf;
@@ -20,15 +22,18 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use crate::cli::settings::Settings;
 use intact::engine::{self, Action, FileReport, Progress};
 use intact::fs::walk::{self, Entry, WalkOptions};
+use intact::metrics::Metrics;
 use intact::report::{Exit, Reporter};
 use intact::sink::{Out, Sink};
+use intact::state::State;
 
 /// Set to wind a run down: by a signal, or by a failure of the work itself.
 pub static STOP: AtomicBool = AtomicBool::new(false);
 /// Set by a signal only: the run is reported as interrupted.
 static SIGNALLED: AtomicBool = AtomicBool::new(false);
 
-/// Runs the engine over `s.roots` with `sink` between it and the reporter; the exit code is
+/// Runs the engine over `s.roots` (a scrub: over its plan) with `sink` between it and the
+/// reporter, recording in the state database and writing metrics if asked; the exit code is
 /// the one the summary states.
 pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
     if s.background {
@@ -46,18 +51,40 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
     for failure in &s.failures {
         reporter.fail(failure.clone());
     }
+    let mut state = s.state.as_deref().and_then(open_state);
+    if let Some(state) = &mut state {
+        state.begin_run(s.verb.name(), &s.roots);
+    }
     let progress = Progress::default();
     let show_bar = s.progress && s.config.work.reads_data() && io::stderr().is_terminal();
     let start = Instant::now();
-    let (walked, failure, output) = std::thread::scope(|scope| {
-        let bar = show_bar.then(|| progress_bar(scope, &s.roots, &s.config.walk, &progress));
+    let mut plan = None;
+    let (walked, failure, output, state) = std::thread::scope(|scope| {
         let mut front = Front {
             reporter: &mut reporter,
-            bar: bar.as_ref(),
+            bar: None,
             error: None,
+            state,
         };
+        let mut config = s.config.clone();
+        let source = match &s.scrub {
+            Some(scrub) => match scrub::prepare(&s, scrub, &mut config, &mut front) {
+                Ok((p, queue, bytes)) => {
+                    plan = Some((p, bytes));
+                    engine::Source::List(Box::new(queue))
+                }
+                Err(e) => {
+                    front.reporter.fail(format!("planning the scrub: {e}"));
+                    engine::Source::List(Box::new(std::iter::empty()))
+                }
+            },
+            None => engine::Source::Walk,
+        };
+        let total = plan.as_ref().map(|(_, bytes)| *bytes);
+        let bar = show_bar.then(|| progress_bar(scope, &s.roots, &s.config.walk, total, &progress));
+        front.bar = bar.as_ref();
         let mut failure = None;
-        let walked = engine::run(&s.config, &s.roots, &STOP, &progress, |report| {
+        let walked = engine::run_from(&config, &s.roots, source, &STOP, &progress, |report| {
             if failure.is_none()
                 && front.error.is_none()
                 && let Err(f) = sink.take(report, &mut front)
@@ -73,10 +100,14 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
         if let Err(f) = sink.finish(STOP.load(Ordering::SeqCst), &mut front) {
             failure.get_or_insert(f);
         }
-        (walked, failure, front.error)
+        (walked, failure, front.error, front.state)
     });
+    let mut state = state;
     reporter.summary.elapsed = start.elapsed();
     reporter.summary.interrupted = SIGNALLED.load(Ordering::SeqCst);
+    if let Some((plan, _)) = &plan {
+        scrub::conclude(plan, state.as_mut(), &mut reporter);
+    }
     let mut output = output;
     match failure {
         // The manifest's own stdout closed: as for the reports' (`intact export | head`).
@@ -89,17 +120,94 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
     if let Err(e) = walked {
         reporter.fail(format!("walking: {e}"));
     }
-    match output {
-        // A closed pipe (`intact check | head`) ends the run quietly.
-        Some(e) if e.kind() == io::ErrorKind::BrokenPipe => {
-            return Ok(reporter.summary.exit(s.verb));
-        }
-        Some(e) => reporter.fail(format!("writing output: {e}")),
-        None => {}
+    if let Some(warning) = state.as_mut().and_then(|st| st.failed.take()) {
+        eprintln!("intact: warning: {warning}");
     }
-    Ok(reporter
+    let exit = match output {
+        // A closed pipe (`intact check | head`) ends the run quietly.
+        Some(e) if e.kind() == io::ErrorKind::BrokenPipe => reporter.summary.exit(s.verb),
+        Some(e) => {
+            reporter.fail(format!("writing output: {e}"));
+            finish(&mut reporter, s.verb)
+        }
+        None => finish(&mut reporter, s.verb),
+    };
+    let summary = &reporter.summary;
+    if let Some(state) = &mut state {
+        state.end_run(
+            summary.files(),
+            summary.bytes,
+            summary.elapsed.as_secs_f64(),
+            exit as i32,
+        );
+    }
+    if let Some(path) = &s.metrics {
+        let mut m = Metrics::default();
+        m.run(s.verb.name(), summary, exit as i32, intact::state::now());
+        let ages = match &plan {
+            Some((plan, _)) => plan.ages().ok(),
+            None => state.as_ref().and_then(|st| st.seen_summary()),
+        };
+        if let Some((never, oldest)) = ages {
+            let never = never + summary.count(intact::core::classify::Status::New);
+            verification_ages(&mut m, s.verb.name(), never, oldest);
+        }
+        if let Err(e) = m.write(path) {
+            eprintln!(
+                "intact: error: writing the metrics {}: {e}",
+                intact::report::escape(path)
+            );
+            return Ok(exit.merge(Exit::Trouble));
+        }
+    }
+    Ok(exit)
+}
+
+/// Prints the summary; the exit code it states.
+fn finish(reporter: &mut Reporter<Box<dyn Write>, io::Stderr>, verb: intact::report::Verb) -> Exit {
+    reporter
         .finish()
-        .unwrap_or_else(|_| reporter.summary.exit(s.verb).merge(Exit::Trouble)))
+        .unwrap_or_else(|_| reporter.summary.exit(verb).merge(Exit::Trouble))
+}
+
+/// The state database at `path`, or none (with a warning) if it cannot be opened: the run
+/// verifies all the same.
+fn open_state(path: &std::path::Path) -> Option<State> {
+    match State::open(path) {
+        Ok((state, warning)) => {
+            if let Some(w) = warning {
+                eprintln!("intact: warning: {w}");
+            }
+            Some(state)
+        }
+        Err(e) => {
+            eprintln!(
+                "intact: warning: cannot open the state database {}: {e}; nothing is recorded \
+                 this run",
+                intact::report::escape(path)
+            );
+            None
+        }
+    }
+}
+
+/// The metrics of verification age: files never verified, and the oldest verification.
+fn verification_ages(m: &mut Metrics, verb: &str, never: u64, oldest: Option<i64>) {
+    let v = &[("verb", verb)];
+    m.gauge(
+        "files_never_verified",
+        "Files under the roots never verified since they were tagged (or never tagged).",
+        v,
+        never as f64,
+    );
+    if let Some(oldest) = oldest {
+        m.gauge(
+            "oldest_verification_age_seconds",
+            "How long ago the least recently verified file was verified.",
+            v,
+            (intact::state::now() - oldest).max(0) as f64 / 1e3,
+        );
+    }
 }
 
 /// The reporter, as sinks see it: prints step around the progress bar, and an output error
@@ -108,6 +216,8 @@ struct Front<'a> {
     reporter: &'a mut Reporter<Box<dyn Write>, io::Stderr>,
     bar: Option<&'a ProgressBar>,
     error: Option<io::Error>,
+    /// Where verdicts and copies are recorded.
+    state: Option<State>,
 }
 
 impl Front<'_> {
@@ -128,16 +238,25 @@ impl Front<'_> {
 
 impl Out for Front<'_> {
     fn send(&mut self, report: FileReport) {
+        if let Some(state) = &mut self.state {
+            state.record(&report);
+        }
         let prints = self.reporter.prints(&report);
         self.print(prints, |f| f.reporter.file(&report));
     }
 
     fn hold(&mut self, report: FileReport, fallback: Option<Action>) {
+        if let Some(state) = &mut self.state {
+            state.hold(&report);
+        }
         let prints = !report.malformed.is_empty();
         self.print(prints, |f| f.reporter.hold(&report, fallback));
     }
 
     fn settle(&mut self, durable: bool) {
+        if let Some(state) = &mut self.state {
+            state.settle(durable);
+        }
         self.print(true, |f| f.reporter.settle(durable));
     }
 
@@ -173,9 +292,10 @@ fn progress_bar<'s>(
     s: &'s std::thread::Scope<'s, '_>,
     roots: &'s [PathBuf],
     walk_opts: &'s WalkOptions,
+    total: Option<u64>,
     progress: &'s Progress,
 ) -> ProgressBar {
-    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr_with_hz(10));
+    let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr_with_hz(10));
     bar.set_style(
         ProgressStyle::with_template(
             "{bytes:>10}/{total_bytes:10} {bytes_per_sec:>12} ETA {eta:>4}  {wide_msg}",
@@ -184,6 +304,9 @@ fn progress_bar<'s>(
     );
     let counter = bar.clone();
     s.spawn(move || {
+        if total.is_some() {
+            return;
+        }
         let _ = walk::walk(roots, walk_opts, |entry| {
             if let Entry::File { size, .. } = entry {
                 counter.inc_length(size);

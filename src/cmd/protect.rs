@@ -15,6 +15,7 @@ pub fn run(a: ProtectArgs) -> anyhow::Result<Exit> {
     let mut s = Settings::new(Verb::Protect, Work::Update, a.paths.paths, &a.common)?;
     s.config.remove_leftovers = true;
     s.exit_at_once = false;
+    s.record(&a.state);
     let (mut protector, removed) = Protector::open(
         &s.roots,
         a.store.as_deref(),

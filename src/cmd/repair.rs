@@ -31,6 +31,9 @@ pub fn run(a: RepairArgs) -> anyhow::Result<Exit> {
     let mut s = Settings::new(Verb::Repair, Work::Check, a.paths.paths, &a.common)?;
     s.config.remove_leftovers = !a.dry_run;
     s.exit_at_once = false;
+    if !a.dry_run {
+        s.record(&a.state);
+    }
     let opts = repair::Options {
         dry_run: a.dry_run,
         keep,

@@ -28,6 +28,8 @@ pub fn check(a: CheckArgs) -> anyhow::Result<Exit> {
         let root = root.clone();
         s.manifest(&file, &root, algo(a.algo))?;
     }
+    s.record(&a.state);
+    s.metrics = a.metrics.metrics;
     super::drive(s, &mut Pass)
 }
 
@@ -37,6 +39,8 @@ pub fn update(a: UpdateArgs) -> anyhow::Result<Exit> {
     s.config.accept_corrupt = a.accept_corrupt;
     s.config.compat = formats(&a.compat.compat);
     s.config.remove_leftovers = true;
+    s.record(&a.state);
+    s.metrics = a.metrics.metrics;
     super::drive(s, &mut Pass)
 }
 

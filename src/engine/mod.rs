@@ -11,6 +11,7 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use crossbeam_channel::{Sender, bounded};
 
@@ -90,6 +91,9 @@ pub struct Config {
     /// Whether temp files left by killed runs are removed where the walk meets them (the
     /// verbs that change files do; check, show and dry runs only report them).
     pub remove_leftovers: bool,
+    /// No file is started after this (a scrub's time budget); files already started finish,
+    /// the others get no report.
+    pub deadline: Option<Instant>,
 }
 
 impl Config {
@@ -109,11 +113,17 @@ impl Config {
             manifest: None,
             write: true,
             remove_leftovers: false,
+            deadline: None,
         }
     }
 
     fn new_algo(&self) -> Algo {
         self.algo.unwrap_or(Algo::Sha256)
+    }
+
+    /// Whether the deadline has passed: no more files are started.
+    pub(crate) fn past_deadline(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
     }
 }
 
@@ -136,11 +146,31 @@ const BATCH_BYTES: u64 = 1 << 20;
 /// How many batches the walker may run ahead of the oldest one not yet reported.
 const WINDOW: usize = 64;
 
+/// Where the files come from.
+pub enum Source<'a> {
+    /// The walk of the roots.
+    Walk,
+    /// A list of files under the roots, in the order given (a scrub's plan).
+    List(Box<dyn Iterator<Item = Entry> + Send + 'a>),
+}
+
 /// Runs `config.work` over `roots`, calling `sink` with each file's report in walk order.
 /// Stops early, without a report for unfinished files, once `cancel` is set.
 pub fn run(
     config: &Config,
     roots: &[PathBuf],
+    cancel: &AtomicBool,
+    progress: &Progress,
+    sink: impl FnMut(FileReport),
+) -> Result<(), ignore::Error> {
+    run_from(config, roots, Source::Walk, cancel, progress, sink)
+}
+
+/// As [`run`], over the files `source` gives, in its order.
+pub fn run_from(
+    config: &Config,
+    roots: &[PathBuf],
+    source: Source<'_>,
     cancel: &AtomicBool,
     progress: &Progress,
     mut sink: impl FnMut(FileReport),
@@ -153,7 +183,8 @@ pub fn run(
     let anchors = &roots.iter().map(|r| Anchor::new(r)).collect::<Vec<_>>();
 
     std::thread::scope(|s| {
-        let walker = s.spawn(move || walk_in_batches(config, roots, cancel, job_tx, token_tx));
+        let walker =
+            s.spawn(move || walk_in_batches(config, roots, source, cancel, job_tx, token_tx));
         for _ in 0..threads {
             let (job_rx, done_tx) = (job_rx.clone(), done_tx.clone());
             s.spawn(move || {
@@ -217,6 +248,7 @@ pub fn run(
 fn walk_in_batches(
     config: &Config,
     roots: &[PathBuf],
+    source: Source<'_>,
     cancel: &AtomicBool,
     job_tx: Sender<(u64, Vec<Entry>)>,
     token_tx: Sender<()>,
@@ -225,7 +257,7 @@ fn walk_in_batches(
     let mut batch = Vec::with_capacity(BATCH_FILES);
     let mut bytes = 0;
     let mut send = |batch: &mut Vec<Entry>| {
-        if cancel.load(Ordering::Relaxed) || token_tx.send(()).is_err() {
+        if cancel.load(Ordering::Relaxed) || config.past_deadline() || token_tx.send(()).is_err() {
             return ControlFlow::Break(());
         }
         let full = std::mem::replace(batch, Vec::with_capacity(BATCH_FILES));
@@ -247,8 +279,16 @@ fn walk_in_batches(
         send(&mut batch)
     };
     // import visits what its manifest lists, beneath its one root; the others walk.
-    let walked = match (&config.manifest, config.work) {
-        (Some(m), Work::Import) => {
+    let walked = match (&config.manifest, config.work, source) {
+        (_, _, Source::List(entries)) => {
+            for entry in entries {
+                if visit(entry).is_break() {
+                    break;
+                }
+            }
+            Ok(())
+        }
+        (Some(m), Work::Import, _) => {
             let _ = m.listed().try_for_each(|(_, path)| {
                 visit(Entry::File {
                     path,

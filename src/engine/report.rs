@@ -151,6 +151,8 @@ pub struct FileReport {
     pub root: usize,
     /// Its inode (device, number), if it has several names.
     pub inode: Option<Inode>,
+    /// Its inode (device, number), once it was opened.
+    pub id: Option<Inode>,
     /// What was found.
     pub status: Status,
     /// What was done about it.
@@ -182,6 +184,7 @@ impl FileReport {
             path,
             root: 0,
             inode: None,
+            id: None,
             status,
             action: None,
             size: None,

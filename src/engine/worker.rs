@@ -22,6 +22,7 @@ use crate::fs::xattr::{self, Stored};
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct Meta {
     dev: u64,
+    ino: u64,
     size: u64,
     mtime: Timestamp,
     ctime: Timestamp,
@@ -34,6 +35,7 @@ impl Meta {
             rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile;
         let meta = Meta {
             dev: st.st_dev as u64,
+            ino: st.st_ino as u64,
             size: st.st_size as u64,
             mtime: Timestamp {
                 sec: st.st_mtime,
@@ -148,6 +150,7 @@ impl Worker<'_> {
     /// The report for one thing the walk found; `None` if the run was interrupted.
     pub(super) fn entry(&mut self, entry: Entry, anchors: &[Anchor]) -> Option<FileReport> {
         match entry {
+            Entry::File { .. } if self.config.past_deadline() => None,
             Entry::File {
                 path, root, inode, ..
             } => self.process(path, root, inode, &anchors[root]),
@@ -221,6 +224,7 @@ impl Worker<'_> {
             });
         }
         let report = FileReport {
+            id: Some((meta.dev, meta.ino)),
             size: Some(meta.size),
             mtime: Some(meta.mtime),
             tag: stored.best().cloned(),

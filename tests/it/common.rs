@@ -197,6 +197,8 @@ impl Cmd {
             Command::new(bin())
         };
         c.args(&self.args)
+            .env("XDG_STATE_HOME", state_home(self.nobody))
+            .env_remove("INTACT_STATE")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -246,6 +248,21 @@ impl Cmd {
         );
         run
     }
+}
+
+/// Where runs keep their default state database: one per test process and user, shared by
+/// the tests (which run at once, as runs from timers and by hand would), never the machine's.
+fn state_home(nobody: bool) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "intact-test-state-{}-{}",
+        std::process::id(),
+        if nobody { "nobody" } else { "root" }
+    ));
+    if !dir.exists() {
+        let _ = fs::create_dir_all(&dir);
+        let _ = fs::set_permissions(&dir, fs::Permissions::from_mode(0o1777));
+    }
+    dir
 }
 
 /// `intact ARGS...`, not yet run (see [`Cmd`]); each argument anything that is `AsRef<OsStr>`.

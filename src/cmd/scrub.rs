@@ -1,0 +1,118 @@
+//! `scrub`: verify what is due, least recently verified first, within a budget; and say how
+//! far through its cycle the tree is.
+
+use std::time::Instant;
+
+use super::Front;
+use crate::cli::ScrubArgs;
+use crate::cli::settings::{Scrub, Settings};
+use intact::engine::{Config, Work};
+use intact::report::{Exit, Reporter, Verb, bytes};
+use intact::scrub::{Budget, Plan, Queue};
+use intact::sink::{Out, Pass};
+use intact::state::{self, State};
+
+pub fn run(a: ScrubArgs) -> anyhow::Result<Exit> {
+    let work = if a.update { Work::Update } else { Work::Check };
+    let mut s = Settings::new(Verb::Scrub, work, a.paths.paths, &a.common)?;
+    s.record(&a.state);
+    s.metrics = a.metrics.metrics;
+    s.config.remove_leftovers = a.update;
+    s.scrub = Some(Scrub {
+        budget: Budget {
+            max_bytes: a.max_bytes,
+            max_percent: a.max_percent,
+            older_than: a.older_than.map(|d| d.as_millis() as i64),
+            timed: a.max_time.is_some(),
+        },
+        untagged_too: a.update,
+        max_time: a.max_time,
+    });
+    super::drive(s, &mut Pass)
+}
+
+/// Plans the scrub: walks the trees reading tags only (what will not be verified is
+/// reported now), opens a cycle if none is, forgets the files that are gone, and queues
+/// what is due. Sets the deadline of a time budget.
+pub(super) fn prepare(
+    s: &Settings,
+    scrub: &Scrub,
+    config: &mut Config,
+    front: &mut Front<'_>,
+) -> anyhow::Result<(Plan, Queue, u64)> {
+    let start = Instant::now();
+    let db = front
+        .state
+        .as_ref()
+        .and_then(|st| st.path().map(|p| p.to_path_buf()));
+    let mut plan = intact::scrub::plan(
+        &s.config,
+        &s.roots,
+        db.as_deref(),
+        scrub.untagged_too,
+        &super::STOP,
+        |report| front.send(report),
+    )?;
+    // The plan's connection writes next: nothing of the recorder's may be pending.
+    if let Some(state) = &mut front.state {
+        state.commit();
+    }
+    let now = state::now();
+    plan.start_cycle(now)?;
+    plan.forget_the_gone(&s.roots)?;
+    let (queue, bytes) = plan.queue(scrub.budget, scrub.untagged_too, now)?;
+    config.deadline = scrub.max_time.map(|t| start + t);
+    Ok((plan, queue, bytes))
+}
+
+/// Says how far through its cycle the tree is, for people and in the JSON summary.
+pub(super) fn conclude<W: std::io::Write, E: std::io::Write>(
+    plan: &Plan,
+    state: Option<&mut State>,
+    reporter: &mut Reporter<W, E>,
+) {
+    if let Some(state) = state {
+        state.commit();
+    }
+    let Ok((files, size)) = plan.cycle_progress() else {
+        return;
+    };
+    let (total_files, total_bytes) = plan.tagged;
+    let started = humantime::format_rfc3339_seconds(
+        std::time::UNIX_EPOCH + std::time::Duration::from_millis(plan.cycle_started.max(0) as u64),
+    )
+    .to_string();
+    let complete = files >= total_files;
+    let percent = if total_bytes > 0 {
+        100.0 * size as f64 / total_bytes as f64
+    } else {
+        100.0
+    };
+    let verified = reporter.summary.bytes;
+    let runs_left = if complete || verified == 0 {
+        None
+    } else {
+        Some((total_bytes - size.min(total_bytes)).div_ceil(verified))
+    };
+    let mut line = format!(
+        "scrub: cycle since {started}: {files} of {total_files} tagged files verified \
+         ({} of {}, {percent:.0}%)",
+        bytes(size),
+        bytes(total_bytes)
+    );
+    match runs_left {
+        _ if complete => line.push_str("; the cycle is complete"),
+        Some(n) => line.push_str(&format!("; about {n} more run(s) like this one")),
+        None => {}
+    }
+    reporter.note(line);
+    let cycle = serde_json::json!({
+        "started": started,
+        "files_verified": files,
+        "files": total_files,
+        "bytes_verified": size,
+        "bytes": total_bytes,
+        "complete": complete,
+    });
+    reporter.summary.extra.insert("cycle".into(), cycle);
+}

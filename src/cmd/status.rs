@@ -1,0 +1,273 @@
+//! `status`: how well verified and protected the trees are, from tags and the state
+//! database alone.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, UNIX_EPOCH};
+
+use anyhow::Context;
+
+use crate::cli::StatusArgs;
+use crate::cli::settings::Settings;
+use intact::engine::Work;
+use intact::metrics::Metrics;
+use intact::report::{Exit, Verb, bytes, escape};
+use intact::scrub::Overview;
+use intact::state;
+
+pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
+    let mut s = Settings::new(Verb::Show, Work::Show, a.paths.paths, &a.common)?;
+    s.record(&a.state);
+    let state = s.state.as_deref().and_then(super::open_state);
+    let db = state
+        .as_ref()
+        .and_then(|st| st.path().map(|p| p.to_path_buf()));
+    let mut errors = 0u64;
+    let plan = intact::scrub::plan(
+        &s.config,
+        &s.roots,
+        db.as_deref(),
+        true,
+        &super::STOP,
+        |r| {
+            if r.status == intact::core::classify::Status::Error {
+                errors += 1;
+                eprintln!(
+                    "intact: error: {}: {}",
+                    escape(&r.path),
+                    r.error.as_ref().map_or(String::new(), |e| e.to_string())
+                );
+            }
+        },
+    )
+    .context("reading the trees into the plan")?;
+    let now = state::now();
+    let overview = plan.overview(now)?;
+    let (cycle_files, cycle_bytes) = plan.cycle_progress()?;
+    let speed = state
+        .as_ref()
+        .and_then(|st| st.throughput("scrub").or_else(|| st.throughput("check")));
+    let cycle_seconds = speed.map(|bps| overview.tagged.bytes as f64 / bps);
+    let (never, oldest) = plan.ages()?;
+    let mut exit = if overview.damage.is_empty() {
+        Exit::Clean
+    } else {
+        Exit::Damage
+    };
+    if errors > 0 {
+        exit = exit.merge(Exit::Trouble);
+    }
+    let mut out = std::io::stdout().lock();
+    if s.json {
+        let json = serde_json::json!({
+            "type": "status",
+            "overview": overview,
+            "cycle": {
+                "started": (plan.cycle_started > 0).then(|| rfc3339(plan.cycle_started)),
+                "files_verified": cycle_files,
+                "bytes_verified": cycle_bytes,
+                "seconds_for_a_cycle": cycle_seconds,
+            },
+            "never_verified": never,
+            "oldest_verification": oldest.map(rfc3339),
+            "state": db,
+            "exit_code": exit as i32,
+        });
+        writeln!(out, "{json}")?;
+    } else {
+        let width = terminal_width();
+        let text = render(&overview, a.damage_lines, width, cycle_seconds, speed);
+        out.write_all(text.as_bytes())?;
+        if plan.cycle_started > 0 {
+            writeln!(
+                out,
+                "cycle       since {}: {cycle_files} of {} tagged files verified ({})",
+                rfc3339(plan.cycle_started),
+                overview.tagged.files,
+                bytes(cycle_bytes)
+            )?;
+        }
+        if db.is_none() {
+            writeln!(
+                out,
+                "(no state database: every file counts as never verified)"
+            )?;
+        }
+    }
+    out.flush()?;
+    if let Some(path) = &a.metrics.metrics {
+        let mut m = Metrics::default();
+        let v = [("verb", "status")];
+        let pairs = [
+            (
+                "files_tagged",
+                "Tagged files under the roots.",
+                overview.tagged.files,
+            ),
+            (
+                "bytes_tagged",
+                "Bytes in tagged files under the roots.",
+                overview.tagged.bytes,
+            ),
+            (
+                "files_untagged",
+                "Untagged regular files under the roots.",
+                overview.untagged.files,
+            ),
+            (
+                "files_damaged",
+                "Files found damaged and not yet repaired or accepted.",
+                overview.damage.len() as u64,
+            ),
+            (
+                "files_protected",
+                "Tagged files with a parity set.",
+                overview.protected.files,
+            ),
+            (
+                "files_archived",
+                "Tagged files with an archived copy.",
+                overview.archived.files,
+            ),
+        ];
+        for (name, help, value) in pairs {
+            m.gauge(name, help, &v, value as f64);
+        }
+        super::verification_ages(&mut m, "status", never + overview.untagged.files, oldest);
+        if let Some(secs) = cycle_seconds {
+            m.gauge(
+                "cycle_estimate_seconds",
+                "How long verifying every tagged file takes at the speed of recent scrubs.",
+                &v,
+                secs,
+            );
+        }
+        m.write(path)
+            .with_context(|| format!("writing the metrics {}", escape(path)))?;
+    }
+    Ok(exit)
+}
+
+/// Unix milliseconds as an RFC 3339 time.
+fn rfc3339(ms: i64) -> String {
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64))
+        .to_string()
+}
+
+fn terminal_width() -> usize {
+    if !std::io::stdout().is_terminal() {
+        return 80;
+    }
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(80)
+}
+
+/// The overview for people: counts, the age chart with bars scaled to `width`, damage.
+fn render(
+    o: &Overview,
+    damage_lines: usize,
+    width: usize,
+    cycle_seconds: Option<f64>,
+    speed: Option<f64>,
+) -> String {
+    let mut t = String::new();
+    let line = |t: &mut String, s: String| {
+        t.push_str(&s);
+        t.push('\n');
+    };
+    line(
+        &mut t,
+        format!(
+            "files       {} tagged ({}), {} untagged ({})",
+            o.tagged.files,
+            bytes(o.tagged.bytes),
+            o.untagged.files,
+            bytes(o.untagged.bytes)
+        ),
+    );
+    line(
+        &mut t,
+        "verified    files by time since their last verification:".into(),
+    );
+    let most = o.ages.iter().map(|a| a.files).max().unwrap_or(0).max(1);
+    let bar_width = width.saturating_sub(36).clamp(10, 60);
+    for a in &o.ages {
+        let len = (a.files as f64 / most as f64 * bar_width as f64).round() as usize;
+        let len = if a.files > 0 { len.max(1) } else { 0 };
+        line(
+            &mut t,
+            format!(
+                "  {:<10} {:<w$} {:>9} {:>9}",
+                a.label,
+                "#".repeat(len),
+                a.files,
+                bytes(a.bytes),
+                w = bar_width
+            ),
+        );
+    }
+    let share = |n: u64| {
+        if o.tagged.files == 0 {
+            0.0
+        } else {
+            100.0 * n as f64 / o.tagged.files as f64
+        }
+    };
+    line(
+        &mut t,
+        format!(
+            "copies      {} with parity ({:.0}%), {} archived ({:.0}%)",
+            o.protected.files,
+            share(o.protected.files),
+            o.archived.files,
+            share(o.archived.files)
+        ),
+    );
+    match (cycle_seconds, speed) {
+        (Some(secs), Some(bps)) => line(
+            &mut t,
+            format!(
+                "full cycle  about {} at {}/s (recent scrubs)",
+                humantime::format_duration(Duration::from_secs(secs.ceil() as u64)),
+                bytes(bps as u64)
+            ),
+        ),
+        _ => line(
+            &mut t,
+            "full cycle  unknown: no scrub or check recorded yet".into(),
+        ),
+    }
+    if o.damage.is_empty() {
+        line(&mut t, "damage      none found that is not repaired".into());
+    } else {
+        line(
+            &mut t,
+            format!(
+                "damage      {} file(s) found damaged, not yet repaired or accepted:",
+                o.damage.len()
+            ),
+        );
+        for d in o.damage.iter().take(damage_lines) {
+            line(
+                &mut t,
+                format!(
+                    "  {:<8} {}  (found {})",
+                    d.status.as_deref().unwrap_or("damaged"),
+                    escape(&d.path),
+                    d.found.map_or("?".into(), rfc3339)
+                ),
+            );
+        }
+        if o.damage.len() > damage_lines {
+            line(
+                &mut t,
+                format!(
+                    "  ... and {} more (--json lists all)",
+                    o.damage.len() - damage_lines
+                ),
+            );
+        }
+    }
+    t
+}

@@ -1,0 +1,138 @@
+//! Prometheus metrics in the text exposition format, for node_exporter's textfile collector:
+//! written to a temp file and renamed, so the collector never reads half a file.
+
+use std::fmt::Write as _;
+use std::io::{self, Write};
+use std::path::Path;
+
+use crate::core::classify::Status;
+use crate::engine::Action;
+use crate::fs::atomic::Temp;
+use crate::report::Summary;
+
+/// Metric families, each with its help line, in the order added.
+#[derive(Default)]
+pub struct Metrics {
+    families: Vec<Family>,
+}
+
+/// A metric's name, help line, and samples (labels, value).
+type Family = (String, String, Vec<(String, f64)>);
+
+impl Metrics {
+    /// Adds a gauge sample `name{labels} value`.
+    pub fn gauge(&mut self, name: &str, help: &str, labels: &[(&str, &str)], value: f64) {
+        let labels = if labels.is_empty() {
+            String::new()
+        } else {
+            let inner: Vec<String> = labels
+                .iter()
+                .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+                .collect();
+            format!("{{{}}}", inner.join(","))
+        };
+        let name = format!("intact_{name}");
+        match self.families.iter_mut().find(|f| f.0 == name) {
+            Some(f) => f.2.push((labels, value)),
+            None => self
+                .families
+                .push((name, help.to_string(), vec![(labels, value)])),
+        }
+    }
+
+    /// What a run did: files by status and action, bytes read, duration, end, exit code.
+    pub fn run(&mut self, verb: &str, s: &Summary, exit_code: i32, end_ms: i64) {
+        for st in Status::ALL {
+            self.gauge(
+                "files",
+                "Files the last run reported, by status.",
+                &[("verb", verb), ("status", st.name())],
+                s.count(st) as f64,
+            );
+        }
+        for a in Action::ALL {
+            self.gauge(
+                "actions",
+                "Files the last run acted on, by action.",
+                &[("verb", verb), ("action", a.name())],
+                s.action(a) as f64,
+            );
+        }
+        let v = &[("verb", verb)];
+        self.gauge(
+            "read_bytes",
+            "Bytes of file data the last run read and verified.",
+            v,
+            s.bytes as f64,
+        );
+        self.gauge(
+            "run_duration_seconds",
+            "How long the last run took.",
+            v,
+            s.elapsed.as_secs_f64(),
+        );
+        self.gauge(
+            "run_end_timestamp_seconds",
+            "When the last run ended (Unix time).",
+            v,
+            end_ms as f64 / 1e3,
+        );
+        self.gauge(
+            "run_exit_code",
+            "The last run's exit code: 0 clean, 1 damage, 3 errors, 130 interrupted.",
+            v,
+            exit_code as f64,
+        );
+    }
+
+    /// The text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for (name, help, samples) in &self.families {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} gauge");
+            for (labels, value) in samples {
+                let _ = writeln!(out, "{name}{labels} {value}");
+            }
+        }
+        out
+    }
+
+    /// Writes the metrics to `path`, atomically.
+    pub fn write(&self, path: &Path) -> io::Result<()> {
+        let name = path
+            .file_name()
+            .ok_or_else(|| io::Error::other("the metrics file needs a file name"))?;
+        let temp = Temp::beside(path)?;
+        temp.file().write_all(self.render().as_bytes())?;
+        // The collector runs as another user: readable by all, as a plain file would be.
+        rustix::fs::fchmod(temp.file(), rustix::fs::Mode::from_raw_mode(0o644))?;
+        temp.commit(name)
+    }
+}
+
+/// A label value with `\`, `"` and newlines escaped, as the format asks.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_help_per_family_and_escaped_labels() {
+        let mut m = Metrics::default();
+        m.gauge("x", "An x.", &[("path", "a\"b\\c")], 1.0);
+        m.gauge("x", "An x.", &[("path", "d")], 2.5);
+        let text = m.render();
+        assert_eq!(text.matches("# HELP intact_x").count(), 1);
+        assert!(
+            text.contains("intact_x{path=\"a\\\"b\\\\c\"} 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("intact_x{path=\"d\"} 2.5\n"), "{text}");
+    }
+}

@@ -1,0 +1,534 @@
+//! The state database: when each file was last proven good, what the last verdict on it was,
+//! and which copies of it exist. It is a cache of schedules, never the source of truth: the
+//! tags on the files are. Losing it loses only the schedule; a database that cannot be read
+//! is moved aside and rebuilt, and the run verifies as it would without it.
+//!
+//! A file is known by (file system, inode, digest): a renamed or moved file keeps its
+//! history, a replaced or re-tagged one starts afresh. The path is kept for reports only.
+//! SQLite in WAL mode: other runs and `sqlite3` can read while a run writes; writes are
+//! committed at least every second, so an interrupted run keeps what it recorded, and a
+//! second writer waits for the first rather than failing.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::core::classify::Status;
+use crate::core::digest::{Algo, Digest};
+use crate::engine::{Action, FileReport};
+
+/// The schema; `user_version` says which one a database has.
+pub(crate) const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS files (
+    fs INTEGER NOT NULL,        -- file system id (statvfs f_fsid)
+    ino INTEGER NOT NULL,
+    digest BLOB NOT NULL,       -- algorithm byte (0 SHA-256, 1 BLAKE3), then the digest
+    path BLOB NOT NULL,         -- absolute, where it was last seen
+    size INTEGER NOT NULL,
+    -- Times are Unix milliseconds: datetime(verified / 1000, 'unixepoch') in sqlite3.
+    verified INTEGER,           -- last time its data matched its tag
+    checked INTEGER,            -- time of the last verdict
+    status TEXT,                -- the last verdict
+    damaged INTEGER,            -- when damage was found, until repaired or accepted
+    protected INTEGER,          -- when parity was written for it
+    archived INTEGER,           -- when it was copied into an archive
+    seen INTEGER,               -- the run that last saw it
+    PRIMARY KEY (fs, ino, digest)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS files_path ON files (path);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    verb TEXT NOT NULL,
+    roots BLOB NOT NULL,
+    started INTEGER NOT NULL,
+    ended INTEGER,
+    files INTEGER,
+    bytes INTEGER,              -- bytes of data read
+    seconds REAL,
+    exit_code INTEGER
+);
+CREATE TABLE IF NOT EXISTS cycles (
+    root BLOB PRIMARY KEY,      -- a scrubbed root, absolute
+    started INTEGER NOT NULL    -- when its current cycle began
+);
+";
+const VERSION: i64 = 1;
+
+/// Writes are committed at least this often.
+const COMMIT_EVERY: Duration = Duration::from_secs(1);
+
+/// Where the database is by default: `$XDG_STATE_HOME/intact/state.db`; for root without
+/// that variable `/var/lib/intact/state.db`; else `~/.local/state/intact/state.db`.
+pub fn default_path() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return Some(Path::new(&dir).join("intact/state.db"));
+    }
+    if rustix::process::geteuid().is_root() {
+        return Some(PathBuf::from("/var/lib/intact/state.db"));
+    }
+    let home = std::env::var_os("HOME").filter(|h| !h.is_empty())?;
+    Some(Path::new(&home).join(".local/state/intact/state.db"))
+}
+
+/// The current time in Unix milliseconds, the database's unit of time (fine enough that
+/// scrubs run back to back keep their order).
+pub fn now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// An open state database.
+pub struct State {
+    conn: Connection,
+    path: Option<PathBuf>,
+    /// File system ids by device number.
+    fsids: HashMap<u64, i64>,
+    /// A write transaction is open since then.
+    open_since: Option<Instant>,
+    /// This run's row in `runs`.
+    run: Option<i64>,
+    /// The first error met while recording; recording stops there.
+    pub failed: Option<String>,
+}
+
+/// Why the database could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// SQLite said so.
+    #[error("{0}")]
+    Sql(#[from] rusqlite::Error),
+    /// Creating its directory or moving it aside failed.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+impl State {
+    /// Opens (creating it if need be) the database at `path`. One that is not a database or
+    /// is damaged is moved aside (to `state.db.broken-TIME`) and a new one made: the returned
+    /// warning says so.
+    pub fn open(path: &Path) -> Result<(State, Option<String>), StateError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        match State::open_at(path) {
+            Ok(state) => Ok((state, None)),
+            Err(StateError::Sql(e)) if is_damage(&e) => {
+                let aside = PathBuf::from(format!("{}.broken-{}", path.display(), now()));
+                std::fs::rename(path, &aside)?;
+                for suffix in ["-wal", "-shm"] {
+                    let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+                }
+                let state = State::open_at(path)?;
+                let warning = format!(
+                    "the state database {} was unreadable ({e}); moved it to {} and started \
+                     a new one (only the schedule is lost: tags are on the files)",
+                    path.display(),
+                    aside.display()
+                );
+                Ok((state, Some(warning)))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A database in memory, for a run whose own could not be opened: it still plans and
+    /// verifies, and remembers nothing.
+    pub fn in_memory() -> State {
+        let conn = Connection::open_in_memory().expect("SQLite opens in memory");
+        conn.execute_batch(SCHEMA).expect("the schema applies");
+        State::with(conn, None)
+    }
+
+    fn open_at(path: &Path) -> Result<State, StateError> {
+        let conn = Connection::open(path)?;
+        // Another run writing: wait for it rather than fail.
+        conn.busy_timeout(Duration::from_secs(600))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        if version > VERSION {
+            return Err(StateError::Io(io::Error::other(format!(
+                "the state database {} was written by a newer intact (schema {version})",
+                path.display()
+            ))));
+        }
+        // Reading every table proves the file is a database and its schema is whole.
+        conn.execute_batch(SCHEMA)?;
+        conn.query_row("SELECT count(*) FROM runs", [], |_| Ok(()))?;
+        conn.pragma_update(None, "user_version", VERSION)?;
+        Ok(State::with(conn, Some(path.to_path_buf())))
+    }
+
+    fn with(conn: Connection, path: Option<PathBuf>) -> State {
+        State {
+            conn,
+            path,
+            fsids: HashMap::new(),
+            open_since: None,
+            run: None,
+            failed: None,
+        }
+    }
+
+    /// Where the database is (`None` in memory).
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// The connection, for queries of the planner and `status`.
+    pub fn conn(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// A second connection to the same database (the planner streams its queue on one
+    /// while the run records on the other).
+    pub fn reopen(&self) -> Option<State> {
+        let path = self.path.as_ref()?;
+        let conn = Connection::open(path).ok()?;
+        conn.busy_timeout(Duration::from_secs(600)).ok()?;
+        Some(State::with(conn, Some(path.clone())))
+    }
+
+    /// Records the start of a run of `verb` over `roots`.
+    pub fn begin_run(&mut self, verb: &str, roots: &[PathBuf]) {
+        let roots: Vec<u8> = roots
+            .iter()
+            .map(|r| absolute(r).as_os_str().as_bytes().to_vec())
+            .collect::<Vec<_>>()
+            .join(&b'\n');
+        let result = self
+            .conn
+            .execute(
+                "INSERT INTO runs (verb, roots, started) VALUES (?1, ?2, ?3)",
+                params![verb, roots, now()],
+            )
+            .map(|_| self.conn.last_insert_rowid());
+        match result {
+            Ok(id) => self.run = Some(id),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Records the end of this run.
+    pub fn end_run(&mut self, files: u64, bytes: u64, seconds: f64, exit_code: i32) {
+        let Some(id) = self.run else { return };
+        let result = self.write(|conn| {
+            conn.execute(
+                "UPDATE runs SET ended = ?2, files = ?3, bytes = ?4, seconds = ?5, \
+                 exit_code = ?6 WHERE id = ?1",
+                params![id, now(), files as i64, bytes as i64, seconds, exit_code],
+            )
+        });
+        if let Err(e) = result {
+            self.fail(e);
+        }
+        self.commit();
+    }
+
+    /// Records what a report says of its file: a verdict (verified, damaged, modified), a
+    /// new tag, a repair, a parity set or an archived copy. Reports that say none of these
+    /// (new, skipped, unreadable files) are not recorded.
+    pub fn record(&mut self, report: &FileReport) {
+        if self.failed.is_some() {
+            return;
+        }
+        if let Err(e) = self.try_record(report) {
+            self.fail(e);
+        }
+    }
+
+    /// Records a report whose action (archived) stands only once its work is durable: it
+    /// is applied at [`State::settle`], if the work was.
+    pub fn hold(&mut self, report: &FileReport) {
+        if self.failed.is_some() {
+            return;
+        }
+        let held = (|| {
+            self.write(|conn| {
+                conn.execute_batch(
+                    "CREATE TEMP TABLE IF NOT EXISTS held (fs INTEGER, ino INTEGER, digest BLOB, \
+                     path BLOB, size INTEGER)",
+                )
+            })?;
+            self.try_record_as(report, true)
+        })();
+        if let Err(e) = held {
+            self.fail(e);
+        }
+    }
+
+    /// Applies the held records if their work is `durable`, and forgets them.
+    pub fn settle(&mut self, durable: bool) {
+        if self.failed.is_some() {
+            return;
+        }
+        let t = now();
+        let seen = self.run;
+        let settled = self.write(|conn| {
+            if durable {
+                conn.execute(
+                    "INSERT INTO files (fs, ino, digest, path, size, seen, archived) \
+                     SELECT fs, ino, digest, path, size, ?2, ?1 FROM temp.held WHERE true \
+                     ON CONFLICT DO UPDATE SET path = excluded.path, size = excluded.size, \
+                     seen = excluded.seen, archived = excluded.archived",
+                    params![t, seen],
+                )?;
+            }
+            conn.execute("DELETE FROM temp.held", []).map(drop)
+        });
+        if let Err(e) = settled {
+            self.fail(e);
+        }
+    }
+
+    fn try_record(&mut self, report: &FileReport) -> rusqlite::Result<()> {
+        self.try_record_as(report, false)
+    }
+
+    fn try_record_as(&mut self, report: &FileReport, held: bool) -> rusqlite::Result<()> {
+        let Some(what) = Recorded::of(report) else {
+            return Ok(());
+        };
+        // A repaired file is a new inode under the old name.
+        let id = match what.fact {
+            Fact::Repaired => std::fs::symlink_metadata(&report.path)
+                .ok()
+                .map(|m| (m.dev(), m.ino())),
+            _ => report.id,
+        };
+        let (Some((dev, ino)), Some(size)) = (id, report.size) else {
+            return Ok(());
+        };
+        let Some(fs) = self.fsid(dev, &report.path) else {
+            return Ok(());
+        };
+        let path = absolute(&report.path);
+        let (t, seen) = (now(), self.run);
+        let key = digest_key(&what.digest);
+        let path = path.as_os_str().as_bytes();
+        let status = report.status.name();
+        if held {
+            return match what.fact {
+                Fact::Archived => self.write(|conn| {
+                    conn.prepare_cached("INSERT INTO temp.held VALUES (?1, ?2, ?3, ?4, ?5)")?
+                        .execute(params![fs, ino as i64, key, path, size as i64])
+                        .map(drop)
+                }),
+                _ => Ok(()),
+            };
+        }
+        self.write(|conn| {
+            conn.prepare_cached(
+                "INSERT INTO files (fs, ino, digest, path, size, seen) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT DO UPDATE SET path = excluded.path, size = excluded.size,
+                 seen = excluded.seen",
+            )?
+            .execute(params![fs, ino as i64, key, path, size as i64, seen])?;
+            let (sql, judged) = match what.fact {
+                Fact::Verified => (
+                    "UPDATE files SET verified = ?4, checked = ?4, status = ?5, damaged = NULL \
+                     WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
+                    true,
+                ),
+                Fact::Damaged => (
+                    "UPDATE files SET checked = ?4, status = ?5, damaged = coalesce(damaged, ?4) \
+                     WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
+                    true,
+                ),
+                Fact::Judged => (
+                    "UPDATE files SET checked = ?4, status = ?5 \
+                     WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
+                    true,
+                ),
+                Fact::Repaired => (
+                    "UPDATE files SET verified = ?4, checked = ?4, status = 'repaired', \
+                     damaged = NULL WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
+                    false,
+                ),
+                Fact::Protected => (
+                    "UPDATE files SET protected = ?4 WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
+                    false,
+                ),
+                Fact::Archived => (
+                    "UPDATE files SET archived = ?4 WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
+                    false,
+                ),
+            };
+            let mut update = conn.prepare_cached(sql)?;
+            if judged {
+                update.execute(params![fs, ino as i64, key, t, status])?;
+            } else {
+                update.execute(params![fs, ino as i64, key, t])?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Runs `f` in the open write transaction (beginning one if need be), committing when
+    /// the transaction is a second old.
+    fn write<T>(
+        &mut self,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> rusqlite::Result<T> {
+        if self.open_since.is_none() {
+            self.conn.execute_batch("BEGIN IMMEDIATE")?;
+            self.open_since = Some(Instant::now());
+        }
+        let out = f(&self.conn)?;
+        if self.open_since.is_some_and(|t| t.elapsed() >= COMMIT_EVERY) {
+            self.commit();
+        }
+        Ok(out)
+    }
+
+    /// Commits what was recorded.
+    pub fn commit(&mut self) {
+        if self.open_since.take().is_some()
+            && let Err(e) = self.conn.execute_batch("COMMIT")
+        {
+            self.fail(e);
+        }
+    }
+
+    fn fail(&mut self, e: rusqlite::Error) {
+        if self.open_since.take().is_some() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+        self.failed.get_or_insert_with(|| {
+            let place = self
+                .path
+                .as_ref()
+                .map_or("in memory".into(), |p| p.display().to_string());
+            format!("the state database {place} could not be written ({e}); nothing more is recorded this run")
+        });
+    }
+
+    /// The file system id of device `dev` (`path` is on it): stable across reboots and
+    /// remounts, where device numbers are not.
+    fn fsid(&mut self, dev: u64, path: &Path) -> Option<i64> {
+        if let Some(id) = self.fsids.get(&dev) {
+            return Some(*id);
+        }
+        let id = rustix::fs::statvfs(path).ok()?.f_fsid as i64;
+        self.fsids.insert(dev, id);
+        Some(id)
+    }
+
+    /// The files this run saw that were never proven good, and the oldest verification
+    /// among those that were.
+    pub fn seen_summary(&self) -> Option<(u64, Option<i64>)> {
+        let run = self.run?;
+        self.conn
+            .query_row(
+                "SELECT count(*) FILTER (WHERE verified IS NULL), min(verified) \
+                 FROM files WHERE seen = ?1",
+                [run],
+                |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)),
+            )
+            .optional()
+            .ok()
+            .flatten()
+    }
+
+    /// Bytes per second read by the recent complete runs of `verb` (the last ten), if any.
+    pub fn throughput(&self, verb: &str) -> Option<f64> {
+        self.conn
+            .query_row(
+                "SELECT sum(bytes), sum(seconds) FROM (SELECT bytes, seconds FROM runs \
+                 WHERE verb = ?1 AND ended IS NOT NULL AND bytes > 0 ORDER BY id DESC LIMIT 10)",
+                [verb],
+                |r| Ok((r.get::<_, Option<i64>>(0)?, r.get::<_, Option<f64>>(1)?)),
+            )
+            .ok()
+            .and_then(|(b, s)| match (b, s) {
+                (Some(b), Some(s)) if s > 0.0 => Some(b as f64 / s),
+                _ => None,
+            })
+    }
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        self.commit();
+    }
+}
+
+/// What a report says that is worth remembering, and of which content.
+struct Recorded {
+    fact: Fact,
+    digest: Digest,
+}
+
+enum Fact {
+    /// The data matched its tag (or was just tagged: the tag describes it now).
+    Verified,
+    /// The data no longer matches an unchanged tag.
+    Damaged,
+    /// A verdict that is neither (modified, older, touched, conflict), or a new tag.
+    Judged,
+    /// Restored from a verified copy.
+    Repaired,
+    /// Parity was written.
+    Protected,
+    /// Copied into an archive.
+    Archived,
+}
+
+impl Recorded {
+    fn of(r: &FileReport) -> Option<Recorded> {
+        let tagged = r.tag.as_ref().map(|t| t.digest);
+        let (fact, digest) = match (r.action, r.status) {
+            // A new tag describes the data just read, but proves nothing yet: the file has
+            // not been verified since it was tagged.
+            (Some(Action::Tagged), _) => (Fact::Judged, r.digest?),
+            // The data matched the tag (only the mtime moved).
+            (Some(Action::Refreshed), _) => (Fact::Verified, r.digest?),
+            (Some(Action::Repaired), _) => (Fact::Repaired, tagged?),
+            (Some(Action::Protected), _) => (Fact::Protected, r.digest.or(tagged)?),
+            (Some(Action::Archived), _) => (Fact::Archived, r.digest.or(tagged)?),
+            // Read, and it matched.
+            (_, Status::Ok) if r.digest.is_some() => (Fact::Verified, tagged?),
+            (_, s) if s.is_damage() => (Fact::Damaged, tagged?),
+            (_, Status::Modified | Status::Older | Status::Touched | Status::Conflict) => {
+                (Fact::Judged, tagged?)
+            }
+            _ => return None,
+        };
+        Some(Recorded { fact, digest })
+    }
+}
+
+/// A digest as the database keys it: the algorithm byte, then the bytes.
+pub fn digest_key(d: &Digest) -> Vec<u8> {
+    let mut key = Vec::with_capacity(33);
+    key.push(match d.algo {
+        Algo::Sha256 => 0,
+        Algo::Blake3 => 1,
+    });
+    key.extend_from_slice(&d.bytes);
+    key
+}
+
+/// `path` made absolute (against the working directory), without resolving symlinks.
+pub fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// The file system id of the file system `path` is on.
+pub fn fsid_of(path: &Path) -> Option<i64> {
+    rustix::fs::statvfs(path).ok().map(|s| s.f_fsid as i64)
+}
+
+/// Whether SQLite says the file is not a database, or a damaged one.
+fn is_damage(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::NotADatabase | rusqlite::ErrorCode::DatabaseCorrupt)
+    )
+}
