@@ -59,36 +59,27 @@ pub struct Plan {
     pub cycle_done: (u64, u64),
     /// Whether the walk saw every file (not interrupted, no directory unreadable).
     pub complete: bool,
+    attached: bool,
 }
 
-/// Walks `roots` (by `config.walk`, reading no data) into a plan on the state database `db`
-/// (or one in memory).
-/// Reports that no plan row stands for (skipped and unreadable paths, and untagged files
-/// unless `untagged_too`) go to `other` as the walk finds them.
+/// Walks `roots` (by `config.walk`, reading no data) into a plan: a private database on
+/// disk that the state database is then attached to ([`Plan::attach`]). Reports that no plan
+/// row stands for (skipped and unreadable paths, and untagged files unless `untagged_too`) go
+/// to `other` as the walk finds them.
 pub fn plan(
     config: &Config,
     roots: &[PathBuf],
-    db: Option<&Path>,
     untagged_too: bool,
     cancel: &AtomicBool,
     mut other: impl FnMut(FileReport),
 ) -> rusqlite::Result<Plan> {
-    let conn = match db {
-        Some(path) => {
-            let conn = Connection::open(path)?;
-            conn.busy_timeout(std::time::Duration::from_secs(600))?;
-            conn
-        }
-        None => {
-            let conn = Connection::open_in_memory()?;
-            conn.execute_batch(state::SCHEMA)?;
-            conn
-        }
-    };
+    // "": a private temporary database, on disk.
+    let conn = Connection::open("")?;
+    conn.busy_timeout(std::time::Duration::from_secs(600))?;
     // The temporary tables spill to a file, never to memory only.
     conn.pragma_update(None, "temp_store", "FILE")?;
     conn.execute_batch(
-        "CREATE TEMP TABLE plan (
+        "CREATE TABLE plan (
             seq INTEGER PRIMARY KEY,
             fs INTEGER, ino INTEGER,
             digest BLOB,            -- NULL: untagged
@@ -157,7 +148,7 @@ pub fn plan(
         .map(|r| state::absolute(r).as_os_str().as_bytes().to_vec())
         .collect::<Vec<_>>()
         .join(&b'\n');
-    let mut plan = Plan {
+    Ok(Plan {
         conn: Arc::new(Mutex::new(conn)),
         cycle_key,
         tagged,
@@ -165,16 +156,38 @@ pub fn plan(
         cycle_started: 0,
         cycle_done: (0, 0),
         complete,
-    };
-    plan.load_cycle()?;
-    Ok(plan)
+        attached: false,
+    })
 }
 
 /// The join of a plan row with its state row.
 const JOIN: &str =
-    "plan p LEFT JOIN main.files f ON f.fs = p.fs AND f.ino = p.ino AND f.digest = p.digest";
+    "plan p LEFT JOIN state.files f ON f.fs = p.fs AND f.ino = p.ino AND f.digest = p.digest";
 
 impl Plan {
+    /// Attaches the state database at `db` (one in memory if `None`: every file then counts
+    /// as never verified), instead of any attached before, and reads the roots' cycle.
+    pub fn attach(&mut self, db: Option<&Path>) -> rusqlite::Result<()> {
+        {
+            let conn = self.conn();
+            if self.attached {
+                conn.execute_batch("DETACH DATABASE state")?;
+            }
+            let name = match db {
+                None => ":memory:",
+                Some(p) => p
+                    .to_str()
+                    .ok_or_else(|| rusqlite::Error::InvalidPath(p.to_path_buf()))?,
+            };
+            conn.execute("ATTACH DATABASE ?1 AS state", [name])?;
+            if db.is_none() {
+                conn.execute_batch(&state::schema("state."))?;
+            }
+        }
+        self.attached = true;
+        self.load_cycle()
+    }
+
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -184,7 +197,7 @@ impl Plan {
         let conn = self.conn();
         let started: Option<i64> = conn
             .query_row(
-                "SELECT started FROM main.cycles WHERE root = ?1",
+                "SELECT started FROM state.cycles WHERE root = ?1",
                 [&self.cycle_key],
                 |r| r.get(0),
             )
@@ -220,7 +233,7 @@ impl Plan {
                 })?;
         let now = now.max(latest.map_or(0, |l| l + 1));
         self.conn().execute(
-            "INSERT INTO main.cycles (root, started) VALUES (?1, ?2) \
+            "INSERT INTO state.cycles (root, started) VALUES (?1, ?2) \
              ON CONFLICT DO UPDATE SET started = excluded.started",
             params![self.cycle_key, now],
         )?;
@@ -245,7 +258,7 @@ impl Plan {
             let mut high = low.clone();
             *high.last_mut().expect("not empty") = b'/' + 1;
             gone += conn.execute(
-                "DELETE FROM main.files WHERE path >= ?1 AND path < ?2 AND NOT EXISTS \
+                "DELETE FROM state.files WHERE path >= ?1 AND path < ?2 AND NOT EXISTS \
                  (SELECT 1 FROM plan p WHERE p.fs = files.fs AND p.ino = files.ino \
                   AND p.digest = files.digest)",
                 params![low, high],
@@ -268,8 +281,8 @@ impl Plan {
         let conn = self.conn();
         let older = budget.older_than.map(|s| now - s);
         conn.execute_batch(
-            "DROP TABLE IF EXISTS temp.queue;
-             CREATE TEMP TABLE queue (id INTEGER PRIMARY KEY, path BLOB, size INTEGER, root INTEGER);",
+            "DROP TABLE IF EXISTS queue;
+             CREATE TABLE queue (id INTEGER PRIMARY KEY, path BLOB, size INTEGER, root INTEGER);",
         )?;
         conn.execute(
             &format!(

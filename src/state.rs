@@ -23,8 +23,14 @@ use crate::core::digest::{Algo, Digest};
 use crate::engine::{Action, FileReport};
 
 /// The schema; `user_version` says which one a database has.
-pub(crate) const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS files (
+/// The schema, its tables in the schema `prefix` names (`""`, or `"state."` where the
+/// database is attached); `user_version` says which one a database has.
+pub(crate) fn schema(prefix: &str) -> String {
+    SCHEMA.replace("{s}", prefix)
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS {s}files (
     fs INTEGER NOT NULL,        -- file system id (statvfs f_fsid)
     ino INTEGER NOT NULL,
     digest BLOB NOT NULL,       -- algorithm byte (0 SHA-256, 1 BLAKE3), then the digest
@@ -40,8 +46,8 @@ CREATE TABLE IF NOT EXISTS files (
     seen INTEGER,               -- the run that last saw it
     PRIMARY KEY (fs, ino, digest)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS files_path ON files (path);
-CREATE TABLE IF NOT EXISTS runs (
+CREATE INDEX IF NOT EXISTS {s}files_path ON files (path);
+CREATE TABLE IF NOT EXISTS {s}runs (
     id INTEGER PRIMARY KEY,
     verb TEXT NOT NULL,
     roots BLOB NOT NULL,
@@ -52,7 +58,7 @@ CREATE TABLE IF NOT EXISTS runs (
     seconds REAL,
     exit_code INTEGER
 );
-CREATE TABLE IF NOT EXISTS cycles (
+CREATE TABLE IF NOT EXISTS {s}cycles (
     root BLOB PRIMARY KEY,      -- a scrubbed root, absolute
     started INTEGER NOT NULL    -- when its current cycle began
 );
@@ -95,6 +101,8 @@ pub struct State {
     run: Option<i64>,
     /// The first error met while recording; recording stops there.
     pub failed: Option<String>,
+    /// SQLite found the database damaged: it should be moved aside.
+    pub broken: bool,
 }
 
 /// Why the database could not be used.
@@ -119,11 +127,7 @@ impl State {
         match State::open_at(path) {
             Ok(state) => Ok((state, None)),
             Err(StateError::Sql(e)) if is_damage(&e) => {
-                let aside = PathBuf::from(format!("{}.broken-{}", path.display(), now()));
-                std::fs::rename(path, &aside)?;
-                for suffix in ["-wal", "-shm"] {
-                    let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-                }
+                let aside = move_aside(path)?;
                 let state = State::open_at(path)?;
                 let warning = format!(
                     "the state database {} was unreadable ({e}); moved it to {} and started \
@@ -135,14 +139,6 @@ impl State {
             }
             Err(e) => Err(e),
         }
-    }
-
-    /// A database in memory, for a run whose own could not be opened: it still plans and
-    /// verifies, and remembers nothing.
-    pub fn in_memory() -> State {
-        let conn = Connection::open_in_memory().expect("SQLite opens in memory");
-        conn.execute_batch(SCHEMA).expect("the schema applies");
-        State::with(conn, None)
     }
 
     fn open_at(path: &Path) -> Result<State, StateError> {
@@ -159,7 +155,7 @@ impl State {
             ))));
         }
         // Reading every table proves the file is a database and its schema is whole.
-        conn.execute_batch(SCHEMA)?;
+        conn.execute_batch(&schema(""))?;
         conn.query_row("SELECT count(*) FROM runs", [], |_| Ok(()))?;
         conn.pragma_update(None, "user_version", VERSION)?;
         Ok(State::with(conn, Some(path.to_path_buf())))
@@ -173,26 +169,13 @@ impl State {
             open_since: None,
             run: None,
             failed: None,
+            broken: false,
         }
     }
 
     /// Where the database is (`None` in memory).
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
-    }
-
-    /// The connection, for queries of the planner and `status`.
-    pub fn conn(&self) -> &Connection {
-        &self.conn
-    }
-
-    /// A second connection to the same database (the planner streams its queue on one
-    /// while the run records on the other).
-    pub fn reopen(&self) -> Option<State> {
-        let path = self.path.as_ref()?;
-        let conn = Connection::open(path).ok()?;
-        conn.busy_timeout(Duration::from_secs(600)).ok()?;
-        Some(State::with(conn, Some(path.clone())))
     }
 
     /// Records the start of a run of `verb` over `roots`.
@@ -396,7 +379,26 @@ impl State {
         }
     }
 
+    /// Moves a damaged database aside, so that the next run starts a new one; says so.
+    pub fn quarantine(self) -> Option<String> {
+        let path = self.path.clone()?;
+        drop(self);
+        Some(match move_aside(&path) {
+            Ok(aside) => format!(
+                "the state database {} is damaged; moved it to {} (the next run starts a new \
+                 one; only the schedule is lost)",
+                path.display(),
+                aside.display()
+            ),
+            Err(e) => format!(
+                "the state database {} is damaged, and could not be moved aside ({e}): remove it",
+                path.display()
+            ),
+        })
+    }
+
     fn fail(&mut self, e: rusqlite::Error) {
+        self.broken |= is_damage(&e);
         if self.open_since.take().is_some() {
             let _ = self.conn.execute_batch("ROLLBACK");
         }
@@ -525,8 +527,18 @@ pub fn fsid_of(path: &Path) -> Option<i64> {
     rustix::fs::statvfs(path).ok().map(|s| s.f_fsid as i64)
 }
 
+/// Moves the database at `path` (and its WAL) aside, to `PATH.broken-TIME`.
+fn move_aside(path: &Path) -> io::Result<PathBuf> {
+    let aside = PathBuf::from(format!("{}.broken-{}", path.display(), now()));
+    std::fs::rename(path, &aside)?;
+    for suffix in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    Ok(aside)
+}
+
 /// Whether SQLite says the file is not a database, or a damaged one.
-fn is_damage(e: &rusqlite::Error) -> bool {
+pub fn is_damage(e: &rusqlite::Error) -> bool {
     matches!(
         e.sqlite_error_code(),
         Some(rusqlite::ErrorCode::NotADatabase | rusqlite::ErrorCode::DatabaseCorrupt)

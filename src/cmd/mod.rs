@@ -123,6 +123,11 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
     if let Some(warning) = state.as_mut().and_then(|st| st.failed.take()) {
         eprintln!("intact: warning: {warning}");
     }
+    if state.as_ref().is_some_and(|st| st.broken)
+        && let Some(warning) = state.take().and_then(State::quarantine)
+    {
+        eprintln!("intact: warning: {warning}");
+    }
     let exit = match output {
         // A closed pipe (`intact check | head`) ends the run quietly.
         Some(e) if e.kind() == io::ErrorKind::BrokenPipe => reporter.summary.exit(s.verb),

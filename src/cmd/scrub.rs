@@ -41,14 +41,9 @@ pub(super) fn prepare(
     front: &mut Front<'_>,
 ) -> anyhow::Result<(Plan, Queue, u64)> {
     let start = Instant::now();
-    let db = front
-        .state
-        .as_ref()
-        .and_then(|st| st.path().map(|p| p.to_path_buf()));
     let mut plan = intact::scrub::plan(
         &s.config,
         &s.roots,
-        db.as_deref(),
         scrub.untagged_too,
         &super::STOP,
         |report| front.send(report),
@@ -58,9 +53,35 @@ pub(super) fn prepare(
         state.commit();
     }
     let now = state::now();
-    plan.start_cycle(now)?;
-    plan.forget_the_gone(&s.roots)?;
-    let (queue, bytes) = plan.queue(scrub.budget, scrub.untagged_too, now)?;
+    let schedule = |plan: &mut Plan, db: Option<&std::path::Path>| {
+        plan.attach(db)?;
+        plan.start_cycle(now)?;
+        plan.forget_the_gone(&s.roots)?;
+        plan.queue(scrub.budget, scrub.untagged_too, now)
+    };
+    let db = front
+        .state
+        .as_ref()
+        .and_then(|st| st.path().map(|p| p.to_path_buf()));
+    let (queue, bytes) = match schedule(&mut plan, db.as_deref()) {
+        // The database is only a cache: a damaged one is moved aside, and the scrub goes on
+        // with a new one.
+        Err(e) if state::is_damage(&e) && db.is_some() => {
+            if let Some(warning) = front.state.take().and_then(State::quarantine) {
+                eprintln!("intact: warning: {warning}");
+            }
+            front.state = db.as_deref().and_then(super::open_state);
+            if let Some(state) = &mut front.state {
+                state.begin_run(s.verb.name(), &s.roots);
+            }
+            let db = front
+                .state
+                .as_ref()
+                .and_then(|st| st.path().map(|p| p.to_path_buf()));
+            schedule(&mut plan, db.as_deref())?
+        }
+        other => other?,
+    };
     config.deadline = scrub.max_time.map(|t| start + t);
     Ok((plan, queue, bytes))
 }

@@ -12,7 +12,7 @@ use intact::engine::Work;
 use intact::metrics::Metrics;
 use intact::report::{Exit, Verb, bytes, escape};
 use intact::scrub::Overview;
-use intact::state;
+use intact::state::{self, State};
 
 pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
     let mut s = Settings::new(Verb::Show, Work::Show, a.paths.paths, &a.common)?;
@@ -22,24 +22,33 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
         .as_ref()
         .and_then(|st| st.path().map(|p| p.to_path_buf()));
     let mut errors = 0u64;
-    let plan = intact::scrub::plan(
-        &s.config,
-        &s.roots,
-        db.as_deref(),
-        true,
-        &super::STOP,
-        |r| {
-            if r.status == intact::core::classify::Status::Error {
-                errors += 1;
-                eprintln!(
-                    "intact: error: {}: {}",
-                    escape(&r.path),
-                    r.error.as_ref().map_or(String::new(), |e| e.to_string())
-                );
+    let mut plan = intact::scrub::plan(&s.config, &s.roots, true, &super::STOP, |r| {
+        if r.status == intact::core::classify::Status::Error {
+            errors += 1;
+            eprintln!(
+                "intact: error: {}: {}",
+                escape(&r.path),
+                r.error.as_ref().map_or(String::new(), |e| e.to_string())
+            );
+        }
+    })
+    .context("reading the trees")?;
+    let mut state = state;
+    match plan.attach(db.as_deref()) {
+        // Only a cache: a damaged one is moved aside and a new one begun.
+        Err(e) if state::is_damage(&e) && db.is_some() => {
+            if let Some(warning) = state.take().and_then(State::quarantine) {
+                eprintln!("intact: warning: {warning}");
             }
-        },
-    )
-    .context("reading the trees into the plan")?;
+            state = db.as_deref().and_then(super::open_state);
+            let db = state
+                .as_ref()
+                .and_then(|st| st.path().map(|p| p.to_path_buf()));
+            plan.attach(db.as_deref())
+                .context("reading the state database")?;
+        }
+        other => other.context("reading the state database")?,
+    }
     let now = state::now();
     let overview = plan.overview(now)?;
     let (cycle_files, cycle_bytes) = plan.cycle_progress()?;

@@ -16,6 +16,7 @@ mod kills;
 mod output;
 mod parity;
 mod repair;
+mod scrub;
 mod tags;
 mod verdicts;
 mod walking;

@@ -1,0 +1,449 @@
+//! Unattended scrubs: budgets, cycles that verify every file once, a state database that is
+//! only a cache (deleted, truncated, garbage, shared by two runs), `status`, and metrics.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::common::*;
+
+/// `n` tagged files of `size` bytes under `t/tree`; the state database goes to `t/state.db`.
+fn tagged_tree(t: &Tree, n: usize, size: usize) -> (PathBuf, PathBuf) {
+    for i in 0..n {
+        t.write(
+            format!("tree/d{}/f{i:03}", i % 3),
+            data(size, 100 + i as u64),
+        );
+    }
+    intact!("tag", "-q", t.path("tree")).expect_code(0);
+    (t.path("tree"), t.path("state.db"))
+}
+
+/// Paths of the files a JSON run reported as verified ok.
+fn verified(r: &Json) -> Vec<String> {
+    r.files
+        .iter()
+        .filter(|f| f["status"] == "ok")
+        .map(|f| f["path"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn scrub(tree: &Path, db: &Path, extra: &[&str]) -> Json {
+    cmd!("scrub", "--json", "-v", "--state", db, tree)
+        .args(extra)
+        .run()
+        .expect_code(0)
+        .json()
+}
+
+fn db_rows(db: &Path, sql: &str) -> i64 {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    conn.query_row(sql, [], |r| r.get(0)).unwrap()
+}
+
+#[test]
+fn budgeted_scrubs_verify_every_file_once_per_cycle() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 10, 10_000);
+    let mut seen = Vec::new();
+    // 30,000 bytes a run: ceil(100,000 / 30,000) = 4 runs to a cycle.
+    for run in 1..=4 {
+        let r = scrub(&tree, &db, &["--max-bytes", "30000"]);
+        let got = verified(&r);
+        assert_eq!(got.len(), if run < 4 { 3 } else { 1 }, "run {run}: {got:?}");
+        let cycle = &r.summary["cycle"];
+        assert_eq!(cycle["files"], 10);
+        assert_eq!(
+            cycle["files_verified"],
+            seen.len() as u64 + got.len() as u64
+        );
+        assert_eq!(cycle["complete"], run == 4, "run {run}: {cycle}");
+        seen.extend(got);
+    }
+    let unique: BTreeSet<&String> = seen.iter().collect();
+    assert_eq!(unique.len(), 10, "every file once, none twice: {seen:?}");
+    // The next cycle starts with the files verified longest ago: the first run's.
+    let r = scrub(&tree, &db, &["--max-bytes", "30000"]);
+    assert_eq!(verified(&r), seen[..3].to_vec());
+    assert_eq!(r.summary["cycle"]["files_verified"], 3);
+}
+
+#[test]
+fn percent_older_than_and_time_budgets() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 10, 10_000);
+    let r = scrub(&tree, &db, &["--max-percent", "20"]);
+    assert_eq!(verified(&r).len(), 2);
+    // No file is started once the time is up.
+    let r = scrub(&tree, &db, &["--max-time", "0s"]);
+    assert_eq!(verified(&r).len(), 0);
+    // Without a budget: every file once.
+    let r = scrub(&tree, &db, &[]);
+    assert_eq!(verified(&r).len(), 10);
+    // All were verified within the hour: none is due.
+    let r = scrub(&tree, &db, &["--older-than", "1h"]);
+    assert_eq!(verified(&r).len(), 0);
+    assert_eq!(
+        db_rows(&db, "SELECT count(*) FROM files WHERE verified IS NOT NULL"),
+        10
+    );
+}
+
+#[test]
+fn a_scrub_writes_nothing_to_the_files() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 3, 5_000);
+    t.write("tree/untagged", b"new");
+    let f = tree.join("d0/f000");
+    let before = fs::metadata(&f).unwrap();
+    let r = scrub(&tree, &db, &[]);
+    assert_eq!(r.count("ok"), 3);
+    assert_eq!(r.count("new"), 1);
+    let after = fs::metadata(&f).unwrap();
+    // ctime unmoved: backup tools that watch it see nothing to copy again.
+    assert_eq!(
+        (before.ctime(), before.ctime_nsec()),
+        (after.ctime(), after.ctime_nsec())
+    );
+    assert_eq!(getxattr(&tree.join("untagged"), "user.intact"), None);
+    // --update tags it, as update would.
+    let r = scrub(&tree, &db, &["--update"]);
+    assert_eq!(r.summary["actions"]["tagged"], 1);
+    assert!(getxattr(&tree.join("untagged"), "user.intact").is_some());
+}
+
+#[test]
+fn a_renamed_file_keeps_its_history_a_replaced_one_starts_afresh() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 4, 5_000);
+    scrub(&tree, &db, &[]);
+    fs::rename(tree.join("d0/f000"), tree.join("d0/renamed")).unwrap();
+    // Same bytes, same tag value, but a new file (a restore from a backup, say).
+    let replaced = tree.join("d1/f001");
+    let tag = getxattr(&replaced, "user.intact").unwrap();
+    let bytes = fs::read(&replaced).unwrap();
+    let m = mtime(&replaced);
+    let new = tree.join("d1/new");
+    fs::write(&new, bytes).unwrap();
+    set_mtime(&new, m);
+    setxattr(&new, "user.intact", &tag);
+    fs::rename(&new, &replaced).unwrap();
+    // The one never verified comes first; the renamed one is not due before the others.
+    let r = scrub(&tree, &db, &["--max-bytes", "5000"]);
+    assert_eq!(verified(&r).len(), 1);
+    assert!(verified(&r)[0].ends_with("d1/f001"), "{:?}", verified(&r));
+    let status = intact!("status", "--json", "--state", db, tree)
+        .expect_code(0)
+        .stdout;
+    let v: serde_json::Value = serde_json::from_str(status.trim()).unwrap();
+    assert_eq!(v["never_verified"], 0, "{v}");
+    // The replaced file's old row was forgotten; the renamed one's stands.
+    assert_eq!(db_rows(&db, "SELECT count(*) FROM files"), 4);
+    assert_eq!(
+        db_rows(&db, "SELECT count(*) FROM files WHERE verified IS NOT NULL"),
+        4
+    );
+}
+
+#[test]
+fn damage_found_by_a_scrub_stays_in_status_until_repaired_or_accepted() {
+    let t = Tree::new();
+    // Large enough for a parity set each (small files share one).
+    let (tree, db) = tagged_tree(&t, 4, 300_000);
+    intact!("protect", "-q", "--state", db, tree).expect_code(0);
+    let a = tree.join("d0/f000");
+    let b = tree.join("d1/f001");
+    flip_byte(&a, 100);
+    flip_byte(&b, 100);
+    let r = cmd!("scrub", "--json", "--state", db, tree)
+        .run()
+        .expect_code(1);
+    assert_eq!(r.json().count("corrupt"), 2);
+    let status = |code| {
+        let out = intact!("status", "--json", "--state", db, tree)
+            .expect_code(code)
+            .stdout;
+        serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()
+    };
+    let v = status(1);
+    assert_eq!(v["overview"]["damage"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(v["overview"]["protected"]["files"], 4, "{v}");
+    // Still there after a check that finds it again, and in the human view.
+    intact!("check", "--state", db, tree).expect_code(1);
+    let human = intact!("status", "--state", db, tree).expect_code(1).stdout;
+    assert!(human.contains("2 file(s) found damaged"), "{human}");
+    let store = tree.join(".intact-parity");
+    intact!(
+        "repair",
+        "--discard-damaged",
+        "--state",
+        db,
+        "--from",
+        store,
+        &a
+    )
+    .expect_code(0);
+    let v = status(1);
+    let damage = v["overview"]["damage"].as_array().unwrap();
+    assert_eq!(damage.len(), 1, "{v}");
+    assert!(damage[0]["path"].as_str().unwrap().ends_with("d1/f001"));
+    // Accepting still says what was found (exit 1), and ends the damage.
+    intact!("update", "--accept-corrupt", "--state", db, &b).expect_code(1);
+    let v = status(0);
+    assert_eq!(v["overview"]["damage"].as_array().unwrap().len(), 0, "{v}");
+}
+
+#[test]
+fn a_lost_or_broken_database_costs_only_the_schedule() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 6, 10_000);
+    scrub(&tree, &db, &["--max-bytes", "20000"]);
+    fs::remove_file(&db).unwrap();
+    let r = scrub(&tree, &db, &["--max-bytes", "20000"]);
+    assert_eq!(verified(&r).len(), 2);
+    let garbage = data(100_000, 9);
+    for (how, damage) in [
+        (
+            "random bytes",
+            Box::new(|p: &Path| fs::write(p, &garbage).unwrap()) as Box<dyn Fn(&Path)>,
+        ),
+        (
+            "truncated",
+            Box::new(|p: &Path| {
+                let f = fs::OpenOptions::new().write(true).open(p).unwrap();
+                f.set_len(f.metadata().unwrap().len() / 2).unwrap();
+            }),
+        ),
+    ] {
+        // Grown past one page, so that a half is a broken database, not an empty one.
+        scrub(&tree, &db, &[]);
+        assert!(fs::metadata(&db).unwrap().len() > 8192, "{how}");
+        damage(&db);
+        let r = cmd!("scrub", "--json", "-v", "--state", &db, &tree)
+            .run()
+            .expect_code(0);
+        assert!(r.stderr.contains("moved it to"), "{how}: {}", r.stderr);
+        assert_eq!(
+            verified(&r.json()).len(),
+            6,
+            "{how}: the scrub still verifies"
+        );
+        let again = cmd!(
+            "scrub",
+            "--json",
+            "--state",
+            &db,
+            &tree,
+            "--max-bytes",
+            "10000"
+        )
+        .run()
+        .expect_code(0);
+        assert_eq!(again.stderr, "", "{how}: rebuilt, no more warnings");
+    }
+    let aside = fs::read_dir(t.root())
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .contains(".broken-")
+        })
+        .count();
+    assert_eq!(aside, 2);
+}
+
+#[test]
+fn two_scrubs_at_once_share_the_database() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 300, 4_000);
+    let spawn = || {
+        cmd!("scrub", "-q", "--state", &db, &tree)
+            .command()
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    for child in [a, b] {
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+    }
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let check: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+    assert_eq!(
+        db_rows(&db, "SELECT count(*) FROM files WHERE verified IS NOT NULL"),
+        300
+    );
+    assert_eq!(
+        db_rows(&db, "SELECT count(*) FROM runs WHERE exit_code = 0"),
+        2
+    );
+}
+
+#[test]
+fn an_interrupted_scrub_keeps_what_it_recorded() {
+    let t = Tree::new();
+    let (tree, _) = tagged_tree(&t, 120, 1 << 20);
+    // When the signal lands depends on the machine: try later and later until it lands
+    // mid-scrub.
+    for delay in [50, 100, 200, 400, 800, 1600] {
+        let db = t.path(format!("state-{delay}.db"));
+        let child = cmd!(
+            "scrub",
+            "--json",
+            "-v",
+            "-j1",
+            "--speed",
+            "background",
+            "--state",
+            &db,
+            &tree
+        )
+        .command()
+        .spawn()
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(delay));
+        Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let run = Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        };
+        if run.code != 130 || !db.exists() {
+            continue;
+        }
+        let done = verified(&run.json()).len();
+        let recorded = db_rows(&db, "SELECT count(*) FROM files WHERE verified IS NOT NULL");
+        if done == 0 || done == 120 {
+            continue;
+        }
+        assert_eq!(
+            recorded as usize, done,
+            "what was reported verified is recorded"
+        );
+        // The rest of the cycle, and nothing of what was done.
+        let r = scrub(&tree, &db, &["--max-percent", "100"]);
+        assert_eq!(verified(&r).len(), 120 - done);
+        assert_eq!(r.summary["cycle"]["complete"], true);
+        return;
+    }
+    panic!("no interruption landed mid-scrub");
+}
+
+#[test]
+fn metrics_pass_promtool() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 5, 1_000);
+    flip_byte(&tree.join("d0/f000"), 10);
+    let prom = t.path("intact.prom");
+    intact!("scrub", "-q", "--state", db, "--metrics", prom, tree).expect_code(1);
+    let text = fs::read_to_string(&prom).unwrap();
+    assert!(
+        text.contains("intact_files{verb=\"scrub\",status=\"corrupt\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("intact_run_exit_code{verb=\"scrub\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("intact_files_never_verified{verb=\"scrub\"} 1"),
+        "{text}"
+    );
+    let status_prom = t.path("status.prom");
+    intact!("status", "--state", db, "--metrics", status_prom, tree).expect_code(1);
+    let status = fs::read_to_string(&status_prom).unwrap();
+    assert!(
+        status.contains("intact_files_damaged{verb=\"status\"} 1"),
+        "{status}"
+    );
+    for file in [&prom, &status_prom] {
+        let out = Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(fs::File::open(file).unwrap())
+            .output()
+            .expect("promtool (Debian's prometheus package) is installed");
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn the_systemd_units_verify_and_their_scrub_runs() {
+    let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/systemd");
+    let t = Tree::new();
+    let dir = t.path("units");
+    fs::create_dir_all(&dir).unwrap();
+    let mut exec = None;
+    for unit in fs::read_dir(&units).unwrap() {
+        let unit = unit.unwrap().path();
+        // Pointed at the binary under test: systemd-analyze checks that it exists.
+        let text = fs::read_to_string(&unit)
+            .unwrap()
+            .replace("/usr/bin/intact", bin());
+        if let Some(line) = text
+            .lines()
+            .find(|l| l.starts_with("ExecStart=") && l.contains(" scrub "))
+        {
+            exec = Some(line.to_string());
+        }
+        fs::write(dir.join(unit.file_name().unwrap()), text).unwrap();
+    }
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .args([
+            "intact-scrub@srv-photos.service",
+            "intact-scrub@srv-photos.timer",
+            "intact-failure@intact-scrub@srv-photos.service.service",
+        ])
+        .current_dir(&dir)
+        .output()
+        .expect("systemd-analyze (systemd) is installed");
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success() && said.trim().is_empty(), "{said}");
+    // The service's command line, as systemd would run it on a tree: defaults substituted.
+    let (tree, _) = tagged_tree(&t, 3, 1_000);
+    let exec = exec.expect("a scrub ExecStart");
+    let args: Vec<String> = exec
+        .trim_start_matches("ExecStart=")
+        .split_whitespace()
+        .skip(1)
+        .flat_map(|a| match a {
+            "$INTACT_SCRUB_ARGS" => vec!["--max-time".to_string(), "2h".to_string()],
+            "/var/lib/intact/state.db" => vec![t.path("state.db").display().to_string()],
+            "%f" => vec![tree.display().to_string()],
+            a if a.starts_with("${INTACT_METRICS_DIR}") => {
+                vec![t.path("m.prom").display().to_string()]
+            }
+            a => vec![a.to_string()],
+        })
+        .collect();
+    let r = cmd!().args(&args).run().expect_code(0);
+    assert_eq!(r.stdout, "", "-q: nothing to say when all is well");
+    let metrics = fs::read_to_string(t.path("m.prom")).unwrap();
+    assert!(
+        metrics.contains("intact_files{verb=\"scrub\",status=\"ok\"} 3"),
+        "{metrics}"
+    );
+}
