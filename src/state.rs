@@ -306,48 +306,61 @@ impl State {
                 _ => Ok(()),
             };
         }
+        // One statement a file: the row is created or updated with the fact.
+        let (sql, with_status) = match what.fact {
+            Fact::Verified => (
+                "INSERT INTO files (fs, ino, digest, path, size, seen, verified, checked, status) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8) ON CONFLICT DO UPDATE SET \
+                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
+                 verified = excluded.verified, checked = excluded.checked, \
+                 status = excluded.status, damaged = NULL",
+                true,
+            ),
+            Fact::Damaged => (
+                "INSERT INTO files (fs, ino, digest, path, size, seen, checked, status, damaged) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?7) ON CONFLICT DO UPDATE SET \
+                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
+                 checked = excluded.checked, status = excluded.status, \
+                 damaged = coalesce(files.damaged, excluded.damaged)",
+                true,
+            ),
+            Fact::Judged => (
+                "INSERT INTO files (fs, ino, digest, path, size, seen, checked, status) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO UPDATE SET \
+                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
+                 checked = excluded.checked, status = excluded.status",
+                true,
+            ),
+            Fact::Repaired => (
+                "INSERT INTO files (fs, ino, digest, path, size, seen, verified, checked, status) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, 'repaired') ON CONFLICT DO UPDATE SET \
+                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
+                 verified = excluded.verified, checked = excluded.checked, \
+                 status = excluded.status, damaged = NULL",
+                false,
+            ),
+            Fact::Protected => (
+                "INSERT INTO files (fs, ino, digest, path, size, seen, protected) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT DO UPDATE SET \
+                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
+                 protected = excluded.protected",
+                false,
+            ),
+            Fact::Archived => (
+                "INSERT INTO files (fs, ino, digest, path, size, seen, archived) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT DO UPDATE SET \
+                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
+                 archived = excluded.archived",
+                false,
+            ),
+        };
         self.write(|conn| {
-            conn.prepare_cached(
-                "INSERT INTO files (fs, ino, digest, path, size, seen) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-                 ON CONFLICT DO UPDATE SET path = excluded.path, size = excluded.size,
-                 seen = excluded.seen",
-            )?
-            .execute(params![fs, ino as i64, key, path, size as i64, seen])?;
-            let (sql, judged) = match what.fact {
-                Fact::Verified => (
-                    "UPDATE files SET verified = ?4, checked = ?4, status = ?5, damaged = NULL \
-                     WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
-                    true,
-                ),
-                Fact::Damaged => (
-                    "UPDATE files SET checked = ?4, status = ?5, damaged = coalesce(damaged, ?4) \
-                     WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
-                    true,
-                ),
-                Fact::Judged => (
-                    "UPDATE files SET checked = ?4, status = ?5 \
-                     WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
-                    true,
-                ),
-                Fact::Repaired => (
-                    "UPDATE files SET verified = ?4, checked = ?4, status = 'repaired', \
-                     damaged = NULL WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
-                    false,
-                ),
-                Fact::Protected => (
-                    "UPDATE files SET protected = ?4 WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
-                    false,
-                ),
-                Fact::Archived => (
-                    "UPDATE files SET archived = ?4 WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
-                    false,
-                ),
-            };
-            let mut update = conn.prepare_cached(sql)?;
-            if judged {
-                update.execute(params![fs, ino as i64, key, t, status])?;
+            let mut upsert = conn.prepare_cached(sql)?;
+            let (ino, size) = (ino as i64, size as i64);
+            if with_status {
+                upsert.execute(params![fs, ino, key, path, size, seen, t, status])?;
             } else {
-                update.execute(params![fs, ino as i64, key, t])?;
+                upsert.execute(params![fs, ino, key, path, size, seen, t])?;
             }
             Ok(())
         })

@@ -154,6 +154,8 @@ fn damage_found_by_a_scrub_stays_in_status_until_repaired_or_accepted() {
     // Large enough for a parity set each (small files share one).
     let (tree, db) = tagged_tree(&t, 4, 300_000);
     intact!("protect", "-q", "--state", db, tree).expect_code(0);
+    let archive = t.path("copies.tar.zst");
+    intact!("archive", "create", "-q", "--state", db, archive, tree).expect_code(0);
     let a = tree.join("d0/f000");
     let b = tree.join("d1/f001");
     flip_byte(&a, 100);
@@ -171,6 +173,7 @@ fn damage_found_by_a_scrub_stays_in_status_until_repaired_or_accepted() {
     let v = status(1);
     assert_eq!(v["overview"]["damage"].as_array().unwrap().len(), 2, "{v}");
     assert_eq!(v["overview"]["protected"]["files"], 4, "{v}");
+    assert_eq!(v["overview"]["archived"]["files"], 4, "{v}");
     // Still there after a check that finds it again, and in the human view.
     intact!("check", "--state", db, tree).expect_code(1);
     let human = intact!("status", "--state", db, tree).expect_code(1).stdout;
