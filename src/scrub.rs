@@ -141,9 +141,6 @@ pub fn plan(
         return Err(e);
     }
     complete &= walked.is_ok() && !cancel.load(std::sync::atomic::Ordering::Relaxed);
-    // Built once the rows are in (cheaper than kept up while inserting): forgetting the gone
-    // looks each state row up here.
-    tx.execute_batch("CREATE INDEX plan_key ON plan (fs, ino, digest)")?;
     tx.commit()?;
     let count = |sql: &str| -> rusqlite::Result<(u64, u64)> {
         conn.query_row(sql, [], |r| {
@@ -285,6 +282,9 @@ impl Plan {
         if rows <= self.known {
             return Ok(0);
         }
+        // Forgetting looks each state row up among the plan's: by an index built only now
+        // that it is needed (cheaper than kept up while inserting, and most runs need none).
+        conn.execute_batch("CREATE INDEX IF NOT EXISTS plan_key ON plan (fs, ino, digest)")?;
         for (low, high) in &ranges {
             gone += conn.execute(
                 "DELETE FROM state.files WHERE path >= ?1 AND path < ?2 AND NOT EXISTS \
