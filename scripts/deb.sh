@@ -1,0 +1,17 @@
+#!/bin/sh
+# Builds the Debian package, target/debian/intact_VERSION-1_ARCH.deb: the release binary, and
+# its man page and shell completions generated from it, so they never drift from --help.
+# Installs cargo-deb first where it is missing. Arguments go to `cargo deb`.
+set -eu
+cd "$(dirname "$0")/.."
+command -v cargo-deb >/dev/null 2>&1 || cargo install cargo-deb --locked
+cargo build --release --locked
+bin=target/release/intact
+out=target/assets
+rm -rf "$out"
+mkdir -p "$out"
+"$bin" generate man | gzip -9n >"$out/intact.1.gz"
+"$bin" generate bash >"$out/intact"
+"$bin" generate zsh >"$out/_intact"
+"$bin" generate fish >"$out/intact.fish"
+cargo deb --no-build "$@"

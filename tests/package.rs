@@ -1,0 +1,104 @@
+//! The Debian package: built by scripts/deb.sh, its contents and fields checked, and, as root
+//! (as CI runs), installed with dpkg, run, found by man, and removed again.
+//!
+//! A test binary of its own: cargo runs test binaries one after another, so the release build
+//! it makes does not compete with the timed fault tests.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Removes the package on drop, even when the test failed half way.
+struct Installed;
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        let _ = Command::new("dpkg").args(["--remove", "intact"]).output();
+    }
+}
+
+#[test]
+fn the_deb_installs_runs_and_removes() {
+    let ci = std::env::var_os("CI").is_some();
+    for tool in ["dpkg", "dpkg-deb"] {
+        if Command::new(tool).arg("--version").output().is_err() {
+            assert!(!ci, "{tool} is missing");
+            eprintln!("SKIPPED: package test: no {tool}");
+            return;
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    run(Command::new(root.join("scripts/deb.sh")).current_dir(root));
+    let version = env!("CARGO_PKG_VERSION");
+    let debs: Vec<PathBuf> = std::fs::read_dir(root.join("target/debian"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(&format!("intact_{version}-"))
+        })
+        .collect();
+    let [deb] = debs.as_slice() else {
+        panic!("one package for {version}: {debs:?}");
+    };
+    let contents = run(Command::new("dpkg-deb").arg("--contents").arg(deb));
+    for path in [
+        "./usr/bin/intact",
+        "./usr/share/man/man1/intact.1.gz",
+        "./usr/share/bash-completion/completions/intact",
+        "./usr/share/zsh/vendor-completions/_intact",
+        "./usr/share/fish/vendor_completions.d/intact.fish",
+        "./usr/lib/systemd/system/intact-scrub@.service",
+        "./usr/lib/systemd/system/intact-scrub@.timer",
+        "./usr/lib/systemd/system/intact-failure@.service",
+        "./usr/share/doc/intact/README.md",
+        "./usr/share/doc/intact/copyright",
+    ] {
+        assert!(contents.contains(path), "{path} missing from:\n{contents}");
+    }
+    let depends = run(Command::new("dpkg-deb")
+        .args(["--field"])
+        .arg(deb)
+        .arg("Depends"));
+    assert!(depends.contains("libc6"), "Depends: {depends}");
+    // The man page is the CLI's: it documents the newest verbs.
+    let man = run(Command::new("sh").arg("-c").arg(format!(
+        "dpkg-deb --fsys-tarfile '{}' | tar -xOf - ./usr/share/man/man1/intact.1.gz | gzip -d",
+        deb.display()
+    )));
+    assert!(man.contains("scrub") && man.contains("status"), "{man}");
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIPPED: package test: installing it needs root");
+        return;
+    }
+    if Path::new("/usr/bin/intact").exists() {
+        assert!(!ci, "/usr/bin/intact exists already");
+        eprintln!("SKIPPED: package test: /usr/bin/intact exists; not replacing it");
+        return;
+    }
+    let _installed = Installed;
+    run(Command::new("dpkg").arg("--install").arg(deb));
+    assert!(Path::new("/usr/share/man/man1/intact.1.gz").exists());
+    assert!(Path::new("/usr/lib/systemd/system/intact-scrub@.timer").exists());
+    let said = run(Command::new("/usr/bin/intact").arg("--version"));
+    assert_eq!(said.trim(), format!("intact {version}"));
+    if Command::new("man").arg("--version").output().is_ok() {
+        let page = run(Command::new("man").args(["-w", "intact"]));
+        assert_eq!(page.trim(), "/usr/share/man/man1/intact.1.gz");
+    }
+    run(Command::new("dpkg").args(["--remove", "intact"]));
+    assert!(!Path::new("/usr/bin/intact").exists());
+    assert!(!Path::new("/usr/share/man/man1/intact.1.gz").exists());
+}
