@@ -189,8 +189,9 @@ pub struct StateArgs {
     /// ~/.local/state/intact/state.db]
     #[arg(long, value_name = "FILE", env = "INTACT_STATE")]
     pub state: Option<PathBuf>,
-    /// Record nothing in the state database (the run verifies just the same)
-    #[arg(long, conflicts_with = "state")]
+    /// Record nothing in the state database (the run verifies just the same); wins over
+    /// --state and INTACT_STATE
+    #[arg(long)]
     pub no_state: bool,
 }
 

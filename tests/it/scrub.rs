@@ -450,3 +450,22 @@ fn the_systemd_units_verify_and_their_scrub_runs() {
         "{metrics}"
     );
 }
+
+#[test]
+fn no_state_records_nothing_whatever_the_environment_says() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 2, 1_000);
+    cmd!("check", "-q", "--no-state", &tree)
+        .env("INTACT_STATE", &db)
+        .run()
+        .expect_code(0);
+    assert!(!db.exists());
+    cmd!("check", "-q", &tree)
+        .env("INTACT_STATE", &db)
+        .run()
+        .expect_code(0);
+    assert_eq!(
+        db_rows(&db, "SELECT count(*) FROM files WHERE verified IS NOT NULL"),
+        2
+    );
+}
