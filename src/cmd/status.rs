@@ -162,9 +162,14 @@ fn rfc3339(ms: i64) -> String {
         .to_string()
 }
 
+/// The width to draw the chart for: the terminal's, `$COLUMNS`, or 80.
 fn terminal_width() -> usize {
-    if !std::io::stdout().is_terminal() {
-        return 80;
+    let stdout = std::io::stdout();
+    if stdout.is_terminal()
+        && let Ok(size) = rustix::termios::tcgetwinsize(&stdout)
+        && size.ws_col > 0
+    {
+        return size.ws_col as usize;
     }
     std::env::var("COLUMNS")
         .ok()
@@ -279,4 +284,49 @@ fn render(
         }
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use intact::scrub::{Age, Count, Overview};
+
+    fn overview() -> Overview {
+        let ages = [("never", 5), ("< 1 day", 20), ("< 1 week", 0), ("older", 1)]
+            .into_iter()
+            .map(|(label, files)| Age {
+                label,
+                files,
+                bytes: files * 100,
+            })
+            .collect();
+        Overview {
+            tagged: Count {
+                files: 26,
+                bytes: 2600,
+            },
+            untagged: Count::default(),
+            ages,
+            damage: Vec::new(),
+            protected: Count::default(),
+            archived: Count::default(),
+        }
+    }
+
+    /// The longest run of `#` in each line of the chart.
+    fn bars(text: &str) -> Vec<usize> {
+        text.lines()
+            .filter(|l| l.starts_with("  "))
+            .map(|l| l.matches('#').count())
+            .collect()
+    }
+
+    #[test]
+    fn the_age_chart_scales_to_the_terminal() {
+        let narrow = bars(&super::render(&overview(), 20, 60, None, None));
+        let wide = bars(&super::render(&overview(), 20, 120, None, None));
+        // The largest bucket spans the room there is; the others keep their proportion; an
+        // empty bucket has no bar, a small one at least a mark.
+        assert_eq!(narrow, vec![6, 24, 0, 1]);
+        assert_eq!(wide, vec![15, 60, 0, 3]);
+    }
 }
