@@ -372,18 +372,9 @@ impl Plan {
     pub fn overview(&self, now: i64) -> rusqlite::Result<Overview> {
         let conn = self.conn();
         let day = 86_400_000i64;
-        let mut ages: Vec<Age> = AGES
-            .iter()
-            .map(|(label, _)| Age {
-                label,
-                files: 0,
-                bytes: 0,
-            })
-            .collect();
-        let mut stmt = conn.prepare(&format!(
-            "SELECT CASE WHEN f.verified IS NULL THEN 0 {} ELSE {} END AS bucket, \
-             count(*), coalesce(sum(p.size), 0) FROM {JOIN} WHERE p.digest IS NOT NULL \
-             GROUP BY bucket",
+        // One pass over the plan for every count: per age bucket, copies, this cycle.
+        let bucket = format!(
+            "CASE WHEN f.verified IS NULL THEN 0 {} ELSE {} END",
             AGES.iter()
                 .enumerate()
                 .skip(1)
@@ -392,19 +383,53 @@ impl Plan {
                 .collect::<Vec<_>>()
                 .join(" "),
             AGES.len() - 1
-        ))?;
-        let rows = stmt.query_map([now], |r| {
-            Ok((
-                r.get::<_, i64>(0)? as usize,
-                r.get::<_, i64>(1)? as u64,
-                r.get::<_, i64>(2)? as u64,
-            ))
-        })?;
-        for row in rows {
-            let (i, files, bytes) = row?;
-            ages[i].files = files;
-            ages[i].bytes = bytes;
+        );
+        let mut columns: Vec<String> = (0..AGES.len())
+            .map(|i| {
+                format!(
+                    "count(*) FILTER (WHERE b = {i}), coalesce(sum(size) FILTER (WHERE b = {i}), 0)"
+                )
+            })
+            .collect();
+        for filter in [
+            "protected IS NOT NULL",
+            "archived IS NOT NULL",
+            "verified >= ?2",
+        ] {
+            columns.push(format!(
+                "count(*) FILTER (WHERE {filter}), coalesce(sum(size) FILTER (WHERE {filter}), 0)"
+            ));
         }
+        columns.push("min(verified)".into());
+        let sql = format!(
+            "SELECT {} FROM (SELECT {bucket} AS b, p.size AS size, f.verified AS verified, \
+             f.protected AS protected, f.archived AS archived FROM {JOIN} \
+             WHERE p.digest IS NOT NULL)",
+            columns.join(", ")
+        );
+        let (ages, copies, oldest) =
+            conn.query_row(&sql, params![now, self.cycle_started], |r| {
+                let count = |i: usize| -> rusqlite::Result<Count> {
+                    Ok(Count {
+                        files: r.get::<_, i64>(2 * i)? as u64,
+                        bytes: r.get::<_, i64>(2 * i + 1)? as u64,
+                    })
+                };
+                let ages = AGES
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (label, _))| {
+                        count(i).map(|c| Age {
+                            label,
+                            files: c.files,
+                            bytes: c.bytes,
+                        })
+                    })
+                    .collect::<rusqlite::Result<Vec<Age>>>()?;
+                let n = AGES.len();
+                let copies = [count(n)?, count(n + 1)?, count(n + 2)?];
+                Ok((ages, copies, r.get::<_, Option<i64>>(2 * (n + 3))?))
+            })?;
         let mut damage = Vec::new();
         let mut stmt = conn.prepare(&format!(
             "SELECT p.path, f.status, f.damaged FROM {JOIN} WHERE f.damaged IS NOT NULL ORDER BY p.seq"
@@ -420,23 +445,15 @@ impl Plan {
         for row in rows {
             damage.push(row?);
         }
-        let copies = |column: &str| -> rusqlite::Result<(u64, u64)> {
-            conn.query_row(
-                &format!(
-                    "SELECT count(*), coalesce(sum(p.size), 0) FROM {JOIN} \
-                     WHERE p.digest IS NOT NULL AND f.{column} IS NOT NULL"
-                ),
-                [],
-                |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
-            )
-        };
         Ok(Overview {
             tagged: self.tagged.into(),
             untagged: self.untagged.into(),
             ages,
             damage,
-            protected: copies("protected")?.into(),
-            archived: copies("archived")?.into(),
+            protected: copies[0],
+            archived: copies[1],
+            cycle_verified: copies[2],
+            oldest,
         })
     }
 
@@ -545,6 +562,10 @@ pub struct Overview {
     pub protected: Count,
     /// Tagged files whose content was archived, and their bytes.
     pub archived: Count,
+    /// Tagged files verified since the current cycle began, and their bytes.
+    pub cycle_verified: Count,
+    /// The least recent verification (Unix milliseconds).
+    pub oldest: Option<i64>,
 }
 
 /// Files and their bytes.

@@ -51,12 +51,12 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
     }
     let now = state::now();
     let overview = plan.overview(now)?;
-    let (cycle_files, cycle_bytes) = plan.cycle_progress()?;
+    let (cycle_files, cycle_bytes) = (overview.cycle_verified.files, overview.cycle_verified.bytes);
     let speed = state
         .as_ref()
         .and_then(|st| st.throughput("scrub").or_else(|| st.throughput("check")));
     let cycle_seconds = speed.map(|bps| overview.tagged.bytes as f64 / bps);
-    let (never, oldest) = plan.ages()?;
+    let (never, oldest) = (overview.ages[0].files, overview.oldest);
     let mut exit = if overview.damage.is_empty() {
         Exit::Clean
     } else {
@@ -309,6 +309,8 @@ mod tests {
             damage: Vec::new(),
             protected: Count::default(),
             archived: Count::default(),
+            cycle_verified: Count::default(),
+            oldest: None,
         }
     }
 
