@@ -5,13 +5,15 @@
 //! and sort it: on disk, not in memory, so a tree of ten million files plans in the memory of
 //! a tree of ten. The scrub then streams the sorted queue, a page at a time, into the engine.
 //!
-//! A cycle is the time it takes to verify every tagged file once. The plan remembers when
-//! the current cycle of its roots began; files verified since are done for this cycle, and the
-//! queue puts every file not yet done first, so repeated budgeted scrubs verify each file once
-//! before any file twice.
+//! A cycle is the time it takes to look at every tagged file once: verify it, or find it
+//! damaged, edited or unreadable (each a verdict, recorded as `checked`). The plan remembers
+//! when the current cycle of its roots began; files checked since are done for this cycle, and
+//! the queue puts every file not yet done first, so repeated budgeted scrubs check each file
+//! once before any file twice, and a file that fails every time cannot hold the cycle up.
+//! Under `--update`, an untagged file that could not be tagged is done for the cycle too.
 
 use std::collections::HashMap;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -55,11 +57,13 @@ pub struct Plan {
     pub untagged: (u64, u64),
     /// When the roots' current cycle began (Unix milliseconds).
     pub cycle_started: i64,
-    /// Tagged files (and bytes) verified since the cycle began, before this run.
+    /// Tagged files (and bytes) checked since the cycle began, before this run.
     pub cycle_done: (u64, u64),
     /// Whether the walk saw every file (not interrupted, no directory unreadable).
     pub complete: bool,
     attached: bool,
+    /// Why the queue ended early, if it failed.
+    failed: Arc<Mutex<Option<String>>>,
     /// The latest verification of a file in the plan.
     latest: Option<i64>,
     /// Plan rows the state database knows.
@@ -89,7 +93,8 @@ pub fn plan(
         "CREATE TABLE plan (
             seq INTEGER PRIMARY KEY,
             fs INTEGER, ino INTEGER,
-            digest BLOB,            -- NULL: untagged
+            digest BLOB NOT NULL,   -- the state's key; empty for an untagged file
+            tagged INTEGER NOT NULL,
             path BLOB NOT NULL,     -- as walked
             size INTEGER NOT NULL,
             root INTEGER NOT NULL
@@ -105,7 +110,8 @@ pub fn plan(
     let mut complete = true;
     let walked = {
         let mut insert = tx.prepare(
-            "INSERT INTO plan (fs, ino, digest, path, size, root) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            "INSERT INTO plan (fs, ino, digest, tagged, path, size, root) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         )?;
         engine::run(&show, roots, cancel, &Progress::default(), |report| {
             let row = match (&report.tag, report.id, report.size, report.status) {
@@ -127,7 +133,8 @@ pub fn plan(
             let inserted = insert.execute(params![
                 fs,
                 ino as i64,
-                digest.as_ref().map(digest_key),
+                digest.as_ref().map(digest_key).unwrap_or_default(),
+                digest.is_some(),
                 report.path.as_os_str().as_bytes(),
                 size as i64,
                 report.root as i64
@@ -147,9 +154,8 @@ pub fn plan(
             Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64))
         })
     };
-    let tagged =
-        count("SELECT count(*), coalesce(sum(size), 0) FROM plan WHERE digest IS NOT NULL")?;
-    let untagged = count("SELECT count(*), coalesce(sum(size), 0) FROM plan WHERE digest IS NULL")?;
+    let tagged = count("SELECT count(*), coalesce(sum(size), 0) FROM plan WHERE tagged")?;
+    let untagged = count("SELECT count(*), coalesce(sum(size), 0) FROM plan WHERE NOT tagged")?;
     let cycle_key = roots
         .iter()
         .map(|r| state::absolute(r).as_os_str().as_bytes().to_vec())
@@ -164,6 +170,7 @@ pub fn plan(
         cycle_done: (0, 0),
         complete,
         attached: false,
+        failed: Arc::default(),
         latest: None,
         known: 0,
     })
@@ -218,9 +225,9 @@ impl Plan {
         // One pass: what this cycle has done, the latest verification, the rows known.
         let (done, size, latest, known): (i64, i64, Option<i64>, i64) = conn.query_row(
             &format!(
-                "SELECT count(*) FILTER (WHERE f.verified >= ?1), \
-                 coalesce(sum(p.size) FILTER (WHERE f.verified >= ?1), 0), \
-                 max(f.verified), count(f.fs) FROM {JOIN} WHERE p.digest IS NOT NULL"
+                "SELECT count(*) FILTER (WHERE f.checked >= ?1), \
+                 coalesce(sum(p.size) FILTER (WHERE f.checked >= ?1), 0), \
+                 max(f.checked), count(f.fs) FROM {JOIN} WHERE p.tagged"
             ),
             [started],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
@@ -262,8 +269,11 @@ impl Plan {
         let ranges: Vec<(Vec<u8>, Vec<u8>)> = roots
             .iter()
             .map(|root| {
-                let mut low = state::absolute(root).as_os_str().as_bytes().to_vec();
-                low.push(b'/');
+                let mut low = state::absolute(root).into_os_string().into_vec();
+                // "/" is the one root that ends in a slash.
+                if low.last() != Some(&b'/') {
+                    low.push(b'/');
+                }
                 let mut high = low.clone();
                 *high.last_mut().expect("not empty") = b'/' + 1;
                 (low, high)
@@ -316,9 +326,9 @@ impl Plan {
         conn.execute(
             &format!(
                 "INSERT INTO queue (path, size, root) SELECT p.path, p.size, p.root FROM {JOIN} \
-                 WHERE (p.digest IS NOT NULL OR ?1) AND (?2 IS NULL OR f.verified IS NULL OR f.verified < ?2) \
-                 AND NOT (?4 AND coalesce(f.verified >= ?3, 0)) \
-                 ORDER BY coalesce(f.verified >= ?3, 0), f.verified IS NOT NULL, f.verified, p.seq"
+                 WHERE (p.tagged OR ?1) AND (?2 IS NULL OR f.verified IS NULL OR f.verified < ?2) \
+                 AND NOT (?4 AND coalesce(f.checked >= ?3, 0)) \
+                 ORDER BY coalesce(f.checked >= ?3, 0), f.verified IS NOT NULL, f.verified, p.seq"
             ),
             params![untagged_too, older, self.cycle_started, budget.is_set()],
         )?;
@@ -334,6 +344,7 @@ impl Plan {
         let bytes = limit.map_or(queued as u64, |l| l.min(queued as u64));
         let queue = Queue {
             conn: self.conn.clone(),
+            failed: self.failed.clone(),
             page: Vec::new().into_iter(),
             last: 0,
             limit,
@@ -344,12 +355,12 @@ impl Plan {
         Ok((queue, bytes))
     }
 
-    /// Tagged files (and bytes) verified since the cycle began, now.
+    /// Tagged files (and bytes) checked since the cycle began, now.
     pub fn cycle_progress(&self) -> rusqlite::Result<(u64, u64)> {
         self.conn().query_row(
             &format!(
                 "SELECT count(*), coalesce(sum(p.size), 0) FROM {JOIN} \
-                 WHERE p.digest IS NOT NULL AND f.verified >= ?1"
+                 WHERE p.tagged AND f.checked >= ?1"
             ),
             [self.cycle_started],
             |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
@@ -361,7 +372,7 @@ impl Plan {
         self.conn().query_row(
             &format!(
                 "SELECT count(*) FILTER (WHERE f.verified IS NULL), min(f.verified) FROM {JOIN} \
-                 WHERE p.digest IS NOT NULL"
+                 WHERE p.tagged"
             ),
             [],
             |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)),
@@ -394,7 +405,7 @@ impl Plan {
         for filter in [
             "protected IS NOT NULL",
             "archived IS NOT NULL",
-            "verified >= ?2",
+            "checked >= ?2",
         ] {
             columns.push(format!(
                 "count(*) FILTER (WHERE {filter}), coalesce(sum(size) FILTER (WHERE {filter}), 0)"
@@ -403,8 +414,8 @@ impl Plan {
         columns.push("min(verified)".into());
         let sql = format!(
             "SELECT {} FROM (SELECT {bucket} AS b, p.size AS size, f.verified AS verified, \
-             f.protected AS protected, f.archived AS archived FROM {JOIN} \
-             WHERE p.digest IS NOT NULL)",
+             f.protected AS protected, f.archived AS archived, f.checked AS checked FROM {JOIN} \
+             WHERE p.tagged)",
             columns.join(", ")
         );
         let (ages, copies, oldest) =
@@ -457,6 +468,11 @@ impl Plan {
         })
     }
 
+    /// Why the queue ended before its end, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.failed.lock().ok().and_then(|f| f.clone())
+    }
+
     /// Runs `f` on the plan's connection (for `status`' queries over `plan` and `files`).
     pub fn with_conn<T>(&self, f: impl FnOnce(&Connection) -> T) -> T {
         f(&self.conn())
@@ -466,6 +482,7 @@ impl Plan {
 /// A scrub's queue, read a page at a time.
 pub struct Queue {
     conn: Arc<Mutex<Connection>>,
+    failed: Arc<Mutex<Option<String>>>,
     page: std::vec::IntoIter<(i64, PathBuf, u64, usize)>,
     last: i64,
     limit: Option<u64>,
@@ -509,8 +526,12 @@ impl Iterator for Queue {
         let (id, path, size, root) = match self.page.next() {
             Some(row) => row,
             None => {
-                // A database that fails mid-scrub ends the queue; what was verified stands.
-                if self.next_page().is_err() {
+                // A database that fails mid-scrub ends the queue (the run says so); what was
+                // verified stands.
+                if let Err(e) = self.next_page() {
+                    if let Ok(mut failed) = self.failed.lock() {
+                        failed.get_or_insert(e.to_string());
+                    }
                     self.done = true;
                     return None;
                 }
@@ -562,7 +583,7 @@ pub struct Overview {
     pub protected: Count,
     /// Tagged files whose content was archived, and their bytes.
     pub archived: Count,
-    /// Tagged files verified since the current cycle began, and their bytes.
+    /// Tagged files checked since the current cycle began, and their bytes.
     pub cycle_verified: Count,
     /// The least recent verification (Unix milliseconds).
     pub oldest: Option<i64>,

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -65,8 +65,10 @@ CREATE TABLE IF NOT EXISTS {s}cycles (
 ";
 const VERSION: i64 = 1;
 
-/// Writes are committed at least this often.
+/// Recorded rows are written at least this often ...
 const COMMIT_EVERY: Duration = Duration::from_secs(1);
+/// ... or once this many are waiting.
+const BATCH: usize = 4096;
 
 /// Where the database is by default: `$XDG_STATE_HOME/intact/state.db`; for root without
 /// that variable `/var/lib/intact/state.db`; else `~/.local/state/intact/state.db`.
@@ -95,8 +97,11 @@ pub struct State {
     path: Option<PathBuf>,
     /// File system ids by device number.
     fsids: HashMap<u64, i64>,
-    /// A write transaction is open since then.
-    open_since: Option<Instant>,
+    /// Rows waiting to be written, and since when.
+    pending: Vec<Row>,
+    pending_since: Option<Instant>,
+    /// Reports are held in `temp.held`.
+    holding: bool,
     /// This run's row in `runs`.
     run: Option<i64>,
     /// The first error met while recording; recording stops there.
@@ -157,7 +162,9 @@ impl State {
         // Reading every table proves the file is a database and its schema is whole.
         conn.execute_batch(&schema(""))?;
         conn.query_row("SELECT count(*) FROM runs", [], |_| Ok(()))?;
-        conn.pragma_update(None, "user_version", VERSION)?;
+        if version != VERSION {
+            conn.pragma_update(None, "user_version", VERSION)?;
+        }
         Ok(State::with(conn, Some(path.to_path_buf())))
     }
 
@@ -166,7 +173,9 @@ impl State {
             conn,
             path,
             fsids: HashMap::new(),
-            open_since: None,
+            pending: Vec::new(),
+            pending_since: None,
+            holding: false,
             run: None,
             failed: None,
             broken: false,
@@ -200,60 +209,52 @@ impl State {
 
     /// Records the end of this run.
     pub fn end_run(&mut self, files: u64, bytes: u64, seconds: f64, exit_code: i32) {
+        self.commit();
         let Some(id) = self.run else { return };
-        let result = self.write(|conn| {
-            conn.execute(
-                "UPDATE runs SET ended = ?2, files = ?3, bytes = ?4, seconds = ?5, \
-                 exit_code = ?6 WHERE id = ?1",
-                params![id, now(), files as i64, bytes as i64, seconds, exit_code],
-            )
-        });
+        let result = self.conn.execute(
+            "UPDATE runs SET ended = ?2, files = ?3, bytes = ?4, seconds = ?5, \
+             exit_code = ?6 WHERE id = ?1",
+            params![id, now(), files as i64, bytes as i64, seconds, exit_code],
+        );
         if let Err(e) = result {
             self.fail(e);
         }
-        self.commit();
     }
 
-    /// Records what a report says of its file: a verdict (verified, damaged, modified), a
-    /// new tag, a repair, a parity set or an archived copy. Reports that say none of these
-    /// (new, skipped, unreadable files) are not recorded.
+    /// Records what a report says of its file: a verdict (verified, damaged, modified,
+    /// unreadable), a new tag, a repair, a parity set or an archived copy. Reports that say
+    /// none of these (new, skipped files) are not recorded. Rows are written in batches, each
+    /// in a short transaction: other runs never wait long for this one.
     pub fn record(&mut self, report: &FileReport) {
-        if self.failed.is_some() {
-            return;
+        for (fact, key) in facts(report) {
+            self.add(report, fact, key, false);
         }
-        if let Err(e) = self.try_record(report) {
-            self.fail(e);
+        if self.pending.len() >= BATCH
+            || self
+                .pending_since
+                .is_some_and(|t| t.elapsed() >= COMMIT_EVERY)
+        {
+            self.commit();
         }
     }
 
-    /// Records a report whose action (archived) stands only once its work is durable: it
-    /// is applied at [`State::settle`], if the work was.
+    /// As [`State::record`], for a report whose action (archived) stands only once its work
+    /// is durable: that fact is applied at [`State::settle`], if the work was.
     pub fn hold(&mut self, report: &FileReport) {
-        if self.failed.is_some() {
-            return;
-        }
-        let held = (|| {
-            self.write(|conn| {
-                conn.execute_batch(
-                    "CREATE TEMP TABLE IF NOT EXISTS held (fs INTEGER, ino INTEGER, digest BLOB, \
-                     path BLOB, size INTEGER)",
-                )
-            })?;
-            self.try_record_as(report, true)
-        })();
-        if let Err(e) = held {
-            self.fail(e);
+        for (fact, key) in facts(report) {
+            let held = matches!(fact, Fact::Archived);
+            self.add(report, fact, key, held);
         }
     }
 
     /// Applies the held records if their work is `durable`, and forgets them.
     pub fn settle(&mut self, durable: bool) {
-        if self.failed.is_some() {
+        self.commit();
+        if self.failed.is_some() || !self.holding {
             return;
         }
-        let t = now();
-        let seen = self.run;
-        let settled = self.write(|conn| {
+        let (t, seen) = (now(), self.run);
+        let settled = self.transaction(|conn| {
             if durable {
                 conn.execute(
                     "INSERT INTO files (fs, ino, digest, path, size, seen, archived) \
@@ -270,125 +271,98 @@ impl State {
         }
     }
 
-    fn try_record(&mut self, report: &FileReport) -> rusqlite::Result<()> {
-        self.try_record_as(report, false)
-    }
-
-    fn try_record_as(&mut self, report: &FileReport, held: bool) -> rusqlite::Result<()> {
-        let Some(what) = Recorded::of(report) else {
-            return Ok(());
-        };
+    /// Queues the row for `fact` about the file of `report` (or, `held`, keeps it aside in a
+    /// temporary table, which takes no lock on the database).
+    fn add(&mut self, report: &FileReport, fact: Fact, key: Vec<u8>, held: bool) {
+        if self.failed.is_some() {
+            return;
+        }
         // A repaired file is a new inode under the old name.
-        let id = match what.fact {
+        let id = match fact {
             Fact::Repaired => std::fs::symlink_metadata(&report.path)
                 .ok()
                 .map(|m| (m.dev(), m.ino())),
             _ => report.id,
         };
         let (Some((dev, ino)), Some(size)) = (id, report.size) else {
-            return Ok(());
+            return;
         };
         let Some(fs) = self.fsid(dev, &report.path) else {
-            return Ok(());
+            return;
         };
-        let path = absolute(&report.path);
-        let (t, seen) = (now(), self.run);
-        let key = digest_key(&what.digest);
-        let path = path.as_os_str().as_bytes();
-        let status = report.status.name();
-        if held {
-            return match what.fact {
-                Fact::Archived => self.write(|conn| {
-                    conn.prepare_cached("INSERT INTO temp.held VALUES (?1, ?2, ?3, ?4, ?5)")?
-                        .execute(params![fs, ino as i64, key, path, size as i64])
-                        .map(drop)
-                }),
-                _ => Ok(()),
-            };
+        let row = Row {
+            fact,
+            fs,
+            ino: ino as i64,
+            key,
+            path: absolute(&report.path).into_os_string().into_vec(),
+            size: size as i64,
+            t: now(),
+            status: report.status.name(),
+        };
+        if !held {
+            self.pending_since.get_or_insert_with(Instant::now);
+            self.pending.push(row);
+            return;
         }
-        // One statement a file: the row is created or updated with the fact.
-        let (sql, with_status) = match what.fact {
-            Fact::Verified => (
-                "INSERT INTO files (fs, ino, digest, path, size, seen, verified, checked, status) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8) ON CONFLICT DO UPDATE SET \
-                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
-                 verified = excluded.verified, checked = excluded.checked, \
-                 status = excluded.status, damaged = NULL",
-                true,
-            ),
-            Fact::Damaged => (
-                "INSERT INTO files (fs, ino, digest, path, size, seen, checked, status, damaged) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?7) ON CONFLICT DO UPDATE SET \
-                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
-                 checked = excluded.checked, status = excluded.status, \
-                 damaged = coalesce(files.damaged, excluded.damaged)",
-                true,
-            ),
-            Fact::Judged => (
-                "INSERT INTO files (fs, ino, digest, path, size, seen, checked, status) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO UPDATE SET \
-                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
-                 checked = excluded.checked, status = excluded.status",
-                true,
-            ),
-            Fact::Repaired => (
-                "INSERT INTO files (fs, ino, digest, path, size, seen, verified, checked, status) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, 'repaired') ON CONFLICT DO UPDATE SET \
-                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
-                 verified = excluded.verified, checked = excluded.checked, \
-                 status = excluded.status, damaged = NULL",
-                false,
-            ),
-            Fact::Protected => (
-                "INSERT INTO files (fs, ino, digest, path, size, seen, protected) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT DO UPDATE SET \
-                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
-                 protected = excluded.protected",
-                false,
-            ),
-            Fact::Archived => (
-                "INSERT INTO files (fs, ino, digest, path, size, seen, archived) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT DO UPDATE SET \
-                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
-                 archived = excluded.archived",
-                false,
-            ),
-        };
-        self.write(|conn| {
-            let mut upsert = conn.prepare_cached(sql)?;
-            let (ino, size) = (ino as i64, size as i64);
-            if with_status {
-                upsert.execute(params![fs, ino, key, path, size, seen, t, status])?;
-            } else {
-                upsert.execute(params![fs, ino, key, path, size, seen, t])?;
+        let kept = (|| {
+            if !self.holding {
+                self.conn.execute_batch(
+                    "CREATE TEMP TABLE IF NOT EXISTS held (fs INTEGER, ino INTEGER, \
+                     digest BLOB, path BLOB, size INTEGER)",
+                )?;
+                self.holding = true;
+            }
+            self.conn
+                .prepare_cached("INSERT INTO temp.held VALUES (?1, ?2, ?3, ?4, ?5)")?
+                .execute(params![row.fs, row.ino, row.key, row.path, row.size])
+                .map(drop)
+        })();
+        if let Err(e) = kept {
+            self.fail(e);
+        }
+    }
+
+    /// Writes the queued rows, in one short transaction.
+    pub fn commit(&mut self) {
+        self.pending_since = None;
+        if self.pending.is_empty() || self.failed.is_some() {
+            self.pending.clear();
+            return;
+        }
+        let rows = std::mem::take(&mut self.pending);
+        let seen = self.run;
+        let written = self.transaction(|conn| {
+            for row in &rows {
+                let mut upsert = conn.prepare_cached(row.fact.upsert())?;
+                let base = params![row.fs, row.ino, row.key, row.path, row.size, seen, row.t];
+                if row.fact.has_status() {
+                    let mut all = base.to_vec();
+                    all.push(&row.status);
+                    upsert.execute(all.as_slice())?;
+                } else {
+                    upsert.execute(base)?;
+                }
             }
             Ok(())
-        })
-    }
-
-    /// Runs `f` in the open write transaction (beginning one if need be), committing when
-    /// the transaction is a second old.
-    fn write<T>(
-        &mut self,
-        f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
-    ) -> rusqlite::Result<T> {
-        if self.open_since.is_none() {
-            self.conn.execute_batch("BEGIN IMMEDIATE")?;
-            self.open_since = Some(Instant::now());
-        }
-        let out = f(&self.conn)?;
-        if self.open_since.is_some_and(|t| t.elapsed() >= COMMIT_EVERY) {
-            self.commit();
-        }
-        Ok(out)
-    }
-
-    /// Commits what was recorded.
-    pub fn commit(&mut self) {
-        if self.open_since.take().is_some()
-            && let Err(e) = self.conn.execute_batch("COMMIT")
-        {
+        });
+        if let Err(e) = written {
             self.fail(e);
+        }
+    }
+
+    /// Runs `f` in a transaction of its own.
+    fn transaction(
+        &mut self,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<()>,
+    ) -> rusqlite::Result<()> {
+        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        match f(&self.conn) {
+            Ok(()) => self.conn.execute_batch("COMMIT"),
+            Err(e) => {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                Err(e)
+            }
         }
     }
 
@@ -412,9 +386,7 @@ impl State {
 
     fn fail(&mut self, e: rusqlite::Error) {
         self.broken |= is_damage(&e);
-        if self.open_since.take().is_some() {
-            let _ = self.conn.execute_batch("ROLLBACK");
-        }
+        self.pending.clear();
         self.failed.get_or_insert_with(|| {
             let place = self
                 .path
@@ -474,18 +446,26 @@ impl Drop for State {
     }
 }
 
-/// What a report says that is worth remembering, and of which content.
-struct Recorded {
+/// A row waiting to be written.
+struct Row {
     fact: Fact,
-    digest: Digest,
+    fs: i64,
+    ino: i64,
+    key: Vec<u8>,
+    path: Vec<u8>,
+    size: i64,
+    t: i64,
+    status: &'static str,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fact {
-    /// The data matched its tag (or was just tagged: the tag describes it now).
+    /// The data matched its tag.
     Verified,
     /// The data no longer matches an unchanged tag.
     Damaged,
-    /// A verdict that is neither (modified, older, touched, conflict), or a new tag.
+    /// A verdict that is neither (modified, older, conflict, unreadable, changed while
+    /// read), or a new tag: the file was looked at this cycle, but is not proven good.
     Judged,
     /// Restored from a verified copy.
     Repaired,
@@ -495,28 +475,95 @@ enum Fact {
     Archived,
 }
 
-impl Recorded {
-    fn of(r: &FileReport) -> Option<Recorded> {
-        let tagged = r.tag.as_ref().map(|t| t.digest);
-        let (fact, digest) = match (r.action, r.status) {
-            // A new tag describes the data just read, but proves nothing yet: the file has
-            // not been verified since it was tagged.
-            (Some(Action::Tagged), _) => (Fact::Judged, r.digest?),
-            // The data matched the tag (only the mtime moved).
-            (Some(Action::Refreshed), _) => (Fact::Verified, r.digest?),
-            (Some(Action::Repaired), _) => (Fact::Repaired, tagged?),
-            (Some(Action::Protected), _) => (Fact::Protected, r.digest.or(tagged)?),
-            (Some(Action::Archived), _) => (Fact::Archived, r.digest.or(tagged)?),
-            // Read, and it matched.
-            (_, Status::Ok) if r.digest.is_some() => (Fact::Verified, tagged?),
-            (_, s) if s.is_damage() => (Fact::Damaged, tagged?),
-            (_, Status::Modified | Status::Older | Status::Touched | Status::Conflict) => {
-                (Fact::Judged, tagged?)
+impl Fact {
+    /// The statement that records it: one a file, creating the row or updating it.
+    /// Parameters: fs, ino, digest, path, size, seen, time[, status].
+    fn upsert(self) -> &'static str {
+        match self {
+            Fact::Verified => {
+                "INSERT INTO files (fs, ino, digest, path, size, seen, verified, checked, status) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8) ON CONFLICT DO UPDATE SET \
+                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
+                 verified = excluded.verified, checked = excluded.checked, \
+                 status = excluded.status, damaged = NULL"
             }
-            _ => return None,
-        };
-        Some(Recorded { fact, digest })
+            Fact::Damaged => {
+                "INSERT INTO files (fs, ino, digest, path, size, seen, checked, status, damaged) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?7) ON CONFLICT DO UPDATE SET \
+                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
+                 checked = excluded.checked, status = excluded.status, \
+                 damaged = coalesce(files.damaged, excluded.damaged)"
+            }
+            Fact::Judged => {
+                "INSERT INTO files (fs, ino, digest, path, size, seen, checked, status) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO UPDATE SET \
+                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
+                 checked = excluded.checked, status = excluded.status"
+            }
+            Fact::Repaired => {
+                "INSERT INTO files (fs, ino, digest, path, size, seen, verified, checked, status) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, 'repaired') ON CONFLICT DO UPDATE SET \
+                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
+                 verified = excluded.verified, checked = excluded.checked, \
+                 status = excluded.status, damaged = NULL"
+            }
+            Fact::Protected => {
+                "INSERT INTO files (fs, ino, digest, path, size, seen, protected) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT DO UPDATE SET \
+                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
+                 protected = excluded.protected"
+            }
+            Fact::Archived => {
+                "INSERT INTO files (fs, ino, digest, path, size, seen, archived) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT DO UPDATE SET \
+                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
+                 archived = excluded.archived"
+            }
+        }
     }
+
+    fn has_status(self) -> bool {
+        matches!(self, Fact::Verified | Fact::Damaged | Fact::Judged)
+    }
+}
+
+/// What a report says that is worth remembering, each fact with the content it is about:
+/// the verdict, and a copy made.
+fn facts(r: &FileReport) -> Vec<(Fact, Vec<u8>)> {
+    let tagged = r.tag.as_ref().map(|t| t.digest);
+    // An untagged file that could not be tagged (update, scrub --update): under the empty
+    // key, which the plan gives untagged files, so that it waits for the next cycle.
+    if tagged.is_none() && matches!(r.status, Status::Error | Status::Changed) {
+        return vec![(Fact::Judged, Vec::new())];
+    }
+    let verdict = match (r.action, r.status) {
+        // A new tag describes the data just read, but proves nothing yet: the file has not
+        // been verified since it was tagged.
+        (Some(Action::Tagged), _) => r.digest.map(|d| (Fact::Judged, d)),
+        // The data matched the tag (only the mtime moved, and was refreshed).
+        (Some(Action::Refreshed), _) => r.digest.map(|d| (Fact::Verified, d)),
+        (Some(Action::Repaired), _) => tagged.map(|d| (Fact::Repaired, d)),
+        // Read, and it matched (touched: under another mtime).
+        (_, Status::Ok | Status::Touched) if r.digest.is_some() => {
+            tagged.map(|d| (Fact::Verified, d))
+        }
+        (_, s) if s.is_damage() => tagged.map(|d| (Fact::Damaged, d)),
+        (
+            _,
+            Status::Modified | Status::Older | Status::Conflict | Status::Error | Status::Changed,
+        ) => tagged.map(|d| (Fact::Judged, d)),
+        _ => None,
+    };
+    let copy = match r.action {
+        Some(Action::Protected) => r.digest.or(tagged).map(|d| (Fact::Protected, d)),
+        Some(Action::Archived) => r.digest.or(tagged).map(|d| (Fact::Archived, d)),
+        _ => None,
+    };
+    verdict
+        .into_iter()
+        .chain(copy)
+        .map(|(fact, d)| (fact, digest_key(&d)))
+        .collect()
 }
 
 /// A digest as the database keys it: the algorithm byte, then the bytes.
@@ -530,9 +577,13 @@ pub fn digest_key(d: &Digest) -> Vec<u8> {
     key
 }
 
-/// `path` made absolute (against the working directory), without resolving symlinks.
+/// `path` made absolute (against the working directory), without resolving symlinks, and
+/// without a trailing slash: `/srv/photos/` and `/srv/photos` are one tree.
 pub fn absolute(path: &Path) -> PathBuf {
-    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+    std::path::absolute(path)
+        .unwrap_or_else(|_| path.to_path_buf())
+        .components()
+        .collect()
 }
 
 /// The file system id of the file system `path` is on.

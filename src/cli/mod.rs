@@ -329,9 +329,10 @@ files share packs, about one slice each. Names in the sets are relative to PATH:
 Exit codes: 0 all protected; 1 damaged files found; 3 some files could not be protected.";
 
 pub const SCRUB_HELP: &str = "\
-Files are verified in rolling order: those not yet verified in the current cycle first (never
+Files are verified in rolling order: those not yet checked in the current cycle first (never
 verified ones before all others), then the least recently verified. A cycle ends when every
-tagged file has been verified once; the summary says how far through it the tree is. Without a
+tagged file has been checked once (verified, or found damaged, edited or unreadable); the
+summary says how far through it the tree is; a budgeted scrub ends with its cycle. Without a
 budget a scrub verifies every file once. Verdicts, output and exit codes are check's; the
 state database (see --state) remembers when each file was verified. Planning reads tags and
 metadata only.

@@ -83,6 +83,14 @@ pub(super) fn prepare(
         other => other?,
     };
     config.deadline = scrub.max_time.map(|t| start + t);
+    // A time budget spent before the first file is a scrub that never verifies: said, exit 3.
+    if bytes > 0 && config.deadline.is_some_and(|d| Instant::now() >= d) {
+        front.reporter.fail(
+            "the time budget (--max-time) ran out while planning: nothing was verified; \
+             give it more time"
+                .into(),
+        );
+    }
     Ok((plan, queue, bytes))
 }
 
@@ -94,6 +102,11 @@ pub(super) fn conclude<W: std::io::Write, E: std::io::Write>(
 ) {
     if let Some(state) = state {
         state.commit();
+    }
+    if let Some(e) = plan.failure() {
+        reporter.fail(format!(
+            "reading the scrub's queue: {e}; the rest was not verified"
+        ));
     }
     let Ok((files, size)) = plan.cycle_progress() else {
         return;
@@ -116,7 +129,7 @@ pub(super) fn conclude<W: std::io::Write, E: std::io::Write>(
         Some((total_bytes - size.min(total_bytes)).div_ceil(verified))
     };
     let mut line = format!(
-        "scrub: cycle since {started}: {files} of {total_files} tagged files verified \
+        "scrub: cycle since {started}: {files} of {total_files} tagged files checked \
          ({} of {}, {percent:.0}%)",
         bytes(size),
         bytes(total_bytes)
@@ -129,9 +142,9 @@ pub(super) fn conclude<W: std::io::Write, E: std::io::Write>(
     reporter.note(line);
     let cycle = serde_json::json!({
         "started": started,
-        "files_verified": files,
+        "files_checked": files,
         "files": total_files,
-        "bytes_verified": size,
+        "bytes_checked": size,
         "bytes": total_bytes,
         "complete": complete,
     });

@@ -72,8 +72,8 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
             "overview": overview,
             "cycle": {
                 "started": (plan.cycle_started > 0).then(|| rfc3339(plan.cycle_started)),
-                "files_verified": cycle_files,
-                "bytes_verified": cycle_bytes,
+                "files_checked": cycle_files,
+                "bytes_checked": cycle_bytes,
                 "seconds_for_a_cycle": cycle_seconds,
             },
             "never_verified": never,
@@ -89,7 +89,7 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
         if plan.cycle_started > 0 {
             writeln!(
                 out,
-                "cycle       since {}: {cycle_files} of {} tagged files verified ({})",
+                "cycle       since {}: {cycle_files} of {} tagged files checked ({})",
                 rfc3339(plan.cycle_started),
                 overview.tagged.files,
                 bytes(cycle_bytes)

@@ -56,10 +56,7 @@ fn budgeted_scrubs_verify_every_file_once_per_cycle() {
         assert_eq!(got.len(), if run < 4 { 3 } else { 1 }, "run {run}: {got:?}");
         let cycle = &r.summary["cycle"];
         assert_eq!(cycle["files"], 10);
-        assert_eq!(
-            cycle["files_verified"],
-            seen.len() as u64 + got.len() as u64
-        );
+        assert_eq!(cycle["files_checked"], seen.len() as u64 + got.len() as u64);
         assert_eq!(cycle["complete"], run == 4, "run {run}: {cycle}");
         seen.extend(got);
     }
@@ -68,7 +65,7 @@ fn budgeted_scrubs_verify_every_file_once_per_cycle() {
     // The next cycle starts with the files verified longest ago: the first run's.
     let r = scrub(&tree, &db, &["--max-bytes", "30000"]);
     assert_eq!(verified(&r), seen[..3].to_vec());
-    assert_eq!(r.summary["cycle"]["files_verified"], 3);
+    assert_eq!(r.summary["cycle"]["files_checked"], 3);
 }
 
 #[test]
@@ -77,9 +74,17 @@ fn percent_older_than_and_time_budgets() {
     let (tree, db) = tagged_tree(&t, 10, 10_000);
     let r = scrub(&tree, &db, &["--max-percent", "20"]);
     assert_eq!(verified(&r).len(), 2);
-    // No file is started once the time is up.
-    let r = scrub(&tree, &db, &["--max-time", "0s"]);
-    assert_eq!(verified(&r).len(), 0);
+    // No file is started once the time is up; a budget spent on planning is an error.
+    let r = cmd!("scrub", "--json", "--state", &db, &tree, "--max-time", "0s")
+        .run()
+        .expect_code(3);
+    assert_eq!(r.json().count("ok"), 0);
+    assert!(
+        r.json().summary["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("ran out while planning")
+    );
     // Without a budget: every file once.
     let r = scrub(&tree, &db, &[]);
     assert_eq!(verified(&r).len(), 10);
@@ -468,4 +473,52 @@ fn no_state_records_nothing_whatever_the_environment_says() {
         db_rows(&db, "SELECT count(*) FROM files WHERE verified IS NOT NULL"),
         2
     );
+}
+
+#[test]
+fn files_that_fail_or_changed_do_not_hold_a_cycle_up() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 6, 10_000);
+    // An edit, a touch (same bytes, new mtime) and bit rot: none of them verifies.
+    let edited = tree.join("d0/f000");
+    fs::write(&edited, data(10_000, 999)).unwrap();
+    set_mtime(&edited, (2_000_000_000, 0));
+    set_mtime(&tree.join("d1/f001"), (2_000_000_000, 0));
+    flip_byte(&tree.join("d2/f002"), 7);
+    let mut checked = BTreeSet::new();
+    for run in 1..=3 {
+        let r = cmd!(
+            "scrub",
+            "--json",
+            "-v",
+            "--state",
+            &db,
+            &tree,
+            "--max-bytes",
+            "20000"
+        )
+        .run();
+        assert!(r.code == 0 || r.code == 1, "run {run}: {}", r.stderr);
+        let r = r.json();
+        assert_eq!(r.files.len(), 2, "run {run}");
+        for f in &r.files {
+            assert!(
+                checked.insert(f["path"].as_str().unwrap().to_string()),
+                "twice: {f}"
+            );
+        }
+        assert_eq!(r.summary["cycle"]["complete"], run == 3, "run {run}");
+    }
+    // The next run begins a new cycle.
+    let r = cmd!(
+        "scrub",
+        "--json",
+        "--state",
+        &db,
+        &tree,
+        "--max-bytes",
+        "20000"
+    )
+    .run();
+    assert_eq!(r.json().summary["cycle"]["files_checked"], 2);
 }
