@@ -372,8 +372,8 @@ impl State {
         drop(self);
         Some(match move_aside(&path) {
             Ok(aside) => format!(
-                "the state database {} is damaged; moved it to {} (the next run starts a new \
-                 one; only the schedule is lost)",
+                "the state database {} is damaged; moved it to {} (a new one takes its place; \
+                 only the schedule is lost)",
                 path.display(),
                 aside.display()
             ),

@@ -213,16 +213,30 @@ fn a_lost_or_broken_database_costs_only_the_schedule() {
     let r = scrub(&tree, &db, &["--max-bytes", "20000"]);
     assert_eq!(verified(&r).len(), 2);
     let garbage = data(100_000, 9);
-    for (how, damage) in [
+    // Found when the database is opened (a file that is no database, or shorter than it
+    // says), or only when planning reads the table of files (its root page, the second,
+    // overwritten).
+    for (how, found, damage) in [
         (
             "random bytes",
+            "was unreadable",
             Box::new(|p: &Path| fs::write(p, &garbage).unwrap()) as Box<dyn Fn(&Path)>,
         ),
         (
             "truncated",
+            "was unreadable",
             Box::new(|p: &Path| {
                 let f = fs::OpenOptions::new().write(true).open(p).unwrap();
                 f.set_len(f.metadata().unwrap().len() / 2).unwrap();
+            }),
+        ),
+        (
+            "a damaged page",
+            "is damaged",
+            Box::new(|p: &Path| {
+                use std::os::unix::fs::FileExt;
+                let f = fs::OpenOptions::new().write(true).open(p).unwrap();
+                f.write_all_at(&garbage[..4096], 4096).unwrap();
             }),
         ),
     ] {
@@ -233,7 +247,11 @@ fn a_lost_or_broken_database_costs_only_the_schedule() {
         let r = cmd!("scrub", "--json", "-v", "--state", &db, &tree)
             .run()
             .expect_code(0);
-        assert!(r.stderr.contains("moved it to"), "{how}: {}", r.stderr);
+        assert!(
+            r.stderr.contains(found) && r.stderr.contains("moved it to"),
+            "{how}: {}",
+            r.stderr
+        );
         assert_eq!(
             verified(&r.json()).len(),
             6,
@@ -262,7 +280,7 @@ fn a_lost_or_broken_database_costs_only_the_schedule() {
                 .contains(".broken-")
         })
         .count();
-    assert_eq!(aside, 2);
+    assert_eq!(aside, 3);
 }
 
 #[test]
