@@ -128,27 +128,25 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
     {
         eprintln!("intact: warning: {warning}");
     }
-    let exit = match output {
-        // A closed pipe (`intact check | head`) ends the run quietly.
-        Some(e) if e.kind() == io::ErrorKind::BrokenPipe => reporter.summary.exit(s.verb),
-        Some(e) => {
-            reporter.fail(format!("writing output: {e}"));
-            finish(&mut reporter, s.verb)
-        }
-        None => finish(&mut reporter, s.verb),
-    };
-    let summary = &reporter.summary;
-    if let Some(state) = &mut state {
-        state.end_run(
-            summary.files(),
-            summary.bytes,
-            summary.elapsed.as_secs_f64(),
-            exit as i32,
-        );
+    // Metrics before the summary: a file that cannot be written is a failure the summary
+    // states (the metrics carry the exit code the summary will state).
+    if let Some(output) = &output
+        && output.kind() != io::ErrorKind::BrokenPipe
+    {
+        reporter.fail(format!("writing output: {output}"));
     }
     if let Some(path) = &s.metrics {
+        if let Some(state) = &mut state {
+            state.commit();
+        }
+        let summary = &reporter.summary;
         let mut m = Metrics::default();
-        m.run(s.verb.name(), summary, exit as i32, intact::state::now());
+        m.run(
+            s.verb.name(),
+            summary,
+            summary.exit(s.verb) as i32,
+            intact::state::now(),
+        );
         let ages = match &plan {
             Some((plan, _)) => plan.ages().ok(),
             None => state.as_ref().and_then(|st| st.seen_summary()),
@@ -158,12 +156,25 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
             verification_ages(&mut m, s.verb.name(), never, oldest);
         }
         if let Err(e) = m.write(path) {
-            eprintln!(
-                "intact: error: writing the metrics {}: {e}",
+            reporter.fail(format!(
+                "writing the metrics {}: {e}",
                 intact::report::escape(path)
-            );
-            return Ok(exit.merge(Exit::Trouble));
+            ));
         }
+    }
+    let exit = match output {
+        // A closed pipe (`intact check | head`) ends the run quietly.
+        Some(e) if e.kind() == io::ErrorKind::BrokenPipe => reporter.summary.exit(s.verb),
+        _ => finish(&mut reporter, s.verb),
+    };
+    let summary = &reporter.summary;
+    if let Some(state) = &mut state {
+        state.end_run(
+            summary.files(),
+            summary.bytes,
+            summary.elapsed.as_secs_f64(),
+            exit as i32,
+        );
     }
     Ok(exit)
 }

@@ -400,6 +400,30 @@ fn metrics_pass_promtool() {
         status.contains("intact_files_damaged{verb=\"status\"} 1"),
         "{status}"
     );
+    // Metrics that cannot be written fail the run, and the summary says so.
+    let clean = Tree::new();
+    let (clean_tree, _) = tagged_tree(&clean, 2, 1_000);
+    let nowhere = t.path("no/such/dir/m.prom");
+    let r = cmd!(
+        "check",
+        "--json",
+        "--state",
+        &db,
+        "--metrics",
+        &nowhere,
+        &clean_tree
+    )
+    .run();
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    let summary = r.json().summary;
+    assert_eq!(summary["exit_code"], 3);
+    assert!(
+        summary["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("writing the metrics"),
+        "{summary}"
+    );
     for file in [&prom, &status_prom] {
         let out = Command::new("promtool")
             .args(["check", "metrics"])
