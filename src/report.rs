@@ -535,7 +535,7 @@ pub fn human_summary(verb: Verb, s: &Summary) -> String {
 }
 
 /// 1234567 → "1,234,567".
-fn group(n: u64) -> String {
+pub fn group(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {

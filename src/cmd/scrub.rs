@@ -7,7 +7,7 @@ use super::Front;
 use crate::cli::ScrubArgs;
 use crate::cli::settings::{Scrub, Settings};
 use intact::engine::{Config, Work};
-use intact::report::{Exit, Reporter, Verb, bytes};
+use intact::report::{Exit, Reporter, Verb, bytes, group};
 use intact::scrub::{Budget, Plan, Queue};
 use intact::sink::{Out, Pass};
 use intact::state::{self, State};
@@ -129,8 +129,9 @@ pub(super) fn conclude<W: std::io::Write, E: std::io::Write>(
         Some((total_bytes - size.min(total_bytes)).div_ceil(verified))
     };
     let mut line = format!(
-        "scrub: cycle since {started}: {files} of {total_files} tagged files checked \
-         ({} of {}, {percent:.0}%)",
+        "scrub: cycle since {started}: {} of {} tagged files checked ({} of {}, {percent:.0}%)",
+        group(files),
+        group(total_files),
         bytes(size),
         bytes(total_bytes)
     );

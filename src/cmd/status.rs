@@ -10,7 +10,7 @@ use crate::cli::StatusArgs;
 use crate::cli::settings::Settings;
 use intact::engine::Work;
 use intact::metrics::Metrics;
-use intact::report::{Exit, Verb, bytes, escape};
+use intact::report::{Exit, Verb, bytes, escape, group};
 use intact::scrub::Overview;
 use intact::state::{self, State};
 
@@ -89,9 +89,10 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
         if plan.cycle_started > 0 {
             writeln!(
                 out,
-                "cycle       since {}: {cycle_files} of {} tagged files checked ({})",
+                "cycle       since {}: {} of {} tagged files checked ({})",
                 rfc3339(plan.cycle_started),
-                overview.tagged.files,
+                group(cycle_files),
+                group(overview.tagged.files),
                 bytes(cycle_bytes)
             )?;
         }
@@ -194,9 +195,9 @@ fn render(
         &mut t,
         format!(
             "files       {} tagged ({}), {} untagged ({})",
-            o.tagged.files,
+            group(o.tagged.files),
             bytes(o.tagged.bytes),
-            o.untagged.files,
+            group(o.untagged.files),
             bytes(o.untagged.bytes)
         ),
     );
@@ -215,7 +216,7 @@ fn render(
                 "  {:<10} {:<w$} {:>9} {:>9}",
                 a.label,
                 "#".repeat(len),
-                a.files,
+                group(a.files),
                 bytes(a.bytes),
                 w = bar_width
             ),
@@ -232,9 +233,9 @@ fn render(
         &mut t,
         format!(
             "copies      {} with parity ({:.0}%), {} archived ({:.0}%)",
-            o.protected.files,
+            group(o.protected.files),
             share(o.protected.files),
-            o.archived.files,
+            group(o.archived.files),
             share(o.archived.files)
         ),
     );
