@@ -12,7 +12,6 @@
 //! once before any file twice, and a file that fails every time cannot hold the cycle up.
 //! Under `--update`, an untagged file that could not be tagged is done for the cycle too.
 
-use std::collections::HashMap;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -84,8 +83,8 @@ pub fn plan(
     // "": a private temporary database, on disk.
     let conn = Connection::open("")?;
     conn.busy_timeout(std::time::Duration::from_secs(600))?;
-    // The temporary tables spill to a file, never to memory only.
-    // A throwaway: no journal, no syncs; SQLite's default cache (2 MiB), then its file.
+    // A throwaway: no journal, no syncs; SQLite's default cache (2 MiB), then its file
+    // (temporary tables too), never memory only.
     conn.execute_batch(
         "PRAGMA temp_store = FILE; PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;",
     )?;
@@ -104,7 +103,7 @@ pub fn plan(
         work: Work::Show,
         ..config.clone()
     };
-    let mut fsids: HashMap<u64, i64> = HashMap::new();
+    let mut fsids = state::FsIds::default();
     let mut failed = None;
     let tx = conn.unchecked_transaction()?;
     let mut complete = true;
@@ -127,9 +126,7 @@ pub fn plan(
                 other(report);
                 return;
             };
-            let fs = *fsids
-                .entry(dev)
-                .or_insert_with(|| state::fsid_of(&report.path).unwrap_or(dev as i64));
+            let fs = fsids.of(dev, &report.path);
             let inserted = insert.execute(params![
                 fs,
                 ino as i64,
@@ -156,14 +153,9 @@ pub fn plan(
     };
     let tagged = count("SELECT count(*), coalesce(sum(size), 0) FROM plan WHERE tagged")?;
     let untagged = count("SELECT count(*), coalesce(sum(size), 0) FROM plan WHERE NOT tagged")?;
-    let cycle_key = roots
-        .iter()
-        .map(|r| state::absolute(r).as_os_str().as_bytes().to_vec())
-        .collect::<Vec<_>>()
-        .join(&b'\n');
     Ok(Plan {
         conn: Arc::new(Mutex::new(conn)),
-        cycle_key,
+        cycle_key: state::roots_key(roots),
         tagged,
         untagged,
         cycle_started: 0,

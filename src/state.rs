@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -96,7 +96,7 @@ pub struct State {
     conn: Connection,
     path: Option<PathBuf>,
     /// File system ids by device number.
-    fsids: HashMap<u64, i64>,
+    fsids: FsIds,
     /// Rows waiting to be written, and since when.
     pending: Vec<Row>,
     pending_since: Option<Instant>,
@@ -172,7 +172,7 @@ impl State {
         State {
             conn,
             path,
-            fsids: HashMap::new(),
+            fsids: FsIds::default(),
             pending: Vec::new(),
             pending_since: None,
             holding: false,
@@ -187,13 +187,12 @@ impl State {
         self.path.as_deref()
     }
 
-    /// Records the start of a run of `verb` over `roots`.
+    /// Records the start of a run of `verb` over `roots` (once).
     pub fn begin_run(&mut self, verb: &str, roots: &[PathBuf]) {
-        let roots: Vec<u8> = roots
-            .iter()
-            .map(|r| absolute(r).as_os_str().as_bytes().to_vec())
-            .collect::<Vec<_>>()
-            .join(&b'\n');
+        if self.run.is_some() {
+            return;
+        }
+        let roots = roots_key(roots);
         let result = self
             .conn
             .execute(
@@ -287,9 +286,7 @@ impl State {
         let (Some((dev, ino)), Some(size)) = (id, report.size) else {
             return;
         };
-        let Some(fs) = self.fsid(dev, &report.path) else {
-            return;
-        };
+        let fs = self.fsids.of(dev, &report.path);
         let row = Row {
             fact,
             fs,
@@ -398,15 +395,6 @@ impl State {
 
     /// The file system id of device `dev` (`path` is on it): stable across reboots and
     /// remounts, where device numbers are not.
-    fn fsid(&mut self, dev: u64, path: &Path) -> Option<i64> {
-        if let Some(id) = self.fsids.get(&dev) {
-            return Some(*id);
-        }
-        let id = rustix::fs::statvfs(path).ok()?.f_fsid as i64;
-        self.fsids.insert(dev, id);
-        Some(id)
-    }
-
     /// The files this run saw that were never proven good, and the oldest verification
     /// among those that were.
     pub fn seen_summary(&self) -> Option<(u64, Option<i64>)> {
@@ -586,9 +574,28 @@ pub fn absolute(path: &Path) -> PathBuf {
         .collect()
 }
 
-/// The file system id of the file system `path` is on.
-pub fn fsid_of(path: &Path) -> Option<i64> {
-    rustix::fs::statvfs(path).ok().map(|s| s.f_fsid as i64)
+/// File system ids by device number: stable across reboots and remounts, where device
+/// numbers are not (statvfs `f_fsid`; the device number where that fails).
+#[derive(Default)]
+pub struct FsIds(HashMap<u64, i64>);
+
+impl FsIds {
+    /// The id of device `dev`, which `path` is on.
+    pub fn of(&mut self, dev: u64, path: &Path) -> i64 {
+        *self
+            .0
+            .entry(dev)
+            .or_insert_with(|| rustix::fs::statvfs(path).map_or(dev as i64, |s| s.f_fsid as i64))
+    }
+}
+
+/// The key of a run's roots: their absolute paths, one per line.
+pub fn roots_key(roots: &[PathBuf]) -> Vec<u8> {
+    roots
+        .iter()
+        .map(|r| absolute(r).into_os_string().into_vec())
+        .collect::<Vec<_>>()
+        .join(&b'\n')
 }
 
 /// Moves the database at `path` (and its WAL) aside, to `PATH.broken-TIME`.
