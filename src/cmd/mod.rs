@@ -207,6 +207,27 @@ fn open_state(path: &std::path::Path) -> Option<State> {
     }
 }
 
+/// Runs `f` on the state database (its path; `None` without one). The database is only a
+/// cache: if SQLite finds it damaged, it is moved aside, a new one opened in its place, and
+/// `f` run once more.
+fn on_state<T>(
+    state: &mut Option<State>,
+    mut f: impl FnMut(Option<&std::path::Path>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    let path = |state: &Option<State>| state.as_ref().and_then(|st| st.path().map(PathBuf::from));
+    let db = path(state);
+    match f(db.as_deref()) {
+        Err(e) if intact::state::is_damage(&e) && db.is_some() => {
+            if let Some(warning) = state.take().and_then(State::quarantine) {
+                eprintln!("intact: warning: {warning}");
+            }
+            *state = db.as_deref().and_then(open_state);
+            f(path(state).as_deref())
+        }
+        other => other,
+    }
+}
+
 /// The metrics of verification age: files never verified, and the oldest verification.
 fn verification_ages(m: &mut Metrics, verb: &str, never: u64, oldest: Option<i64>) {
     let v = &[("verb", verb)];

@@ -53,35 +53,17 @@ pub(super) fn prepare(
         state.commit();
     }
     let now = state::now();
-    let schedule = |plan: &mut Plan, db: Option<&std::path::Path>| {
+    let schedule = |plan: &mut Plan, db: Option<&std::path::Path>| -> rusqlite::Result<_> {
         plan.attach(db)?;
         plan.start_cycle(now)?;
         plan.forget_the_gone(&s.roots)?;
         plan.queue(scrub.budget, scrub.untagged_too, now)
     };
-    let db = front
-        .state
-        .as_ref()
-        .and_then(|st| st.path().map(|p| p.to_path_buf()));
-    let (queue, bytes) = match schedule(&mut plan, db.as_deref()) {
-        // The database is only a cache: a damaged one is moved aside, and the scrub goes on
-        // with a new one.
-        Err(e) if state::is_damage(&e) && db.is_some() => {
-            if let Some(warning) = front.state.take().and_then(State::quarantine) {
-                eprintln!("intact: warning: {warning}");
-            }
-            front.state = db.as_deref().and_then(super::open_state);
-            if let Some(state) = &mut front.state {
-                state.begin_run(s.verb.name(), &s.roots);
-            }
-            let db = front
-                .state
-                .as_ref()
-                .and_then(|st| st.path().map(|p| p.to_path_buf()));
-            schedule(&mut plan, db.as_deref())?
-        }
-        other => other?,
-    };
+    let (queue, bytes) = super::on_state(&mut front.state, |db| schedule(&mut plan, db))?;
+    // A database opened anew (the old one was damaged) records this run too.
+    if let Some(state) = &mut front.state {
+        state.begin_run(s.verb.name(), &s.roots);
+    }
     config.deadline = scrub.max_time.map(|t| start + t);
     // A time budget spent before the first file is a scrub that never verifies: said, exit 3.
     if bytes > 0 && config.deadline.is_some_and(|d| Instant::now() >= d) {

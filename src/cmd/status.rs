@@ -1,7 +1,9 @@
 //! `status`: how well verified and protected the trees are, from tags and the state
 //! database alone.
 
+use std::fmt::Write as _;
 use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
 use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::Context;
@@ -12,15 +14,12 @@ use intact::engine::Work;
 use intact::metrics::Metrics;
 use intact::report::{Exit, Verb, bytes, escape, group};
 use intact::scrub::Overview;
-use intact::state::{self, State};
+use intact::state;
 
 pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
     let mut s = Settings::new(Verb::Show, Work::Show, a.paths.paths, &a.common)?;
     s.record(&a.state);
     let state = s.state.as_deref().and_then(super::open_state);
-    let db = state
-        .as_ref()
-        .and_then(|st| st.path().map(|p| p.to_path_buf()));
     let mut errors = 0u64;
     let mut plan = intact::scrub::plan(&s.config, &s.roots, true, &super::STOP, |r| {
         if r.status == intact::core::classify::Status::Error {
@@ -34,21 +33,8 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
     })
     .context("reading the trees")?;
     let mut state = state;
-    match plan.attach(db.as_deref()) {
-        // Only a cache: a damaged one is moved aside and a new one begun.
-        Err(e) if state::is_damage(&e) && db.is_some() => {
-            if let Some(warning) = state.take().and_then(State::quarantine) {
-                eprintln!("intact: warning: {warning}");
-            }
-            state = db.as_deref().and_then(super::open_state);
-            let db = state
-                .as_ref()
-                .and_then(|st| st.path().map(|p| p.to_path_buf()));
-            plan.attach(db.as_deref())
-                .context("reading the state database")?;
-        }
-        other => other.context("reading the state database")?,
-    }
+    super::on_state(&mut state, |db| plan.attach(db)).context("reading the state database")?;
+    let db = state.as_ref().and_then(|st| st.path().map(PathBuf::from));
     let now = state::now();
     let overview = plan.overview(now)?;
     let (cycle_files, cycle_bytes) = (overview.cycle_verified.files, overview.cycle_verified.bytes);
@@ -187,103 +173,86 @@ fn render(
     speed: Option<f64>,
 ) -> String {
     let mut t = String::new();
-    let line = |t: &mut String, s: String| {
-        t.push_str(&s);
-        t.push('\n');
-    };
-    line(
-        &mut t,
-        format!(
+    let drawn = (|| -> std::fmt::Result {
+        writeln!(
+            t,
             "files       {} tagged ({}), {} untagged ({})",
             group(o.tagged.files),
             bytes(o.tagged.bytes),
             group(o.untagged.files),
             bytes(o.untagged.bytes)
-        ),
-    );
-    line(
-        &mut t,
-        "verified    files by time since their last verification:".into(),
-    );
-    let most = o.ages.iter().map(|a| a.files).max().unwrap_or(0).max(1);
-    let bar_width = width.saturating_sub(36).clamp(10, 60);
-    for a in &o.ages {
-        let len = (a.files as f64 / most as f64 * bar_width as f64).round() as usize;
-        let len = if a.files > 0 { len.max(1) } else { 0 };
-        line(
-            &mut t,
-            format!(
+        )?;
+        writeln!(
+            t,
+            "verified    files by time since their last verification:"
+        )?;
+        let most = o.ages.iter().map(|a| a.files).max().unwrap_or(0).max(1);
+        let bar_width = width.saturating_sub(36).clamp(10, 60);
+        for a in &o.ages {
+            let len = (a.files as f64 / most as f64 * bar_width as f64).round() as usize;
+            let len = if a.files > 0 { len.max(1) } else { 0 };
+            writeln!(
+                t,
                 "  {:<10} {:<w$} {:>9} {:>9}",
                 a.label,
                 "#".repeat(len),
                 group(a.files),
                 bytes(a.bytes),
                 w = bar_width
-            ),
-        );
-    }
-    let share = |n: u64| {
-        if o.tagged.files == 0 {
-            0.0
-        } else {
-            100.0 * n as f64 / o.tagged.files as f64
+            )?;
         }
-    };
-    line(
-        &mut t,
-        format!(
+        let share = |n: u64| {
+            if o.tagged.files == 0 {
+                0.0
+            } else {
+                100.0 * n as f64 / o.tagged.files as f64
+            }
+        };
+        writeln!(
+            t,
             "copies      {} with parity ({:.0}%), {} archived ({:.0}%)",
             group(o.protected.files),
             share(o.protected.files),
             group(o.archived.files),
             share(o.archived.files)
-        ),
-    );
-    match (cycle_seconds, speed) {
-        (Some(secs), Some(bps)) => line(
-            &mut t,
-            format!(
+        )?;
+        match (cycle_seconds, speed) {
+            (Some(secs), Some(bps)) => writeln!(
+                t,
                 "full cycle  about {} at {}/s (recent scrubs)",
                 humantime::format_duration(Duration::from_secs(secs.ceil() as u64)),
                 bytes(bps as u64)
-            ),
-        ),
-        _ => line(
-            &mut t,
-            "full cycle  unknown: no scrub or check recorded yet".into(),
-        ),
-    }
-    if o.damage.is_empty() {
-        line(&mut t, "damage      none found that is not repaired".into());
-    } else {
-        line(
-            &mut t,
-            format!(
+            )?,
+            _ => writeln!(t, "full cycle  unknown: no scrub or check recorded yet")?,
+        }
+        if o.damage.is_empty() {
+            writeln!(t, "damage      none found that is not repaired")?;
+        } else {
+            writeln!(
+                t,
                 "damage      {} file(s) found damaged, not yet repaired or accepted:",
                 o.damage.len()
-            ),
-        );
-        for d in o.damage.iter().take(damage_lines) {
-            line(
-                &mut t,
-                format!(
+            )?;
+            for d in o.damage.iter().take(damage_lines) {
+                writeln!(
+                    t,
                     "  {:<8} {}  (found {})",
                     d.status.as_deref().unwrap_or("damaged"),
                     escape(&d.path),
                     d.found.map_or("?".into(), rfc3339)
-                ),
-            );
-        }
-        if o.damage.len() > damage_lines {
-            line(
-                &mut t,
-                format!(
+                )?;
+            }
+            if o.damage.len() > damage_lines {
+                writeln!(
+                    t,
                     "  ... and {} more (--json lists all)",
                     o.damage.len() - damage_lines
-                ),
-            );
+                )?;
+            }
         }
-    }
+        Ok(())
+    })();
+    drawn.expect("writing to a String");
     t
 }
 
