@@ -39,6 +39,11 @@ fn scrub(tree: &Path, db: &Path, extra: &[&str]) -> Json {
         .json()
 }
 
+/// Files the state database holds as verified.
+fn verified_rows(db: &Path) -> i64 {
+    db_rows(db, "SELECT count(*) FROM files WHERE verified IS NOT NULL")
+}
+
 fn db_rows(db: &Path, sql: &str) -> i64 {
     let conn = rusqlite::Connection::open(db).unwrap();
     conn.query_row(sql, [], |r| r.get(0)).unwrap()
@@ -91,10 +96,7 @@ fn percent_older_than_and_time_budgets() {
     // All were verified within the hour: none is due.
     let r = scrub(&tree, &db, &["--older-than", "1h"]);
     assert_eq!(verified(&r).len(), 0);
-    assert_eq!(
-        db_rows(&db, "SELECT count(*) FROM files WHERE verified IS NOT NULL"),
-        10
-    );
+    assert_eq!(verified_rows(&db), 10);
 }
 
 #[test]
@@ -147,10 +149,7 @@ fn a_renamed_file_keeps_its_history_a_replaced_one_starts_afresh() {
     assert_eq!(v["never_verified"], 0, "{v}");
     // The replaced file's old row was forgotten; the renamed one's stands.
     assert_eq!(db_rows(&db, "SELECT count(*) FROM files"), 4);
-    assert_eq!(
-        db_rows(&db, "SELECT count(*) FROM files WHERE verified IS NOT NULL"),
-        4
-    );
+    assert_eq!(verified_rows(&db), 4);
 }
 
 #[test]
@@ -309,10 +308,7 @@ fn two_scrubs_at_once_share_the_database() {
         .query_row("PRAGMA integrity_check", [], |r| r.get(0))
         .unwrap();
     assert_eq!(check, "ok");
-    assert_eq!(
-        db_rows(&db, "SELECT count(*) FROM files WHERE verified IS NOT NULL"),
-        300
-    );
+    assert_eq!(verified_rows(&db), 300);
     assert_eq!(
         db_rows(&db, "SELECT count(*) FROM runs WHERE exit_code = 0"),
         2
@@ -356,7 +352,7 @@ fn an_interrupted_scrub_keeps_what_it_recorded() {
             continue;
         }
         let done = verified(&run.json()).len();
-        let recorded = db_rows(&db, "SELECT count(*) FROM files WHERE verified IS NOT NULL");
+        let recorded = verified_rows(&db);
         if done == 0 || done == 120 {
             continue;
         }
@@ -511,10 +507,7 @@ fn no_state_records_nothing_whatever_the_environment_says() {
         .env("INTACT_STATE", &db)
         .run()
         .expect_code(0);
-    assert_eq!(
-        db_rows(&db, "SELECT count(*) FROM files WHERE verified IS NOT NULL"),
-        2
-    );
+    assert_eq!(verified_rows(&db), 2);
 }
 
 #[test]
