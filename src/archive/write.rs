@@ -714,10 +714,7 @@ mod tests {
         let attrs = |size| {
             vec![
                 ("user.other".to_string(), b"x".to_vec()),
-                (
-                    names::INTACT.to_string(),
-                    tag::encode(&d, size, t, 2).into_bytes(),
-                ),
+                (names::INTACT.to_string(), tag::encode(&d, size, t, 2)),
             ]
         };
         assert_eq!(member_attrs(attrs(4), Some(&d), 4, false).len(), 2);

@@ -1,11 +1,11 @@
 //! Tags: what intact and its peers store on a file, parsed and encoded as pure functions.
 //!
-//! intact's own tag is one extended attribute holding one short ASCII line, so a single
-//! `setxattr` writes it atomically and `getfattr -d` shows it readably:
-//!
-//! ```text
-//! user.intact="v=1 sha256=<64 hex> size=<bytes> mtime=<sec>.<9-digit nsec> tagged=<sec>"
-//! ```
+//! intact's own tag is one extended attribute of 62 bytes (version 2, binary; see
+//! [`encode`]), so that a single `setxattr` writes it atomically and it fits inside the inode
+//! of a default ext4 (256-byte inodes leave exactly 64 bytes for the value of `user.intact`;
+//! a longer value costs every file a 4 KiB attribute block, and a cold check one more read).
+//! Version 1, a line of ASCII (`v=1 sha256=<64 hex> size=.. mtime=<sec>.<nsec> tagged=..`),
+//! is still read.
 //!
 //! The tags of cshatag/shatag and of the Dintch family are read too, so files they tagged can
 //! be checked. Anything malformed is reported, never trusted.
@@ -142,19 +142,45 @@ fn bad<T>(msg: impl Into<String>) -> Result<T, Malformed> {
     Err(Malformed(msg.into()))
 }
 
-/// Longest value intact will consider; a real tag is about 130 bytes.
+/// Longest value intact will consider; a version 1 tag is about 130 bytes.
 pub const MAX_TAG_LEN: usize = 1024;
 
-/// Encodes intact's own tag.
-pub fn encode(digest: &Digest, size: u64, mtime: Timestamp, tagged: i64) -> String {
-    format!(
-        "v=1 {}={} size={} mtime={} tagged={}",
-        digest.algo,
-        digest.hex(),
-        size,
-        mtime,
-        tagged
-    )
+/// The length of a version 2 tag.
+pub const TAG_LEN: usize = 62;
+
+/// The first byte of a version 2 tag (a version 1 tag begins with `v`).
+const V2: u8 = 2;
+
+/// Encodes intact's own tag, version 2: fixed fields, integers little-endian.
+///
+/// ```text
+/// offset  size  field
+///      0     1  version: 2
+///      1     1  algorithm: 1 = SHA-256, 2 = BLAKE3
+///      2    32  digest
+///     34     8  size in bytes, unsigned
+///     42     8  mtime, whole seconds since the Unix epoch, signed
+///     50     4  mtime, nanoseconds 0..=999,999,999, unsigned
+///     54     8  tagged: Unix seconds when written, signed
+/// ```
+pub fn encode(digest: &Digest, size: u64, mtime: Timestamp, tagged: i64) -> Vec<u8> {
+    let mut v = Vec::with_capacity(TAG_LEN);
+    v.push(V2);
+    v.push(algo_code(digest.algo));
+    v.extend_from_slice(&digest.bytes);
+    v.extend_from_slice(&size.to_le_bytes());
+    v.extend_from_slice(&mtime.sec.to_le_bytes());
+    v.extend_from_slice(&mtime.nsec.to_le_bytes());
+    v.extend_from_slice(&tagged.to_le_bytes());
+    debug_assert_eq!(v.len(), TAG_LEN);
+    v
+}
+
+fn algo_code(algo: Algo) -> u8 {
+    match algo {
+        Algo::Sha256 => 1,
+        Algo::Blake3 => 2,
+    }
 }
 
 /// cshatag's timestamp for `user.shatag.ts`: `%010d.%09d`.
@@ -162,12 +188,53 @@ pub fn encode_shatag_ts(mtime: Timestamp) -> String {
     format!("{:010}.{:09}", mtime.sec, mtime.nsec)
 }
 
-/// Parses intact's own tag. Fields are `key=value` separated by single spaces; the first is
-/// `v=1`; unknown keys are ignored so later versions can add fields.
+/// Parses intact's own tag, of either version.
 pub fn parse_intact(raw: &[u8]) -> Result<Tag, Malformed> {
-    if raw.is_empty() {
-        return bad("empty value");
+    match raw.first() {
+        None => bad("empty value"),
+        Some(&V2) => parse_v2(raw),
+        Some(b'v') => parse_v1(raw),
+        Some(&b) if b < b' ' => bad(format!("unsupported version {b}")),
+        Some(_) => bad("does not start with a version"),
     }
+}
+
+fn parse_v2(raw: &[u8]) -> Result<Tag, Malformed> {
+    let Ok(raw) = <&[u8; TAG_LEN]>::try_from(raw) else {
+        return bad(format!(
+            "{} bytes instead of {TAG_LEN} (version 2)",
+            raw.len()
+        ));
+    };
+    let algo = match raw[1] {
+        1 => Algo::Sha256,
+        2 => Algo::Blake3,
+        n => return bad(format!("unknown algorithm {n}")),
+    };
+    let field = |at: usize| -> [u8; 8] { raw[at..at + 8].try_into().expect("8 bytes") };
+    let nsec = u32::from_le_bytes(raw[50..54].try_into().expect("4 bytes"));
+    if nsec > 999_999_999 {
+        return bad(format!("{nsec} nanoseconds"));
+    }
+    Ok(Tag {
+        format: Format::Intact,
+        digest: Digest {
+            algo,
+            bytes: raw[2..34].try_into().expect("32 bytes"),
+        },
+        size: Some(u64::from_le_bytes(field(34))),
+        mtime: Some(Timestamp {
+            sec: i64::from_le_bytes(field(42)),
+            nsec,
+        }),
+        mtime_slack_ns: 0,
+        tagged: Some(i64::from_le_bytes(field(54))),
+    })
+}
+
+/// Version 1: fields are `key=value` separated by single spaces; the first is `v=1`;
+/// unknown keys are ignored.
+fn parse_v1(raw: &[u8]) -> Result<Tag, Malformed> {
     if raw.len() > MAX_TAG_LEN {
         return bad(format!("{} bytes long", raw.len()));
     }
@@ -358,18 +425,26 @@ mod tests {
         )
     }
 
+    /// A version 1 tag, as intact wrote them before version 2.
+    fn encode_v1(digest: &Digest, size: u64, mtime: Timestamp, tagged: i64) -> String {
+        format!(
+            "v=1 {}={} size={size} mtime={mtime} tagged={tagged}",
+            digest.algo,
+            digest.hex()
+        )
+    }
+
     #[test]
     fn intact_round_trip() {
         let (d, m) = sample();
-        let line = encode(&d, 42, m, 1_800_000_000);
-        assert_eq!(
-            line,
-            format!(
-                "v=1 sha256={} size=42 mtime=1700000000.000000005 tagged=1800000000",
-                d.hex()
-            )
-        );
-        let tag = parse_intact(line.as_bytes()).unwrap();
+        let raw = encode(&d, 42, m, 1_800_000_000);
+        // Fits in the inode of a default ext4 (64 bytes for the value).
+        assert_eq!(raw.len(), TAG_LEN);
+        assert!(raw.len() <= 64);
+        assert_eq!(raw[..2], [2, 1]);
+        assert_eq!(raw[2..34], d.bytes);
+        assert_eq!(raw[34..42], 42u64.to_le_bytes());
+        let tag = parse_intact(&raw).unwrap();
         assert_eq!(tag.digest, d);
         assert_eq!(tag.size, Some(42));
         assert_eq!(tag.mtime, Some(m));
@@ -378,25 +453,73 @@ mod tests {
     }
 
     #[test]
-    fn intact_blake3_and_negative_mtime() {
-        let d = digest_bytes(Algo::Blake3, b"x");
-        let m = Timestamp { sec: -2, nsec: 500 };
-        let tag = parse_intact(encode(&d, 0, m, 0).as_bytes()).unwrap();
-        assert_eq!(tag.digest, d);
-        assert_eq!(tag.mtime, Some(m));
-    }
-
-    #[test]
-    fn intact_ignores_unknown_fields() {
+    fn version_1_still_reads() {
         let (d, m) = sample();
-        let line = encode(&d, 1, m, 2) + " future=yes";
+        let line = encode_v1(&d, 42, m, 1_800_000_000);
+        assert_eq!(
+            line,
+            format!(
+                "v=1 sha256={} size=42 mtime=1700000000.000000005 tagged=1800000000",
+                d.hex()
+            )
+        );
+        let tag = parse_intact(line.as_bytes()).unwrap();
+        assert_eq!(
+            (tag.digest, tag.size, tag.mtime, tag.tagged),
+            (d, Some(42), Some(m), Some(1_800_000_000))
+        );
+        // Unknown fields are ignored.
+        let line = encode_v1(&d, 1, m, 2) + " future=yes";
         assert_eq!(parse_intact(line.as_bytes()).unwrap().size, Some(1));
     }
 
     #[test]
-    fn intact_rejects_malformed() {
+    fn intact_blake3_and_extreme_times() {
+        let d = digest_bytes(Algo::Blake3, b"x");
+        for (m, size, tagged) in [
+            (Timestamp { sec: -2, nsec: 500 }, 0, 0),
+            (
+                Timestamp {
+                    sec: i64::MIN,
+                    nsec: 999_999_999,
+                },
+                u64::MAX,
+                i64::MAX,
+            ),
+        ] {
+            let tag = parse_intact(&encode(&d, size, m, tagged)).unwrap();
+            assert_eq!(
+                (tag.digest, tag.size, tag.mtime, tag.tagged),
+                (d, Some(size), Some(m), Some(tagged))
+            );
+            let tag = parse_intact(encode_v1(&d, size, m, tagged).as_bytes()).unwrap();
+            assert_eq!((tag.digest, tag.mtime), (d, Some(m)));
+        }
+    }
+
+    #[test]
+    fn intact_v2_rejects_malformed() {
         let (d, m) = sample();
         let good = encode(&d, 1, m, 2);
+        let mut cases = vec![
+            good[..TAG_LEN - 1].to_vec(),
+            [&good[..], &[0]].concat(),
+            vec![2],
+        ];
+        for (at, byte) in [(0, 3), (0, 1), (1, 0), (1, 3), (53, 0xff)] {
+            let mut v = good.clone();
+            v[at] = byte;
+            cases.push(v);
+        }
+        for case in cases {
+            assert!(parse_intact(&case).is_err(), "accepted {case:?}");
+        }
+    }
+
+    #[test]
+    fn intact_v1_rejects_malformed() {
+        let (d, m) = sample();
+        let good = encode_v1(&d, 1, m, 2);
         let cases: Vec<String> = vec![
             String::new(),
             "garbage".into(),
@@ -479,14 +602,14 @@ mod tests {
     fn mutated_tags_never_panic_and_accepted_ones_round_trip() {
         let (d, m) = sample();
         let seeds: Vec<Vec<u8>> = vec![
-            encode(&d, 42, m, 1_800_000_000).into_bytes(),
+            encode(&d, 42, m, 1_800_000_000),
+            encode_v1(&d, 42, m, 1_800_000_000).into_bytes(),
             encode(
                 &digest_bytes(Algo::Blake3, b"y"),
                 0,
                 Timestamp { sec: -5, nsec: 9 },
                 0,
-            )
-            .into_bytes(),
+            ),
             d.hex().into_bytes(),
             b"1560177334.020775".to_vec(),
             d.bytes.to_vec(),
@@ -507,7 +630,7 @@ mod tests {
                     tag.mtime.unwrap(),
                     tag.tagged.unwrap_or(0),
                 );
-                let back = parse_intact(again.as_bytes()).unwrap();
+                let back = parse_intact(&again).unwrap();
                 assert_eq!(
                     (back.digest, back.size, back.mtime),
                     (tag.digest, tag.size, tag.mtime)

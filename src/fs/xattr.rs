@@ -233,8 +233,8 @@ fn get(file: &File, name: &str) -> io::Result<Option<Vec<u8>>> {
 }
 
 /// Writes intact's tag in one `fsetxattr`: the value is replaced whole or not at all.
-pub fn write_intact(file: &File, value: &str) -> io::Result<()> {
-    rustix::fs::fsetxattr(file, names::INTACT, value.as_bytes(), XattrFlags::empty())?;
+pub fn write_intact(file: &File, value: &[u8]) -> io::Result<()> {
+    rustix::fs::fsetxattr(file, names::INTACT, value, XattrFlags::empty())?;
     Ok(())
 }
 

@@ -421,3 +421,32 @@ pub fn leftovers(dir: &Path) -> Vec<PathBuf> {
     }
     found
 }
+
+/// intact's tag on `path`, decoded as the README documents version 2 (not by the library's
+/// parser, so a change of layout shows here): algorithm, digest, size, mtime, tagging time.
+#[derive(Debug)]
+pub struct RawTag {
+    pub algo: &'static str,
+    pub digest: Vec<u8>,
+    pub size: u64,
+    pub mtime: (i64, u32),
+    pub tagged: i64,
+}
+
+pub fn intact_tag(path: &Path) -> RawTag {
+    let raw = getxattr(path, TAG).unwrap_or_else(|| panic!("{} has no tag", path.display()));
+    assert_eq!(raw.len(), 62, "{}: {raw:?}", path.display());
+    assert_eq!(raw[0], 2, "version");
+    let int = |at: usize| i64::from_le_bytes(raw[at..at + 8].try_into().unwrap());
+    RawTag {
+        algo: match raw[1] {
+            1 => "sha256",
+            2 => "blake3",
+            n => panic!("algorithm {n}"),
+        },
+        digest: raw[2..34].to_vec(),
+        size: int(34) as u64,
+        mtime: (int(42), u32::from_le_bytes(raw[50..54].try_into().unwrap())),
+        tagged: int(54),
+    }
+}

@@ -179,20 +179,25 @@ fn a_file_truncated_while_hashed_is_never_tagged_and_nothing_crashes() {
 fn full_xattr_space_is_reported() {
     let t = Tree::new();
     let p = t.write("crowded", b"data");
-    // ext4 keeps a file's xattrs in its inode plus one block: fill that up.
+    // ext4 keeps a file's xattrs in its inode plus one block: fill that up, to the last few
+    // bytes (a tag is small).
     let mut filled = false;
-    for i in 0..1000 {
-        let name = format!("user.pad{i:04}");
-        if rustix::fs::lsetxattr(
-            &p,
-            name.as_str(),
-            &[b'p'; 200],
-            rustix::fs::XattrFlags::empty(),
-        )
-        .is_err()
-        {
-            filled = true;
-            break;
+    let mut i = 0;
+    for len in [200, 40, 8, 1] {
+        for _ in 0..1000 {
+            i += 1;
+            let name = format!("user.p{i}");
+            if rustix::fs::lsetxattr(
+                &p,
+                name.as_str(),
+                &vec![b'p'; len],
+                rustix::fs::XattrFlags::empty(),
+            )
+            .is_err()
+            {
+                filled = true;
+                break;
+            }
         }
     }
     if !filled {
