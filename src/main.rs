@@ -15,6 +15,7 @@ use intact::report::Exit;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    raise_file_limit();
     let outcome = match cli.command {
         Command::Tag(a) => scan::tag(a),
         Command::Check(a) => scan::check(a),
@@ -42,4 +43,15 @@ fn main() -> ExitCode {
         }
     });
     ExitCode::from(exit as u8)
+}
+
+/// Files are opened ahead of the workers, a few batches' worth: more than the 1,024
+/// descriptors many systems allow by default. The hard limit is ours to take.
+fn raise_file_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = Some(limit.maximum.unwrap_or(1 << 16).min(1 << 16));
+        let _ = setrlimit(Resource::Nofile, limit);
+    }
 }

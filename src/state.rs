@@ -97,6 +97,8 @@ pub struct State {
     path: Option<PathBuf>,
     /// File system ids by device number.
     fsids: FsIds,
+    /// The working directory, once: relative paths are stored absolute.
+    cwd: PathBuf,
     /// Rows waiting to be written, and since when.
     pending: Vec<Row>,
     pending_since: Option<Instant>,
@@ -173,6 +175,7 @@ impl State {
             conn,
             path,
             fsids: FsIds::default(),
+            cwd: std::env::current_dir().unwrap_or_default(),
             pending: Vec::new(),
             pending_since: None,
             holding: false,
@@ -292,7 +295,9 @@ impl State {
             fs,
             ino: ino as i64,
             key,
-            path: absolute(&report.path).into_os_string().into_vec(),
+            path: absolute_from(&self.cwd, &report.path)
+                .into_os_string()
+                .into_vec(),
             size: size as i64,
             t: now(),
             status: report.status.name(),
@@ -568,10 +573,12 @@ pub fn digest_key(d: &Digest) -> Vec<u8> {
 /// `path` made absolute (against the working directory), without resolving symlinks, and
 /// without a trailing slash: `/srv/photos/` and `/srv/photos` are one tree.
 pub fn absolute(path: &Path) -> PathBuf {
-    std::path::absolute(path)
-        .unwrap_or_else(|_| path.to_path_buf())
-        .components()
-        .collect()
+    absolute_from(&std::env::current_dir().unwrap_or_default(), path)
+}
+
+/// As [`absolute`], relative to `cwd`.
+fn absolute_from(cwd: &Path, path: &Path) -> PathBuf {
+    cwd.join(path).components().collect()
 }
 
 /// File system ids by device number: stable across reboots and remounts, where device

@@ -21,6 +21,7 @@ use crate::core::manifest::Expected;
 use crate::core::tag::Format;
 use crate::fs::anchor::Anchor;
 use crate::fs::device::Gates;
+use crate::fs::read::AlignedBuf;
 use crate::fs::walk::{self, Entry, Inode, SkipReason, WalkOptions};
 
 mod report;
@@ -28,7 +29,10 @@ mod worker;
 
 pub(crate) use report::cause;
 pub use report::{Action, FileError, FileReport};
-use worker::Worker;
+use worker::{Opened, Worker};
+
+/// A file opened ahead of its worker, or why not (`None`: the worker opens it).
+type Ahead = Option<std::io::Result<Opened>>;
 
 /// What the engine does to each file. Verbs that do more (archive, protect, repair) run one
 /// of these and act on the reports.
@@ -145,6 +149,10 @@ const BATCH_FILES: usize = 64;
 const BATCH_BYTES: u64 = 1 << 20;
 /// How many batches the walker may run ahead of the oldest one not yet reported.
 const WINDOW: usize = 64;
+/// Threads that open files and read them ahead of the workers: reads in flight, enough to
+/// fill the queue of an SSD, NVMe or virtio disk (measured on virtio: 16 parallel readers
+/// reach its speed on 256 KiB files, 4 do not).
+const READERS: usize = 16;
 
 /// Where the files come from.
 pub enum Source<'a> {
@@ -177,6 +185,7 @@ pub fn run_from(
 ) -> Result<(), ignore::Error> {
     let threads = config.threads.max(1);
     let (job_tx, job_rx) = bounded::<(u64, Vec<Entry>)>(threads * 2);
+    let (ahead_tx, ahead_rx) = bounded::<(u64, Vec<(Entry, Ahead)>)>(READERS);
     let (done_tx, done_rx) = bounded::<(u64, Vec<Option<FileReport>>)>(WINDOW);
     let (token_tx, token_rx) = bounded::<()>(WINDOW);
     let gates = &Gates::default();
@@ -185,14 +194,40 @@ pub fn run_from(
     std::thread::scope(|s| {
         let walker =
             s.spawn(move || walk_in_batches(config, roots, source, cancel, job_tx, token_tx));
+        // Readers open files, and start reading them, ahead of the workers: the number of
+        // reads in flight does not depend on the number of hashing threads.
+        for _ in 0..READERS {
+            let (job_rx, ahead_tx) = (job_rx.clone(), ahead_tx.clone());
+            s.spawn(move || {
+                let mut scratch = None;
+                for (seq, batch) in job_rx {
+                    let scratch = scratch.get_or_insert_with(|| AlignedBuf::new(worker::AHEAD));
+                    let batch = batch
+                        .into_iter()
+                        .map(|entry| {
+                            let opened = if cancel.load(Ordering::Relaxed) {
+                                None
+                            } else {
+                                Opened::ahead(config, &entry, anchors, gates, scratch)
+                            };
+                            (entry, opened)
+                        })
+                        .collect();
+                    if ahead_tx.send((seq, batch)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop((job_rx, ahead_tx));
         for _ in 0..threads {
-            let (job_rx, done_tx) = (job_rx.clone(), done_tx.clone());
+            let (ahead_rx, done_tx) = (ahead_rx.clone(), done_tx.clone());
             s.spawn(move || {
                 let mut worker = Worker::new(config, cancel, progress, gates);
-                for (seq, batch) in job_rx {
+                for (seq, batch) in ahead_rx {
                     let reports = batch
                         .into_iter()
-                        .map(|entry| worker.entry(entry, anchors))
+                        .map(|(entry, opened)| worker.entry(entry, opened, anchors))
                         .collect();
                     if done_tx.send((seq, reports)).is_err() {
                         break;
@@ -200,7 +235,7 @@ pub fn run_from(
                 }
             });
         }
-        drop((job_rx, done_tx));
+        drop((ahead_rx, done_tx));
 
         let mut pending = BTreeMap::new();
         let mut next = 0u64;

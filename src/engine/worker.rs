@@ -66,6 +66,92 @@ impl Meta {
     }
 }
 
+/// A file opened (beneath its root, never through a symlink) with what `fstat` said of it:
+/// its state before any read, and whether it is a regular file.
+pub(super) struct Opened {
+    file: File,
+    meta: io::Result<(Meta, bool)>,
+}
+
+/// Read-ahead reads this much of a file at most: the kernel's own read-ahead (on the same open
+/// file) and the mapped windows' filling keep a larger file streaming once it is hashed.
+pub(super) const AHEAD: usize = 256 << 10;
+
+impl Opened {
+    fn open(config: &Config, anchor: &Anchor, path: &Path) -> io::Result<Opened> {
+        let direct = config.work.reads_data() && config.drop_cache;
+        let file = anchor.open(path, direct)?;
+        let meta = Meta::of(&file);
+        Ok(Opened { file, meta })
+    }
+
+    /// Opens the file of `entry` ahead of its worker and, on a device that wants many reads
+    /// in flight, reads the start of it into the page cache (into `scratch`, up to [`AHEAD`]
+    /// bytes) unless it is there already: many such readers keep the device's queue full
+    /// while the workers hash. (`posix_fadvise(WILLNEED)` would be the hint made for this,
+    /// but measured on a virtio disk it blocks about as long as the read it asks for, one
+    /// file at a time.) `None` where the worker is to open the file itself: names intact's
+    /// temp files have, a run past its deadline, a process out of descriptors.
+    pub(super) fn ahead(
+        config: &Config,
+        entry: &Entry,
+        anchors: &[Anchor],
+        gates: &Gates,
+        scratch: &mut AlignedBuf,
+    ) -> Option<io::Result<Opened>> {
+        let Entry::File { path, root, .. } = entry else {
+            return None;
+        };
+        if config.past_deadline() || path.file_name().and_then(atomic::temp_pid).is_some() {
+            return None;
+        }
+        let opened = match Opened::open(config, &anchors[*root], path) {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                return None;
+            }
+            other => other,
+        };
+        if let Ok(Opened {
+            file,
+            meta: Ok((meta, true)),
+        }) = &opened
+            && config.work.reads_data()
+            // A background scrub reads one request at a time.
+            && !config.drop_cache
+            && meta.size > 0
+        {
+            let gate = config
+                .gate_spinning
+                .then(|| gates.for_dev(meta.dev))
+                .flatten();
+            let buf = scratch.as_mut_slice();
+            let cached = || {
+                let mut byte = [0u8];
+                matches!(crate::fs::sys::read_cached(file, &mut byte, 0), Some(Ok(1)))
+            };
+            match gate {
+                // A device that claims to spin is judged by how it answers a first read made
+                // alone; until then, and on a disk that spins, workers read one file at a time.
+                Some(gate) if gate.probing() && !cached() => {
+                    let _pass = gate.enter();
+                    let start = std::time::Instant::now();
+                    if rustix::io::pread(file, &mut buf[..4096], 0).is_ok_and(|n| n > 0) {
+                        gate.probe(start.elapsed());
+                    }
+                }
+                Some(_) => {}
+                None if meta.size < read::OVERLAP_MIN && !cached() => {
+                    let len = buf.len().min(meta.size as usize);
+                    // An error here is the worker's to meet and report.
+                    let _ = rustix::io::pread(file, &mut buf[..len], 0);
+                }
+                None => {}
+            }
+        }
+        Some(opened)
+    }
+}
+
 pub(super) struct Worker<'a> {
     config: &'a Config,
     cancel: &'a AtomicBool,
@@ -147,13 +233,19 @@ impl<'a> Worker<'a> {
 impl Worker<'_> {
     /// Processes one regular file found under `anchor`'s root; `None` if the run was
     /// interrupted meanwhile.
-    /// The report for one thing the walk found; `None` if the run was interrupted.
-    pub(super) fn entry(&mut self, entry: Entry, anchors: &[Anchor]) -> Option<FileReport> {
+    /// The report for one thing the walk found, opened ahead or not; `None` if the run was
+    /// interrupted.
+    pub(super) fn entry(
+        &mut self,
+        entry: Entry,
+        opened: Option<io::Result<Opened>>,
+        anchors: &[Anchor],
+    ) -> Option<FileReport> {
         match entry {
             Entry::File { .. } if self.config.past_deadline() => None,
             Entry::File {
                 path, root, inode, ..
-            } => self.process(path, root, inode, &anchors[root]),
+            } => self.process(path, root, inode, opened, &anchors[root]),
             Entry::Skip {
                 path,
                 root,
@@ -176,9 +268,10 @@ impl Worker<'_> {
         path: PathBuf,
         root: usize,
         inode: Option<Inode>,
+        opened: Option<io::Result<Opened>>,
         anchor: &Anchor,
     ) -> Option<FileReport> {
-        let report = self.examine(path, anchor)?;
+        let report = self.examine(path, opened, anchor)?;
         Some(FileReport {
             root,
             inode,
@@ -186,24 +279,34 @@ impl Worker<'_> {
         })
     }
 
-    fn examine(&mut self, path: PathBuf, anchor: &Anchor) -> Option<FileReport> {
-        if let Ok(mut current) = self.progress.current.lock() {
+    fn examine(
+        &mut self,
+        path: PathBuf,
+        opened: Option<io::Result<Opened>>,
+        anchor: &Anchor,
+    ) -> Option<FileReport> {
+        if let Ok(mut current) = self.progress.current.try_lock() {
             current.clone_from(&path);
         }
         if let Some(pid) = path.file_name().and_then(atomic::temp_pid) {
             return Some(self.temp_file(path, pid, anchor));
         }
-        let direct = self.config.work.reads_data() && self.config.drop_cache;
-        let file = match anchor.open(&path, direct) {
-            Ok(f) => f,
+        let opened = opened.unwrap_or_else(|| Opened::open(self.config, anchor, &path));
+        let (file, meta) = match opened {
+            Ok(Opened {
+                file,
+                meta: Ok((meta, true)),
+            }) => (file, meta),
+            Ok(Opened {
+                meta: Ok((_, false)),
+                ..
+            }) => return Some(FileReport::skipped(path, SkipReason::Special)),
+            Ok(Opened { meta: Err(e), .. }) => {
+                return Some(FileReport::error(path, FileError::Open(e)));
+            }
             Err(e) if e.raw_os_error() == Some(libc::ELOOP) && is_symlink(&path) => {
                 return Some(FileReport::skipped(path, SkipReason::Symlink));
             }
-            Err(e) => return Some(FileReport::error(path, FileError::Open(e))),
-        };
-        let meta = match Meta::of(&file) {
-            Ok((_, false)) => return Some(FileReport::skipped(path, SkipReason::Special)),
-            Ok((m, true)) => m,
             Err(e) => return Some(FileReport::error(path, FileError::Open(e))),
         };
         // With a manifest, it alone says what the data should be.
@@ -231,20 +334,20 @@ impl Worker<'_> {
             malformed: stored.malformed.clone(),
             ..FileReport::new(path, Status::New)
         };
-        let s = Subject {
+        let s = &Subject {
             file: &file,
             meta,
             stored,
         };
         let outcome = match self.config.work {
-            Work::Show => Ok(self.show(report, &s, None)),
+            Work::Show => Ok(self.show(report, s, None)),
             // The richest tag of the manifest's algorithm, untouched since it was written.
-            Work::Export => Ok(self.show(report, &s, Some(self.config.new_algo()))),
-            Work::Strip => Ok(self.strip(report, &s)),
-            Work::Check => self.check(report, &s),
-            Work::Tag => self.tag(report, &s),
-            Work::Update => self.update(report, &s),
-            Work::Import => self.import(report, &s),
+            Work::Export => Ok(self.show(report, s, Some(self.config.new_algo()))),
+            Work::Strip => Ok(self.strip(report, s)),
+            Work::Check => self.check(report, s),
+            Work::Tag => self.tag(report, s),
+            Work::Update => self.update(report, s),
+            Work::Import => self.import(report, s),
         };
         outcome.map_or_else(|stopped| stopped, Some)
     }

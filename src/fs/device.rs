@@ -1,13 +1,18 @@
-//! Spinning disks want one reader at a time: parallel reads of different files turn each
-//! sequential stream into seeks. But data already in the page cache costs no seek, and
-//! hashing it is CPU work that should use every core.
+//! How to read each device: spinning disks want one reader at a time (parallel reads of
+//! different files turn each sequential stream into seeks); everything else wants many reads
+//! in flight (an SSD, NVMe or virtio queue is only full with a deep queue).
 //!
-//! So intact runs all its workers everywhere and puts a [`Gate`] in front of each rotational
-//! device: a worker first reads with `RWF_NOWAIT`, which succeeds only from the page cache;
-//! when that would block, it takes the device's gate and keeps it until the file is read.
-
+//! The kernel's `rotational` flag is not trusted alone: many virtual, USB and SAN devices
+//! claim to spin whatever their media. A device that claims it gets a [`Gate`]: a worker
+//! first reads with `RWF_NOWAIT`, which succeeds only from the page cache; when that would
+//! block, it takes the gate and keeps it until the file is read. Meanwhile the gate times
+//! the first byte of each uncached file. The rule: after [`PROBES`] such reads, if their
+//! median is under [`SEEK`], the device cannot be seeking (a disk at 7,200 rpm needs 4 ms
+//! on average for half a turn alone) and the gate stands open for the rest of the run.
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, bounded};
 
@@ -19,14 +24,57 @@ use crate::fs::sys;
 pub struct Gate {
     give: Sender<()>,
     take: Receiver<()>,
+    /// First-byte latencies of uncached files, until the device is judged.
+    probes: Mutex<Vec<Duration>>,
+    /// The device answered like one that does not seek: no reader waits here any more.
+    open: AtomicBool,
 }
+
+/// How many first reads judge a device that claims to spin.
+pub const PROBES: usize = 16;
+/// A median first-byte latency below this cannot come from a disk that seeks.
+pub const SEEK: Duration = Duration::from_millis(1);
 
 impl Gate {
     /// A gate with its pass free.
     pub fn new() -> Self {
         let (give, take) = bounded(1);
         give.send(()).expect("room for the pass");
-        Gate { give, take }
+        Gate {
+            give,
+            take,
+            probes: Mutex::new(Vec::with_capacity(PROBES)),
+            open: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the device has shown that it does not seek.
+    pub fn is_open(&self) -> bool {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Whether the device is still being judged: the caller holding the pass should time the
+    /// first byte of the file it is about to read and [`Gate::probe`] it.
+    pub fn probing(&self) -> bool {
+        !self.is_open() && self.probes.lock().is_ok_and(|p| p.len() < PROBES)
+    }
+
+    /// Records the first-byte latency of one uncached file (read alone, behind the gate);
+    /// the [`PROBES`]th decides.
+    pub fn probe(&self, latency: Duration) {
+        let Ok(mut probes) = self.probes.lock() else {
+            return;
+        };
+        if probes.len() >= PROBES {
+            return;
+        }
+        probes.push(latency);
+        if probes.len() == PROBES {
+            probes.sort_unstable();
+            if probes[PROBES / 2] < SEEK {
+                self.open.store(true, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Waits for the pass.
@@ -52,14 +100,15 @@ impl Drop for Pass<'_> {
     }
 }
 
-/// One gate per rotational device, found lazily as files on it are met.
+/// One gate per device that claims to rotate, found lazily as files on it are met.
 #[derive(Debug, Default)]
 pub struct Gates {
     by_dev: Mutex<HashMap<u64, Option<Arc<Gate>>>>,
 }
 
 impl Gates {
-    /// The gate for device `dev`, or `None` if it does not rotate.
+    /// The gate for device `dev` while it is closed, or `None` if the device does not claim
+    /// to rotate or has shown that it does not seek.
     pub fn for_dev(&self, dev: u64) -> Option<Arc<Gate>> {
         let mut map = self.by_dev.lock().unwrap_or_else(|e| e.into_inner());
         map.entry(dev)
@@ -67,6 +116,7 @@ impl Gates {
                 (sys::is_rotational(dev) == Some(true)).then(|| Arc::new(Gate::new()))
             })
             .clone()
+            .filter(|g| !g.is_open())
     }
 }
 
@@ -83,5 +133,29 @@ mod tests {
             s.spawn(move || drop(pass));
         });
         drop(gate.enter());
+    }
+
+    #[test]
+    fn a_device_that_answers_fast_opens_its_gate_and_a_slow_one_does_not() {
+        let fast = Gate::new();
+        for i in 0..PROBES {
+            assert!(fast.probing());
+            // A few slow answers among fast ones do not decide: the median does.
+            let ms = if i % 4 == 0 { 9 } else { 0 };
+            fast.probe(Duration::from_millis(ms) + Duration::from_micros(80));
+        }
+        assert!(fast.is_open() && !fast.probing());
+
+        let slow = Gate::new();
+        for i in 0..PROBES {
+            let ms = if i % 4 == 0 { 0 } else { 6 };
+            slow.probe(Duration::from_millis(ms) + Duration::from_micros(200));
+        }
+        assert!(!slow.is_open() && !slow.probing());
+        // Later answers change nothing: the decision is made once, on reads made alone.
+        for _ in 0..PROBES {
+            slow.probe(Duration::ZERO);
+        }
+        assert!(!slow.is_open());
     }
 }
