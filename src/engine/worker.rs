@@ -132,11 +132,17 @@ impl Opened {
             match gate {
                 // A device that claims to spin is judged by how it answers a first read made
                 // alone; until then, and on a disk that spins, workers read one file at a time.
+                // A large file gives a probe per 64 MiB (up to 4, spread over it): a tree of a
+                // few large files is judged too.
                 Some(gate) if gate.probing() && !cached() => {
                     let _pass = gate.enter();
-                    let start = std::time::Instant::now();
-                    if rustix::io::pread(file, &mut buf[..4096], 0).is_ok_and(|n| n > 0) {
-                        gate.probe(start.elapsed());
+                    let probes = (meta.size >> 26).clamp(1, 4);
+                    for i in 0..probes {
+                        let at = (meta.size / probes * i) & !4095;
+                        let start = std::time::Instant::now();
+                        if rustix::io::pread(file, &mut buf[..4096], at).is_ok_and(|n| n > 0) {
+                            gate.probe(start.elapsed());
+                        }
                     }
                 }
                 Some(_) => {}
