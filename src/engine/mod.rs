@@ -13,14 +13,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crossbeam_channel::{Sender, bounded};
+use crossbeam_channel::{Receiver, Sender, bounded, never, select};
 
 use crate::core::classify::Status;
 use crate::core::digest::Algo;
 use crate::core::manifest::Expected;
 use crate::core::tag::Format;
 use crate::fs::anchor::Anchor;
-use crate::fs::device::Gates;
+use crate::fs::device::{Cold, Gates};
 use crate::fs::read::AlignedBuf;
 use crate::fs::walk::{self, Entry, Inode, SkipReason, WalkOptions};
 
@@ -33,6 +33,10 @@ use worker::{Opened, Worker};
 
 /// A file opened ahead of its worker, or why not (`None`: the worker opens it).
 type Ahead = Option<std::io::Result<Opened>>;
+/// A batch of the walk's entries, numbered in walk order ...
+type Batch = (u64, Vec<Entry>);
+/// ... and as the readers pass it on.
+type OpenedBatch = (u64, Vec<(Entry, Ahead)>);
 
 /// What the engine does to each file. Verbs that do more (archive, protect, repair) run one
 /// of these and act on the reports.
@@ -184,21 +188,39 @@ pub fn run_from(
     mut sink: impl FnMut(FileReport),
 ) -> Result<(), ignore::Error> {
     let threads = config.threads.max(1);
-    let (job_tx, job_rx) = bounded::<(u64, Vec<Entry>)>(threads * 2);
-    let (ahead_tx, ahead_rx) = bounded::<(u64, Vec<(Entry, Ahead)>)>(READERS);
+    let (job_tx, job_rx) = bounded::<Batch>(threads * 2);
+    let (ahead_tx, ahead_rx) = bounded::<OpenedBatch>(READERS);
     let (done_tx, done_rx) = bounded::<(u64, Vec<Option<FileReport>>)>(WINDOW);
     let (token_tx, token_rx) = bounded::<()>(WINDOW);
     let gates = &Gates::default();
     let anchors = &roots.iter().map(|r| Anchor::new(r)).collect::<Vec<_>>();
+    let (cold, woken) = Cold::new();
+    let cold = &cold;
+    // Dropped when the walk ends (or its thread fails): readers still asleep then go home.
+    let (walked_tx, walked_rx) = bounded::<()>(0);
 
     std::thread::scope(|s| {
-        let walker =
-            s.spawn(move || walk_in_batches(config, roots, source, cancel, job_tx, token_tx));
+        let walker = s.spawn(move || {
+            let _walking = walked_tx;
+            walk_in_batches(config, roots, source, cancel, job_tx, token_tx)
+        });
         // Readers open files, and start reading them, ahead of the workers: the number of
-        // reads in flight does not depend on the number of hashing threads.
+        // reads in flight does not depend on the number of hashing threads. They sleep until
+        // a worker meets data that is not in the page cache: on a warm cache, handing every
+        // file from one thread to another costs more than reading ahead saves (measured on
+        // 20,000 files of 4 KiB: a warm check took 0.19 s with them, 0.12 s without). A
+        // background scrub reads one request at a time: its readers never wake.
         for _ in 0..READERS {
             let (job_rx, ahead_tx) = (job_rx.clone(), ahead_tx.clone());
+            let (woken, walked_rx) = (woken.clone(), walked_rx.clone());
             s.spawn(move || {
+                select! {
+                    recv(woken) -> _ => {},
+                    recv(walked_rx) -> _ => {},
+                }
+                if !cold.met() || config.drop_cache {
+                    return;
+                }
                 let mut scratch = None;
                 for (seq, batch) in job_rx {
                     let scratch = scratch.get_or_insert_with(|| AlignedBuf::new(worker::AHEAD));
@@ -219,12 +241,16 @@ pub fn run_from(
                 }
             });
         }
-        drop((job_rx, ahead_tx));
+        drop((ahead_tx, woken, walked_rx));
         for _ in 0..threads {
-            let (ahead_rx, done_tx) = (ahead_rx.clone(), done_tx.clone());
+            let mut inbox = Inbox {
+                ahead: Some(ahead_rx.clone()),
+                jobs: Some(job_rx.clone()),
+            };
+            let done_tx = done_tx.clone();
             s.spawn(move || {
-                let mut worker = Worker::new(config, cancel, progress, gates);
-                for (seq, batch) in ahead_rx {
+                let mut worker = Worker::new(config, cancel, progress, gates, cold);
+                while let Some((seq, batch)) = inbox.next() {
                     let reports = batch
                         .into_iter()
                         .map(|(entry, opened)| worker.entry(entry, opened, anchors))
@@ -235,7 +261,7 @@ pub fn run_from(
                 }
             });
         }
-        drop((ahead_rx, done_tx));
+        drop((ahead_rx, job_rx, done_tx));
 
         let mut pending = BTreeMap::new();
         let mut next = 0u64;
@@ -278,6 +304,42 @@ pub fn run_from(
     })
 }
 
+/// What a worker takes batches from: what the readers opened first, and the walk's batches
+/// themselves while the readers sleep or lag.
+struct Inbox {
+    ahead: Option<Receiver<OpenedBatch>>,
+    jobs: Option<Receiver<Batch>>,
+}
+
+impl Inbox {
+    /// The next batch; `None` once both the readers and the walk are done.
+    fn next(&mut self) -> Option<OpenedBatch> {
+        if let Some(Ok(batch)) = self.ahead.as_ref().map(Receiver::try_recv) {
+            return Some(batch);
+        }
+        loop {
+            // A source whose senders are all gone waits on nothing any more.
+            let ahead = self.ahead.clone().unwrap_or_else(never);
+            let jobs = self.jobs.clone().unwrap_or_else(never);
+            if self.ahead.is_none() && self.jobs.is_none() {
+                return None;
+            }
+            select! {
+                recv(ahead) -> batch => match batch {
+                    Ok(batch) => return Some(batch),
+                    Err(_) => self.ahead = None,
+                },
+                recv(jobs) -> batch => match batch {
+                    Ok((seq, batch)) => {
+                        return Some((seq, batch.into_iter().map(|e| (e, None)).collect()));
+                    }
+                    Err(_) => self.jobs = None,
+                },
+            }
+        }
+    }
+}
+
 /// The walker: entries in batches, each batch taking a token from the window first, so the
 /// walk never runs further ahead of the oldest unreported file than the window allows.
 fn walk_in_batches(
@@ -285,7 +347,7 @@ fn walk_in_batches(
     roots: &[PathBuf],
     source: Source<'_>,
     cancel: &AtomicBool,
-    job_tx: Sender<(u64, Vec<Entry>)>,
+    job_tx: Sender<Batch>,
     token_tx: Sender<()>,
 ) -> Result<(), ignore::Error> {
     let mut seq = 0u64;

@@ -4,6 +4,7 @@
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use super::report::{Action, FileError, FileReport};
@@ -13,7 +14,7 @@ use crate::core::digest::{Algo, Digest};
 use crate::core::tag::{self, Format, Tag, Timestamp};
 use crate::fs::anchor::Anchor;
 use crate::fs::atomic;
-use crate::fs::device::Gates;
+use crate::fs::device::{Cold, Gate, Gates};
 use crate::fs::read::{self, AlignedBuf, HashError, ReadOptions};
 use crate::fs::walk::{Entry, Inode, SkipReason};
 use crate::fs::xattr::{self, Stored};
@@ -130,20 +131,11 @@ impl Opened {
                 matches!(crate::fs::sys::read_cached(file, &mut byte, 0), Some(Ok(1)))
             };
             match gate {
-                // A device that claims to spin is judged by how it answers a first read made
+                // A device that claims to spin is judged by how it answers first reads made
                 // alone; until then, and on a disk that spins, workers read one file at a time.
-                // A large file gives a probe per 64 MiB (up to 4, spread over it): a tree of a
-                // few large files is judged too.
                 Some(gate) if gate.probing() && !cached() => {
                     let _pass = gate.enter();
-                    let probes = (meta.size >> 26).clamp(1, 4);
-                    for i in 0..probes {
-                        let at = (meta.size / probes * i) & !4095;
-                        let start = std::time::Instant::now();
-                        if rustix::io::pread(file, &mut buf[..4096], at).is_ok_and(|n| n > 0) {
-                            gate.probe(start.elapsed());
-                        }
-                    }
+                    gate.probe_file(file, meta.size);
                 }
                 Some(_) => {}
                 None if meta.size < read::OVERLAP_MIN && !cached() => {
@@ -163,6 +155,10 @@ pub(super) struct Worker<'a> {
     cancel: &'a AtomicBool,
     progress: &'a Progress,
     gates: &'a Gates,
+    /// The last device met and its gate: files come mostly from one device, and the
+    /// lookup in `gates` takes a lock all threads share.
+    gate: Option<(u64, Option<Arc<Gate>>)>,
+    cold: &'a Cold,
     bufs: [AlignedBuf; 2],
 }
 
@@ -220,12 +216,15 @@ impl<'a> Worker<'a> {
         cancel: &'a AtomicBool,
         progress: &'a Progress,
         gates: &'a Gates,
+        cold: &'a Cold,
     ) -> Self {
         Worker {
             config,
             cancel,
             progress,
             gates,
+            gate: None,
+            cold,
             bufs: [
                 AlignedBuf::new(read::BUF_SIZE),
                 AlignedBuf::new(read::BUF_SIZE),
@@ -663,17 +662,16 @@ impl Worker<'_> {
         before: &Meta,
         algos: &[Algo],
     ) -> Result<Vec<Digest>, NoDigest> {
-        let gate = self
-            .config
-            .gate_spinning
-            .then(|| self.gates.for_dev(before.dev))
-            .flatten();
+        let gate = self.gate(before.dev);
+        // A background scrub has no readers to wake.
+        let cold = (!self.cold.met() && !self.config.drop_cache).then_some(self.cold);
         let opts = ReadOptions {
             // With O_DIRECT nothing enters the cache, and dropping would evict what the user
             // had cached.
             drop_cache: self.config.drop_cache && !crate::fs::sys::is_direct(file),
             map: !self.config.drop_cache,
             gate: gate.as_deref(),
+            cold,
         };
         // A write in the same clock tick as a file's last change would not move its ctime.
         // So a file changed moments ago is left until that tick has passed, then looked at
@@ -706,6 +704,21 @@ impl Worker<'_> {
         match after.changes_since(before, n) {
             Some(change) => Err(NoDigest::Changed(change)),
             None => Ok(digests),
+        }
+    }
+
+    /// The gate of device `dev` while it is closed (see [`Gates::for_dev`]).
+    fn gate(&mut self, dev: u64) -> Option<Arc<Gate>> {
+        if !self.config.gate_spinning {
+            return None;
+        }
+        match &self.gate {
+            Some((d, gate)) if *d == dev => gate.clone().filter(|g| !g.is_open()),
+            _ => {
+                let gate = self.gates.for_dev(dev);
+                self.gate = Some((dev, gate.clone()));
+                gate
+            }
         }
     }
 

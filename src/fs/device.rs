@@ -10,9 +10,10 @@
 //! median is under [`SEEK`], the device cannot be seeking (a disk at 7,200 rpm needs 4 ms
 //! on average for half a turn alone) and the gate stands open for the rest of the run.
 use std::collections::HashMap;
+use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, bounded};
 
@@ -34,6 +35,9 @@ pub struct Gate {
 pub const PROBES: usize = 16;
 /// A median first-byte latency below this cannot come from a disk that seeks.
 pub const SEEK: Duration = Duration::from_millis(1);
+/// A file gives one probe per this much of its size (up to [`PROBES`], spread over it): a
+/// tree of a few large files is judged by its first one.
+const PROBE_SPAN: u64 = 16 << 20;
 
 impl Gate {
     /// A gate with its pass free.
@@ -77,6 +81,27 @@ impl Gate {
         }
     }
 
+    /// Times first reads of `file`, which is not in the page cache, while the device is being
+    /// judged: 4 KiB at one offset per [`PROBE_SPAN`] of its `size`, spread over it. The
+    /// caller holds the pass: each read is made alone.
+    pub fn probe_file(&self, file: &File, size: u64) {
+        // Aligned, for a file opened with O_DIRECT.
+        #[repr(C, align(4096))]
+        struct Page([u8; 4096]);
+        let mut page = Page([0; 4096]);
+        let probes = (size / PROBE_SPAN).clamp(1, PROBES as u64);
+        for i in 0..probes {
+            if !self.probing() {
+                return;
+            }
+            let at = (size / probes * i) & !4095;
+            let start = Instant::now();
+            if rustix::io::pread(file, &mut page.0, at).is_ok_and(|n| n > 0) {
+                self.probe(start.elapsed());
+            }
+        }
+    }
+
     /// Waits for the pass.
     pub fn enter(&self) -> Pass<'_> {
         self.take.recv().expect("the gate holds its own sender");
@@ -97,6 +122,39 @@ pub struct Pass<'a>(&'a Gate);
 impl Drop for Pass<'_> {
     fn drop(&mut self) {
         let _ = self.0.give.send(());
+    }
+}
+
+/// Whether any read has met data that is not in the page cache: until one has, reading ahead
+/// is not worth its cost. Meeting some wakes whoever waits on [`Cold::new`]'s receiver.
+#[derive(Debug)]
+pub struct Cold {
+    met: AtomicBool,
+    /// Dropped to wake the waiters.
+    wake: Mutex<Option<Sender<()>>>,
+}
+
+impl Cold {
+    /// Nothing met yet, and what to wait on until something is.
+    pub fn new() -> (Cold, Receiver<()>) {
+        let (tx, rx) = bounded(0);
+        let cold = Cold {
+            met: AtomicBool::new(false),
+            wake: Mutex::new(Some(tx)),
+        };
+        (cold, rx)
+    }
+
+    /// Whether a read has met cold data.
+    pub fn met(&self) -> bool {
+        self.met.load(Ordering::Relaxed)
+    }
+
+    /// A read had to wait for a device.
+    pub fn meet(&self) {
+        if !self.met.swap(true, Ordering::Relaxed) {
+            drop(self.wake.lock().unwrap_or_else(|e| e.into_inner()).take());
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::core::digest::{Algo, Digest, Hasher};
-use crate::fs::device::{Gate, Pass};
+use crate::fs::device::{Cold, Gate, Pass};
 use crate::fs::mapped::{self, Map};
 use crate::fs::sys;
 
@@ -65,6 +65,10 @@ pub struct ReadOptions<'a> {
     /// The file is on a spinning disk: read what is cached freely, but take this gate
     /// before the first read that would have to wait for the disk.
     pub gate: Option<&'a Gate>,
+    /// Watch for data that is not cached: the first read of the file goes to the page cache
+    /// alone (`RWF_NOWAIT`, the read that was to be made anyway), and meets this when it
+    /// would have had to wait for the device.
+    pub cold: Option<&'a Cold>,
 }
 
 /// Why hashing stopped early.
@@ -136,20 +140,22 @@ fn mapped(
     feed: &mut impl FnMut(&[u8]),
 ) -> Result<bool, HashError> {
     let (file, size, gated) = (reader.file, reader.size, reader.opts.gate.is_some());
+    let watch = reader.opts.cold.is_some();
     let window = |offset: u64| (size - offset).min(mapped::WINDOW as u64) as usize;
     // The next window is mapped and populated by a helper thread while this one is hashed:
     // filling page tables is one thread's work, which would otherwise leave the hashing
     // cores idle between windows.
     std::thread::scope(|s| {
-        let ahead = |offset: u64, holding: bool| {
-            s.spawn(move || prepare(file, offset, window(offset), gated && !holding))
+        let ahead = |offset: u64, check_cached: bool| {
+            s.spawn(move || prepare(file, offset, window(offset), check_cached))
         };
-        let mut next = (reader.total < size).then(|| ahead(reader.total, reader.pass.is_some()));
+        let first = (gated || watch) && reader.pass.is_none();
+        let mut next = (reader.total < size).then(|| ahead(reader.total, first));
         while let Some(handle) = next.take() {
             let len = window(reader.total);
             let prepared = match handle.join().expect("mapping thread panicked") {
                 Prepared::Uncached => {
-                    reader.pass = reader.opts.gate.map(Gate::enter);
+                    reader.uncached();
                     prepare(file, reader.total, len, false)
                 }
                 prepared => prepared,
@@ -164,7 +170,7 @@ fn mapped(
             }
             let after = reader.total + len as u64;
             if after < size {
-                next = Some(ahead(after, reader.pass.is_some()));
+                next = Some(ahead(after, gated && reader.pass.is_none()));
             }
             feed(map.bytes());
             if map.faulted() {
@@ -191,8 +197,9 @@ enum Prepared {
     Unmapped,
 }
 
-/// Maps and populates one window; behind a gate not yet held, only if its data is cached
-/// (populating would otherwise read from the disk outside the gate).
+/// Maps and populates one window; with `check_cached` (behind a gate not yet held, or
+/// watching for cold data), only if its data is cached (populating would otherwise read from
+/// the disk outside the gate).
 fn prepare(file: &File, offset: u64, len: usize, check_cached: bool) -> Prepared {
     let Some(map) = Map::new(file, offset, len) else {
         return Prepared::Unmapped;
@@ -280,12 +287,12 @@ impl ChunkReader<'_, '_> {
             if self.cancel.load(Ordering::Relaxed) {
                 return Err(HashError::Interrupted);
             }
-            if let (Some(gate), None) = (self.opts.gate, &self.pass) {
+            let watching = self.opts.cold.is_some() && self.total == 0;
+            if self.pass.is_none() && (self.opts.gate.is_some() || watching) {
                 match sys::read_cached(self.file, buf, self.total) {
                     Some(Ok(n)) if n > 0 || self.total >= self.size => return Ok(self.advance(n)),
                     Some(Err(e)) => return Err(HashError::Io(e)),
-                    // Not cached: from now on, this file holds the disk.
-                    _ => self.pass = Some(gate.enter()),
+                    _ => self.uncached(),
                 }
             }
             match rustix::io::pread(self.file, &mut *buf, self.total) {
@@ -293,6 +300,18 @@ impl ChunkReader<'_, '_> {
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => return Err(HashError::Io(e.into())),
             }
+        }
+    }
+
+    /// The next read has to wait for the device: say so, and from now on this file holds
+    /// the disk's gate if it has one.
+    fn uncached(&mut self) {
+        if let Some(cold) = self.opts.cold.take() {
+            cold.meet();
+        }
+        if let Some(gate) = self.opts.gate {
+            self.pass = Some(gate.enter());
+            gate.probe_file(self.file, self.size);
         }
     }
 
@@ -362,6 +381,7 @@ mod tests {
                 drop_cache: false,
                 map: true,
                 gate: Some(&gate),
+                cold: None,
             },
             &AtomicBool::new(false),
             &AtomicU64::new(0),
@@ -370,6 +390,61 @@ mod tests {
         .unwrap();
         assert_eq!(n, 2 * BUF_SIZE as u64);
         assert_eq!(d[0], digest_bytes(Algo::Sha256, &vec![3u8; 2 * BUF_SIZE]));
+    }
+
+    #[test]
+    fn only_a_read_that_waits_for_the_device_meets_cold_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bufs = [AlignedBuf::new(BUF_SIZE), AlignedBuf::new(BUF_SIZE)];
+        // Small files read into the buffer; large ones go through maps.
+        for len in [3 * BUF_SIZE, 9 * BUF_SIZE] {
+            let path = dir.path().join(format!("f{len}"));
+            std::fs::write(&path, vec![5u8; len]).unwrap();
+            let file = File::open(&path).unwrap();
+            file.sync_all().unwrap();
+            let mut hash = |file: &File, cold: &Cold| {
+                hash_file(
+                    file,
+                    &[Algo::Sha256],
+                    &mut bufs,
+                    len as u64,
+                    ReadOptions {
+                        map: true,
+                        cold: Some(cold),
+                        ..ReadOptions::default()
+                    },
+                    &AtomicBool::new(false),
+                    &AtomicU64::new(0),
+                )
+                .map_err(|e| format!("{e:?}"))
+                .unwrap()
+            };
+            let (warm, woken) = Cold::new();
+            hash(&file, &warm);
+            assert!(!warm.met(), "cached data met as cold ({len} bytes)");
+            assert!(woken.try_recv().is_err(), "woken for nothing");
+            // Written back and dropped: the next read has to wait for the device, where the
+            // file system lets clean pages go (tmpfs keeps them: nothing to test there).
+            sys::drop_pages(&file, 0, len as u64);
+            if sys::read_cached(&file, &mut [0u8], 0).is_some() {
+                eprintln!("pages not dropped here: cold reads not tested");
+                return;
+            }
+            let (cold, woken) = Cold::new();
+            let (d, n) = hash(&file, &cold);
+            assert!(
+                cold.met(),
+                "a read from the device not noticed ({len} bytes)"
+            );
+            assert!(
+                woken.try_recv().is_err_and(|e| e.is_disconnected()),
+                "not woken"
+            );
+            assert_eq!(
+                (d[0], n),
+                (digest_bytes(Algo::Sha256, &vec![5u8; len]), len as u64)
+            );
+        }
     }
 
     #[test]
@@ -408,6 +483,7 @@ mod tests {
                         drop_cache,
                         map: !drop_cache,
                         gate: None,
+                        cold: None,
                     },
                     &AtomicBool::new(false),
                     &done,
