@@ -336,14 +336,14 @@ impl State {
         let seen = self.run;
         let written = self.transaction(|conn| {
             for row in &rows {
-                let mut upsert = conn.prepare_cached(row.fact.upsert())?;
                 let base = params![row.fs, row.ino, row.key, row.path, row.size, seen, row.t];
+                let mut all = base.to_vec();
                 if row.fact.has_status() {
-                    let mut all = base.to_vec();
                     all.push(&row.status);
-                    upsert.execute(all.as_slice())?;
-                } else {
-                    upsert.execute(base)?;
+                }
+                let [update, upsert] = row.fact.statements();
+                if conn.prepare_cached(update)?.execute(all.as_slice())? == 0 {
+                    conn.prepare_cached(upsert)?.execute(all.as_slice())?;
                 }
             }
             Ok(())
@@ -469,49 +469,51 @@ enum Fact {
 }
 
 impl Fact {
-    /// The statement that records it: one a file, creating the row or updating it.
-    /// Parameters: fs, ino, digest, path, size, seen, time[, status].
-    fn upsert(self) -> &'static str {
+    /// The statements that record it: one that updates the row of a file still under the
+    /// same path (the common case, which leaves the path index alone), and one that creates
+    /// the row or updates it, path included. Parameters: fs, ino, digest, path, size, seen,
+    /// time[, status].
+    fn statements(self) -> [&'static str; 2] {
+        // The columns a new row sets beyond the key, path, size and seen; their values; and
+        // what an existing row gets.
+        macro_rules! sql {
+            ($cols:literal, $values:literal, $set:literal) => {
+                [
+                    concat!(
+                        "UPDATE files SET size = ?5, seen = ?6, ",
+                        $set,
+                        " WHERE fs = ?1 AND ino = ?2 AND digest = ?3 AND path = ?4"
+                    ),
+                    concat!(
+                        "INSERT INTO files (fs, ino, digest, path, size, seen, ",
+                        $cols,
+                        ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ",
+                        $values,
+                        ") ON CONFLICT DO UPDATE SET path = ?4, size = ?5, seen = ?6, ",
+                        $set
+                    ),
+                ]
+            };
+        }
         match self {
-            Fact::Verified => {
-                "INSERT INTO files (fs, ino, digest, path, size, seen, verified, checked, status) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8) ON CONFLICT DO UPDATE SET \
-                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
-                 verified = excluded.verified, checked = excluded.checked, \
-                 status = excluded.status, damaged = NULL"
-            }
-            Fact::Damaged => {
-                "INSERT INTO files (fs, ino, digest, path, size, seen, checked, status, damaged) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?7) ON CONFLICT DO UPDATE SET \
-                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
-                 checked = excluded.checked, status = excluded.status, \
-                 damaged = coalesce(files.damaged, excluded.damaged)"
-            }
-            Fact::Judged => {
-                "INSERT INTO files (fs, ino, digest, path, size, seen, checked, status) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO UPDATE SET \
-                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
-                 checked = excluded.checked, status = excluded.status"
-            }
-            Fact::Repaired => {
-                "INSERT INTO files (fs, ino, digest, path, size, seen, verified, checked, status) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, 'repaired') ON CONFLICT DO UPDATE SET \
-                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
-                 verified = excluded.verified, checked = excluded.checked, \
-                 status = excluded.status, damaged = NULL"
-            }
-            Fact::Protected => {
-                "INSERT INTO files (fs, ino, digest, path, size, seen, protected) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT DO UPDATE SET \
-                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
-                 protected = excluded.protected"
-            }
-            Fact::Archived => {
-                "INSERT INTO files (fs, ino, digest, path, size, seen, archived) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT DO UPDATE SET \
-                 path = excluded.path, size = excluded.size, seen = excluded.seen, \
-                 archived = excluded.archived"
-            }
+            Fact::Verified => sql!(
+                "verified, checked, status",
+                "?7, ?7, ?8",
+                "verified = ?7, checked = ?7, status = ?8, damaged = NULL"
+            ),
+            Fact::Damaged => sql!(
+                "checked, status, damaged",
+                "?7, ?8, ?7",
+                "checked = ?7, status = ?8, damaged = coalesce(files.damaged, ?7)"
+            ),
+            Fact::Judged => sql!("checked, status", "?7, ?8", "checked = ?7, status = ?8"),
+            Fact::Repaired => sql!(
+                "verified, checked, status",
+                "?7, ?7, 'repaired'",
+                "verified = ?7, checked = ?7, status = 'repaired', damaged = NULL"
+            ),
+            Fact::Protected => sql!("protected", "?7", "protected = ?7"),
+            Fact::Archived => sql!("archived", "?7", "archived = ?7"),
         }
     }
 
