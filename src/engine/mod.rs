@@ -251,10 +251,7 @@ pub fn run_from(
             s.spawn(move || {
                 let mut worker = Worker::new(config, cancel, progress, gates, cold);
                 while let Some((seq, batch)) = inbox.next() {
-                    let reports = batch
-                        .into_iter()
-                        .map(|(entry, opened)| worker.entry(entry, opened, anchors))
-                        .collect();
+                    let reports = worker.batch(batch, anchors);
                     if done_tx.send((seq, reports)).is_err() {
                         break;
                     }

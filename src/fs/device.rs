@@ -57,6 +57,12 @@ impl Gate {
         self.open.load(Ordering::Relaxed)
     }
 
+    /// Whether the device was judged, and found to seek: it is read one file at a time, in
+    /// the order the files lie on it.
+    pub fn seeking(&self) -> bool {
+        !self.is_open() && self.probes.lock().is_ok_and(|p| p.len() >= PROBES)
+    }
+
     /// Whether the device is still being judged: the caller holding the pass should time the
     /// first byte of the file it is about to read and [`Gate::probe`] it.
     pub fn probing(&self) -> bool {
@@ -123,6 +129,16 @@ impl Drop for Pass<'_> {
     fn drop(&mut self) {
         let _ = self.0.give.send(());
     }
+}
+
+/// The order to read files in from a disk that seeks: by where their data starts on it
+/// (`blocks`, from [`crate::fs::sys::first_block`]), those whose place is not known last;
+/// ties and unknowns keep their order. A sweep across the disk instead of a seek back and
+/// forth between files that sort by name but lie apart.
+pub fn physical_order(blocks: &[Option<u64>]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..blocks.len()).collect();
+    order.sort_by_key(|&i| (blocks[i].is_none(), blocks[i]));
+    order
 }
 
 /// Whether any read has met data that is not in the page cache: until one has, reading ahead
@@ -194,6 +210,23 @@ mod tests {
     }
 
     #[test]
+    fn files_are_read_in_the_order_they_lie_on_the_disk() {
+        // Walk order: names. Where the data lies: elsewhere. Unknown places go last.
+        let blocks = [
+            Some(9 << 20),
+            None,
+            Some(1 << 20),
+            Some(5 << 20),
+            None,
+            Some(1 << 20),
+            Some(0),
+        ];
+        assert_eq!(physical_order(&blocks), [6, 2, 5, 3, 0, 1, 4]);
+        assert!(physical_order(&[]).is_empty());
+        assert_eq!(physical_order(&[None, None]), [0, 1]);
+    }
+
+    #[test]
     fn a_device_that_answers_fast_opens_its_gate_and_a_slow_one_does_not() {
         let fast = Gate::new();
         for i in 0..PROBES {
@@ -202,14 +235,15 @@ mod tests {
             let ms = if i % 4 == 0 { 9 } else { 0 };
             fast.probe(Duration::from_millis(ms) + Duration::from_micros(80));
         }
-        assert!(fast.is_open() && !fast.probing());
+        assert!(fast.is_open() && !fast.probing() && !fast.seeking());
 
         let slow = Gate::new();
+        assert!(!slow.seeking(), "judged before any probe");
         for i in 0..PROBES {
             let ms = if i % 4 == 0 { 0 } else { 6 };
             slow.probe(Duration::from_millis(ms) + Duration::from_micros(200));
         }
-        assert!(!slow.is_open() && !slow.probing());
+        assert!(!slow.is_open() && !slow.probing() && slow.seeking());
         // Later answers change nothing: the decision is made once, on reads made alone.
         for _ in 0..PROBES {
             slow.probe(Duration::ZERO);
