@@ -5,7 +5,7 @@
 //! never allocates per file. Large files are hashed through memory maps where that is safe
 //! ([`crate::fs::mapped`]), and read by a second thread while the first hashes otherwise.
 
-use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::alloc::Layout;
 use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,38 +18,54 @@ use crate::fs::sys;
 /// Size of the read buffer: the measured sweet spot for sequential reads is 512 KiB–2 MiB.
 pub const BUF_SIZE: usize = 1 << 20;
 
-/// A page-aligned, reusable read buffer.
+/// A page-aligned, reusable read buffer. Its pages are the kernel's zero pages until written:
+/// a buffer that only ever holds small files costs the memory of what it held (a zeroing
+/// allocator would make all of it resident up front).
 pub struct AlignedBuf {
     ptr: *mut u8,
-    layout: Layout,
+    len: usize,
 }
 
-// SAFETY: the buffer is a plain owned allocation, only reachable through &mut self.
+// SAFETY: the buffer is a plain owned mapping, only reachable through &mut self.
 unsafe impl Send for AlignedBuf {}
 
 impl AlignedBuf {
-    /// Allocates `len` zeroed bytes aligned to 4 KiB.
+    /// Maps `len` zeroed bytes, aligned to the page.
     pub fn new(len: usize) -> Self {
-        let layout = Layout::from_size_align(len.max(1), 4096).expect("valid layout");
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { alloc_zeroed(layout) };
-        if ptr.is_null() {
+        let len = len.max(1);
+        // SAFETY: a new private anonymous mapping; no existing memory is touched.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            let layout = Layout::from_size_align(len, 4096).expect("valid layout");
             std::alloc::handle_alloc_error(layout);
         }
-        AlignedBuf { ptr, layout }
+        AlignedBuf {
+            ptr: ptr.cast(),
+            len,
+        }
     }
 
     /// The whole buffer.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: ptr points to layout.size() initialised bytes owned by self.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
+        // SAFETY: ptr points to len bytes mapped readable and writable (zeroed by the kernel),
+        // owned by self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated in new() with this layout.
-        unsafe { dealloc(self.ptr, self.layout) }
+        // SAFETY: mapped in new() with this length, and no slice of it outlives &mut self.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
 
