@@ -257,7 +257,25 @@ impl Worker<'_> {
         let seeking = batch
             .iter()
             .find_map(|(_, opened)| dev(opened))
-            .and_then(|d| Some(d).zip(self.gate(d).filter(|g| g.seeking())));
+            .and_then(|d| {
+                self.find_gate(d);
+                let gate = closed_gate(&self.gate, None, d).filter(|g| g.seeking());
+                Some(d).zip(gate.cloned())
+            });
+        // The file being read, for a progress display: the batch's largest, which takes
+        // most of its time, is enough to follow.
+        let largest = batch
+            .iter()
+            .filter_map(|(entry, _)| match entry {
+                Entry::File { path, size, .. } => Some((size, path)),
+                _ => None,
+            })
+            .max_by_key(|&(size, _)| size);
+        if let Some((_, path)) = largest
+            && let Ok(mut current) = self.progress.current.try_lock()
+        {
+            current.clone_from(path);
+        }
         let Some((on, gate)) = seeking.filter(|_| batch.len() > 1) else {
             return batch
                 .into_iter()
@@ -335,9 +353,6 @@ impl Worker<'_> {
         opened: Option<io::Result<Opened>>,
         anchor: &Anchor,
     ) -> Option<FileReport> {
-        if let Ok(mut current) = self.progress.current.try_lock() {
-            current.clone_from(&path);
-        }
         if let Some(pid) = path.file_name().and_then(atomic::temp_pid) {
             return Some(self.temp_file(path, pid, anchor));
         }
@@ -707,7 +722,8 @@ impl Worker<'_> {
         before: &Meta,
         algos: &[Algo],
     ) -> Result<Vec<Digest>, NoDigest> {
-        let gate = self.gate(before.dev);
+        self.find_gate(before.dev);
+        let gate = closed_gate(&self.gate, self.holding, before.dev);
         // A background scrub has no readers to wake.
         let cold = (!self.cold.met() && !self.config.drop_cache).then_some(self.cold);
         let opts = ReadOptions {
@@ -715,7 +731,7 @@ impl Worker<'_> {
             // had cached.
             drop_cache: self.config.drop_cache && !crate::fs::sys::is_direct(file),
             map: !self.config.drop_cache,
-            gate: gate.as_deref(),
+            gate: gate.map(|g| &**g),
             cold,
         };
         // A write in the same clock tick as a file's last change would not move its ctime.
@@ -752,18 +768,10 @@ impl Worker<'_> {
         }
     }
 
-    /// The gate of device `dev` while it is closed (see [`Gates::for_dev`]).
-    fn gate(&mut self, dev: u64) -> Option<Arc<Gate>> {
-        if !self.config.gate_spinning || self.holding == Some(dev) {
-            return None;
-        }
-        match &self.gate {
-            Some((d, gate)) if *d == dev => gate.clone().filter(|g| !g.is_open()),
-            _ => {
-                let gate = self.gates.for_dev(dev);
-                self.gate = Some((dev, gate.clone()));
-                gate
-            }
+    /// Looks up the gate of device `dev` (see [`Gates::for_dev`]), unless it is the last one.
+    fn find_gate(&mut self, dev: u64) {
+        if self.config.gate_spinning && self.gate.as_ref().is_none_or(|(d, _)| *d != dev) {
+            self.gate = Some((dev, self.gates.for_dev(dev)));
         }
     }
 
@@ -831,6 +839,18 @@ fn unique(algos: impl IntoIterator<Item = Algo>) -> Vec<Algo> {
         }
     }
     out
+}
+
+/// The gate found for device `dev`, while it is closed and not `held` by this worker.
+fn closed_gate(
+    found: &Option<(u64, Option<Arc<Gate>>)>,
+    held: Option<u64>,
+    dev: u64,
+) -> Option<&Arc<Gate>> {
+    match found {
+        Some((d, Some(gate))) if *d == dev && held != Some(dev) && !gate.is_open() => Some(gate),
+        _ => None,
+    }
 }
 
 /// `report` with `error` attached (see [`FileReport::fail`]).
