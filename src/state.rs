@@ -16,6 +16,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crossbeam_channel::{Receiver, Sender, TryRecvError, bounded, unbounded};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::core::classify::Status;
@@ -101,6 +102,8 @@ pub struct State {
     cwd: PathBuf,
     /// Rows waiting to be written, and since when.
     pending: Vec<Row>,
+    /// Where they go.
+    writer: Writer,
     pending_since: Option<Instant>,
     /// Reports are held in `temp.held`.
     holding: bool,
@@ -167,12 +170,14 @@ impl State {
         if version != VERSION {
             conn.pragma_update(None, "user_version", VERSION)?;
         }
-        Ok(State::with(conn, Some(path.to_path_buf())))
+        let writer = Writer::open(path)?;
+        Ok(State::with(conn, writer, Some(path.to_path_buf())))
     }
 
-    fn with(conn: Connection, path: Option<PathBuf>) -> State {
+    fn with(conn: Connection, writer: Writer, path: Option<PathBuf>) -> State {
         State {
             conn,
+            writer,
             path,
             fsids: FsIds::default(),
             cwd: std::env::current_dir().unwrap_or_default(),
@@ -236,7 +241,7 @@ impl State {
                 .pending_since
                 .is_some_and(|t| t.elapsed() >= COMMIT_EVERY)
         {
-            self.commit();
+            self.send();
         }
     }
 
@@ -325,31 +330,52 @@ impl State {
         }
     }
 
-    /// Writes the queued rows, in one short transaction.
+    /// Writes the queued rows and waits until every row recorded so far is written.
     pub fn commit(&mut self) {
+        self.send();
+        self.collect(true);
+    }
+
+    /// Hands the queued rows to the writer.
+    fn send(&mut self) {
         self.pending_since = None;
         if self.pending.is_empty() || self.failed.is_some() {
             self.pending.clear();
             return;
         }
         let rows = std::mem::take(&mut self.pending);
-        let seen = self.run;
-        let written = self.transaction(|conn| {
-            for row in &rows {
-                let base = params![row.fs, row.ino, row.key, row.path, row.size, seen, row.t];
-                let mut all = base.to_vec();
-                if row.fact.has_status() {
-                    all.push(&row.status);
+        match &self.writer.rows {
+            Some(tx) if tx.send((rows, self.run)).is_ok() => self.writer.in_flight += 1,
+            _ => self.fail(writer_gone()),
+        }
+        self.collect(false);
+    }
+
+    /// Takes in what the writer says of the batches it wrote (waiting for all of them if
+    /// `all`); a failure stops the recording.
+    fn collect(&mut self, all: bool) {
+        while self.writer.in_flight > 0 {
+            let said = if all {
+                self.writer
+                    .results
+                    .recv()
+                    .map_err(|_| TryRecvError::Disconnected)
+            } else {
+                self.writer.results.try_recv()
+            };
+            match said {
+                Ok(written) => {
+                    self.writer.in_flight -= 1;
+                    if let Err(e) = written {
+                        self.fail(e);
+                    }
                 }
-                let [update, upsert] = row.fact.statements();
-                if conn.prepare_cached(update)?.execute(all.as_slice())? == 0 {
-                    conn.prepare_cached(upsert)?.execute(all.as_slice())?;
+                Err(TryRecvError::Empty) => return,
+                Err(TryRecvError::Disconnected) => {
+                    self.writer.in_flight = 0;
+                    self.fail(writer_gone());
                 }
             }
-            Ok(())
-        });
-        if let Err(e) = written {
-            self.fail(e);
         }
     }
 
@@ -358,14 +384,7 @@ impl State {
         &mut self,
         f: impl FnOnce(&Connection) -> rusqlite::Result<()>,
     ) -> rusqlite::Result<()> {
-        self.conn.execute_batch("BEGIN IMMEDIATE")?;
-        match f(&self.conn) {
-            Ok(()) => self.conn.execute_batch("COMMIT"),
-            Err(e) => {
-                let _ = self.conn.execute_batch("ROLLBACK");
-                Err(e)
-            }
-        }
+        transaction(&self.conn, f)
     }
 
     /// Moves a damaged database aside, so that the next run starts a new one; says so.
@@ -437,6 +456,89 @@ impl Drop for State {
     fn drop(&mut self) {
         self.commit();
     }
+}
+
+/// What a writer that stopped (it panicked) leaves to say.
+fn writer_gone() -> rusqlite::Error {
+    rusqlite::Error::SqliteFailure(
+        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+        Some("the database writer stopped".into()),
+    )
+}
+
+/// Runs `f` on `conn` in a transaction of its own.
+fn transaction(
+    conn: &Connection,
+    f: impl FnOnce(&Connection) -> rusqlite::Result<()>,
+) -> rusqlite::Result<()> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    match f(conn) {
+        Ok(()) => conn.execute_batch("COMMIT"),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// Writes batches of rows on a connection and a thread of its own, so that a run does not
+/// wait for the database: on a cold cache, its pages come from the disk while files are
+/// hashed (measured on 20,000 files of 4 KiB read cold: the check took 20% longer while the
+/// rows were written on the reporting thread).
+struct Writer {
+    rows: Option<Sender<(Vec<Row>, Option<i64>)>>,
+    results: Receiver<rusqlite::Result<()>>,
+    /// Batches sent and not yet reported on.
+    in_flight: usize,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Writer {
+    fn open(path: &Path) -> rusqlite::Result<Writer> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(Duration::from_secs(600))?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        let (rows, batches) = bounded::<(Vec<Row>, Option<i64>)>(2);
+        let (said, results) = unbounded();
+        let thread = std::thread::spawn(move || {
+            for (rows, seen) in batches {
+                let _ = said.send(write_rows(&conn, &rows, seen));
+            }
+        });
+        Ok(Writer {
+            rows: Some(rows),
+            results,
+            in_flight: 0,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.rows = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Writes `rows` (of the run `seen`) in one short transaction.
+fn write_rows(conn: &Connection, rows: &[Row], seen: Option<i64>) -> rusqlite::Result<()> {
+    transaction(conn, |conn| {
+        for row in rows {
+            let base = params![row.fs, row.ino, row.key, row.path, row.size, seen, row.t];
+            let mut all = base.to_vec();
+            if row.fact.has_status() {
+                all.push(&row.status);
+            }
+            let [update, upsert] = row.fact.statements();
+            if conn.prepare_cached(update)?.execute(all.as_slice())? == 0 {
+                conn.prepare_cached(upsert)?.execute(all.as_slice())?;
+            }
+        }
+        Ok(())
+    })
 }
 
 /// A row waiting to be written.
