@@ -545,6 +545,7 @@ impl Iterator for Queue {
             size,
             root,
             inode: None,
+            stat: None,
         })
     }
 }

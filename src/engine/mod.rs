@@ -389,6 +389,7 @@ fn walk_in_batches(
                     size: 0,
                     root: 0,
                     inode: None,
+                    stat: None,
                 })
             });
             Ok(())

@@ -16,56 +16,8 @@ use crate::fs::anchor::Anchor;
 use crate::fs::atomic;
 use crate::fs::device::{Cold, Gate, Gates};
 use crate::fs::read::{self, AlignedBuf, HashError, ReadOptions};
-use crate::fs::walk::{Entry, Inode, SkipReason};
+use crate::fs::walk::{Entry, SkipReason, Stat as Meta};
 use crate::fs::xattr::{self, Stored};
-
-/// The file's identity and state, from `fstat`.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct Meta {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime: Timestamp,
-    ctime: Timestamp,
-}
-
-impl Meta {
-    fn of(file: &File) -> io::Result<(Meta, bool)> {
-        let st = rustix::fs::fstat(file)?;
-        let regular =
-            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile;
-        let meta = Meta {
-            dev: st.st_dev as u64,
-            ino: st.st_ino as u64,
-            size: st.st_size as u64,
-            mtime: Timestamp {
-                sec: st.st_mtime,
-                nsec: st.st_mtime_nsec as u32,
-            },
-            ctime: Timestamp {
-                sec: st.st_ctime,
-                nsec: st.st_ctime_nsec as u32,
-            },
-        };
-        Ok((meta, regular))
-    }
-
-    /// Describes how `self` (after reading) differs from `before`, if it does.
-    fn changes_since(&self, before: &Meta, bytes_read: u64) -> Option<String> {
-        if self.size != before.size || bytes_read != before.size {
-            Some(format!(
-                "size changed while being read ({} bytes before, {} read, {} after)",
-                before.size, bytes_read, self.size
-            ))
-        } else if self.mtime != before.mtime {
-            Some("modified while being read".into())
-        } else if self.ctime != before.ctime {
-            Some("metadata changed while being read".into())
-        } else {
-            None
-        }
-    }
-}
 
 /// A file opened (beneath its root, never through a symlink) with what `fstat` said of it:
 /// its state before any read, and whether it is a regular file.
@@ -79,10 +31,21 @@ pub(super) struct Opened {
 pub(super) const AHEAD: usize = 256 << 10;
 
 impl Opened {
-    fn open(config: &Config, anchor: &Anchor, path: &Path) -> io::Result<Opened> {
+    /// Opens `path`; what the walk's `stat` said of it (`walked`) stands for an `fstat` where
+    /// the data is read and nothing is written: the `fstat` after reading then tells whether
+    /// the file is still the one walked, unchanged.
+    fn open(
+        config: &Config,
+        anchor: &Anchor,
+        path: &Path,
+        walked: Option<Meta>,
+    ) -> io::Result<Opened> {
         let direct = config.work.reads_data() && config.drop_cache;
         let file = anchor.open(path, direct)?;
-        let meta = Meta::of(&file);
+        let meta = match walked.filter(|_| config.work == Work::Check) {
+            Some(meta) => Ok((meta, true)),
+            None => Meta::of(&file),
+        };
         Ok(Opened { file, meta })
     }
 
@@ -100,13 +63,16 @@ impl Opened {
         gates: &Gates,
         scratch: &mut AlignedBuf,
     ) -> Option<io::Result<Opened>> {
-        let Entry::File { path, root, .. } = entry else {
+        let Entry::File {
+            path, root, stat, ..
+        } = entry
+        else {
             return None;
         };
         if config.past_deadline() || path.file_name().and_then(atomic::temp_pid).is_some() {
             return None;
         }
-        let opened = match Opened::open(config, &anchors[*root], path) {
+        let opened = match Opened::open(config, &anchors[*root], path, *stat) {
             Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
                 return None;
             }
@@ -312,8 +278,19 @@ impl Worker<'_> {
         match entry {
             Entry::File { .. } if self.config.past_deadline() => None,
             Entry::File {
-                path, root, inode, ..
-            } => self.process(path, root, inode, opened, &anchors[root]),
+                path,
+                root,
+                inode,
+                stat,
+                ..
+            } => {
+                let report = self.examine(path, stat, opened, &anchors[root])?;
+                Some(FileReport {
+                    root,
+                    inode,
+                    ..report
+                })
+            }
             Entry::Skip {
                 path,
                 root,
@@ -331,32 +308,17 @@ impl Worker<'_> {
         }
     }
 
-    fn process(
-        &mut self,
-        path: PathBuf,
-        root: usize,
-        inode: Option<Inode>,
-        opened: Option<io::Result<Opened>>,
-        anchor: &Anchor,
-    ) -> Option<FileReport> {
-        let report = self.examine(path, opened, anchor)?;
-        Some(FileReport {
-            root,
-            inode,
-            ..report
-        })
-    }
-
     fn examine(
         &mut self,
         path: PathBuf,
+        walked: Option<Meta>,
         opened: Option<io::Result<Opened>>,
         anchor: &Anchor,
     ) -> Option<FileReport> {
         if let Some(pid) = path.file_name().and_then(atomic::temp_pid) {
             return Some(self.temp_file(path, pid, anchor));
         }
-        let opened = opened.unwrap_or_else(|| Opened::open(self.config, anchor, &path));
+        let opened = opened.unwrap_or_else(|| Opened::open(self.config, anchor, &path, walked));
         let (file, meta) = match opened {
             Ok(Opened {
                 file,

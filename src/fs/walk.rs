@@ -24,6 +24,7 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use ignore::overrides::{Override, OverrideBuilder};
 use rustix::fs::AtFlags;
 
+use crate::core::tag::Timestamp;
 use crate::fs::anchor::Anchor;
 
 /// The name of the per-directory ignore file (gitignore syntax).
@@ -83,6 +84,8 @@ pub enum Entry {
         root: usize,
         /// Its inode (device, number), if it has other names too.
         inode: Option<Inode>,
+        /// What the walk's `stat` said of it (a file listed rather than walked has none).
+        stat: Option<Stat>,
     },
     /// Something deliberately not processed.
     Skip {
@@ -108,6 +111,84 @@ pub enum Entry {
 
 /// A file's identity: its device and inode numbers.
 pub type Inode = (u64, u64);
+
+/// A file's identity and state, as `stat` gives them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stat {
+    /// Device number.
+    pub dev: u64,
+    /// Inode number.
+    pub ino: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Last change of the data.
+    pub mtime: Timestamp,
+    /// Last change of the data or the metadata (no program can set it).
+    pub ctime: Timestamp,
+}
+
+impl Stat {
+    /// The state of the open `file`, and whether it is a regular file.
+    pub fn of(file: &std::fs::File) -> std::io::Result<(Stat, bool)> {
+        let st = rustix::fs::fstat(file)?;
+        let regular =
+            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile;
+        Ok((Stat::from_raw(&st), regular))
+    }
+
+    // The stat fields' types differ between Linux and macOS.
+    #[allow(clippy::unnecessary_cast)]
+    fn from_raw(st: &rustix::fs::Stat) -> Stat {
+        Stat {
+            dev: st.st_dev as u64,
+            ino: st.st_ino as u64,
+            size: st.st_size as u64,
+            mtime: Timestamp {
+                sec: st.st_mtime as i64,
+                nsec: st.st_mtime_nsec as u32,
+            },
+            ctime: Timestamp {
+                sec: st.st_ctime as i64,
+                nsec: st.st_ctime_nsec as u32,
+            },
+        }
+    }
+
+    fn from_meta(m: &fs::Metadata) -> Stat {
+        Stat {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.len(),
+            mtime: Timestamp {
+                sec: m.mtime(),
+                nsec: m.mtime_nsec() as u32,
+            },
+            ctime: Timestamp {
+                sec: m.ctime(),
+                nsec: m.ctime_nsec() as u32,
+            },
+        }
+    }
+
+    /// Describes how `self` (after reading `bytes_read` bytes) differs from `before`, if it
+    /// does: another file under the name, other data, other metadata.
+    pub fn changes_since(&self, before: &Stat, bytes_read: u64) -> Option<String> {
+        if (self.dev, self.ino) != (before.dev, before.ino) {
+            Some("replaced by another file while being read".into())
+        } else if self.size != before.size || bytes_read != before.size {
+            Some(format!(
+                "size changed while being read ({} bytes before, {} read, {} after)",
+                before.size, bytes_read, self.size
+            ))
+        } else if self.mtime != before.mtime {
+            Some("modified while being read".into())
+        } else if self.ctime != before.ctime {
+            Some("metadata changed while being read".into())
+        } else {
+            None
+        }
+    }
+}
 
 impl Entry {
     /// A path that could not be examined.
@@ -144,11 +225,7 @@ pub fn walk(
 /// What a directory entry is, from its `d_type` or, where that says nothing, an `fstatat`.
 enum Kind {
     Dir,
-    File {
-        size: u64,
-        nlink: u64,
-        id: (u64, u64),
-    },
+    File { nlink: u64, stat: Stat },
     Symlink,
     Special,
     Error(std::io::Error),
@@ -253,20 +330,22 @@ fn entry(path: PathBuf, kind: Kind, root: usize, links: &mut HashSet<Inode>) -> 
             .is_some()
     };
     match kind {
-        Kind::File { nlink, .. } if nlink > 1 && temp() => Entry::File {
+        Kind::File { nlink, stat } if nlink > 1 && temp() => Entry::File {
             path,
             size: 0,
             root,
             inode: None,
+            stat: Some(stat),
         },
-        Kind::File { nlink, id, .. } if nlink > 1 && !links.insert(id) => {
-            skip(path, SkipReason::HardLink, Some(id))
+        Kind::File { nlink, stat } if nlink > 1 && !links.insert((stat.dev, stat.ino)) => {
+            skip(path, SkipReason::HardLink, Some((stat.dev, stat.ino)))
         }
-        Kind::File { size, nlink, id } => Entry::File {
+        Kind::File { nlink, stat } => Entry::File {
             path,
-            size,
+            size: stat.size,
             root,
-            inode: (nlink > 1).then_some(id),
+            inode: (nlink > 1).then_some((stat.dev, stat.ino)),
+            stat: Some(stat),
         },
         Kind::Symlink => skip(path, SkipReason::Symlink, None),
         Kind::Special | Kind::Dir => skip(path, SkipReason::Special, None),
@@ -285,9 +364,8 @@ fn kind_of(meta: std::io::Result<fs::Metadata>) -> Kind {
                 Kind::Symlink
             } else if t.is_file() {
                 Kind::File {
-                    size: m.len(),
                     nlink: m.nlink(),
-                    id: (m.dev(), m.ino()),
+                    stat: Stat::from_meta(&m),
                 }
             } else {
                 Kind::Special
@@ -331,9 +409,8 @@ fn stat_kind(dir: impl AsFd, name: &std::ffi::CStr) -> Kind {
         Err(e) => Kind::Error(e.into()),
         Ok(st) => match FileType::from_raw_mode(st.st_mode) {
             FileType::RegularFile => Kind::File {
-                size: st.st_size as u64,
                 nlink: st.st_nlink as u64,
-                id: (st.st_dev as u64, st.st_ino as u64),
+                stat: Stat::from_raw(&st),
             },
             FileType::Directory => Kind::Dir,
             FileType::Symlink => Kind::Symlink,
@@ -396,6 +473,46 @@ fn excluded(overrides: &Override, stack: &[Level], path: &Path, is_dir: bool) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn any_difference_since_the_walk_is_a_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"data").unwrap();
+        let mut walked = None;
+        walk(&[dir.path().to_path_buf()], &WalkOptions::default(), |e| {
+            if let Entry::File { stat, .. } = e {
+                walked = stat;
+            }
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        let walked = walked.expect("the walk stats what it finds");
+        let (now, regular) = Stat::of(&fs::File::open(&path).unwrap()).unwrap();
+        assert!(regular);
+        assert_eq!(now, walked);
+        assert_eq!(now.changes_since(&walked, 4), None);
+        assert!(now.changes_since(&walked, 3).is_some(), "a short read");
+        // Another file under the name, even with the same size and times.
+        let other = Stat {
+            ino: walked.ino + 1,
+            ..walked
+        };
+        assert!(
+            other
+                .changes_since(&walked, 4)
+                .unwrap()
+                .contains("replaced")
+        );
+        let touched = Stat {
+            ctime: Timestamp {
+                sec: walked.ctime.sec + 1,
+                ..walked.ctime
+            },
+            ..walked
+        };
+        assert!(touched.changes_since(&walked, 4).is_some());
+    }
 
     fn collect(roots: &[PathBuf], opts: &WalkOptions) -> Vec<String> {
         let mut out = Vec::new();
