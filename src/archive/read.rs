@@ -40,7 +40,9 @@ impl Visit<'_, '_> {
     pub fn data(&mut self, mut out: impl FnMut(Chunk<'_>) -> io::Result<()>) -> io::Result<()> {
         assert!(!self.read, "a member's data is read once");
         self.read = true;
-        let mut buf = vec![0u8; 1 << 20];
+        // No larger than the member: zeroing 1 MiB for each small member of an archive
+        // would cost more than reading it.
+        let mut buf = vec![0u8; self.member.size.clamp(1, 1 << 20) as usize];
         let mut at = 0;
         let runs = match &self.member.sparse {
             Some(runs) => runs.clone(),

@@ -96,6 +96,13 @@ impl Temp {
         Ok(())
     }
 
+    /// Puts the file in place under `name`, replacing what was there, without making
+    /// anything durable: the caller made its data durable before and makes the rename
+    /// durable after (an fsync of the directory).
+    pub fn place(&mut self, name: &OsStr) -> io::Result<()> {
+        self.rename(name, false)
+    }
+
     /// Puts the file in place without making anything durable (a [`Batch`] does that).
     fn rename(&mut self, name: &OsStr, exclusive: bool) -> io::Result<()> {
         if exclusive {

@@ -17,6 +17,7 @@
 mod replace;
 mod source;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -27,7 +28,7 @@ use crate::fs::anchor::Anchor;
 use crate::fs::walk::{Inode, SkipReason};
 use crate::sink::{Failure, Out, Sink};
 
-use replace::{Refused, Restored};
+use replace::{Pending, Refused, Restored, Staged};
 use source::{Attempts, Fill, Search};
 
 /// What to do with the damaged original once it is replaced.
@@ -71,7 +72,18 @@ struct Work {
     anchors: Vec<Anchor>,
     opts: Options,
     targets: Vec<Target>,
+    /// The targets by the digest they want: files with the same contents share a copy.
+    by_digest: HashMap<Digest, Vec<usize>>,
+    /// How many targets are not done.
+    remaining: usize,
+    /// Verified copies waiting to be put in place together (target, source, copy).
+    pending: Vec<(usize, String, Box<Pending>)>,
 }
+
+/// Verified copies are put in place together once this many wait ...
+const BATCH_FILES: usize = 1024;
+/// ... or this many bytes of them (the page cache holds them until they are made durable).
+const BATCH_BYTES: u64 = 256 << 20;
 
 /// A damaged file waiting for good bytes.
 struct Target {
@@ -109,6 +121,9 @@ impl Repairer {
                 anchors: roots.iter().map(|r| Anchor::new(r)).collect(),
                 opts,
                 targets: Vec::new(),
+                by_digest: HashMap::new(),
+                remaining: 0,
+                pending: Vec::new(),
             },
             held: Vec::new(),
             cancel,
@@ -129,6 +144,7 @@ impl Repairer {
                 }
             }
         }
+        self.work.flush();
     }
 }
 
@@ -145,7 +161,10 @@ impl Sink for Repairer {
                 path: report.path.clone(),
                 rel: report.relative(&self.work.roots).to_path_buf(),
             };
-            self.held.push(Held::Target(self.work.targets.len()));
+            let i = self.work.targets.len();
+            self.held.push(Held::Target(i));
+            self.work.by_digest.entry(want.digest).or_default().push(i);
+            self.work.remaining += 1;
             self.work.targets.push(Target {
                 report,
                 want,
@@ -200,6 +219,10 @@ impl Attempts for Work {
         (!t.done).then_some(&t.want)
     }
 
+    fn remaining(&self) -> usize {
+        self.remaining
+    }
+
     fn roots(&self) -> &[PathBuf] {
         &self.roots
     }
@@ -212,22 +235,32 @@ impl Attempts for Work {
     /// its place; then every other damaged file with the same content gets the same bytes.
     fn offer(&mut self, i: usize, from: &str, fill: &mut Fill<'_>) -> bool {
         let outcome = self.restore(i, fill);
-        if !self.settle(i, outcome, from) {
+        if !self.stage(i, outcome, from) {
             return false;
         }
         let good = self.targets[i].report.path.clone();
         let digest = self.targets[i].want.digest;
-        for j in 0..self.targets.len() {
-            if self.targets[j].done || self.targets[j].want.digest != digest {
+        let same: Vec<usize> = self.by_digest[&digest]
+            .iter()
+            .copied()
+            .filter(|&j| !self.targets[j].done)
+            .collect();
+        if same.is_empty() {
+            return true;
+        }
+        // The other damaged files with these contents copy the repaired one: in place first.
+        self.flush();
+        for j in same {
+            if self.targets[j].done {
                 continue;
             }
             // A dry run repaired nothing to copy from; the copy is verified.
             let outcome = if self.opts.dry_run {
-                Ok(Restored::default())
+                Ok(Staged::Done(Restored::default()))
             } else {
                 self.restore(j, &mut |sink| source::read_file(&good, sink))
             };
-            self.settle(j, outcome, from);
+            self.stage(j, outcome, from);
         }
         true
     }
@@ -235,10 +268,18 @@ impl Attempts for Work {
 
 impl Work {
     fn all_done(&self) -> bool {
-        self.targets.iter().all(|t| t.done)
+        self.remaining == 0
     }
 
-    fn restore(&self, i: usize, fill: &mut Fill<'_>) -> Result<Restored, Refused> {
+    /// Target `i` needs no more offers.
+    fn done(&mut self, i: usize) {
+        if !self.targets[i].done {
+            self.targets[i].done = true;
+            self.remaining -= 1;
+        }
+    }
+
+    fn restore(&self, i: usize, fill: &mut Fill<'_>) -> Result<Staged, Refused> {
         let t = &self.targets[i];
         replace::restore(
             &self.anchors[t.report.root],
@@ -249,12 +290,47 @@ impl Work {
         )
     }
 
+    /// Records an attempt's outcome, or queues a verified copy to be put in place with
+    /// others; true if the file is repaired (or would be, or will be).
+    fn stage(&mut self, i: usize, outcome: Result<Staged, Refused>, from: &str) -> bool {
+        match outcome {
+            Ok(Staged::Pending(copy)) => {
+                self.done(i);
+                self.pending.push((i, from.to_string(), copy));
+                let bytes: u64 = self.pending.iter().map(|(_, _, p)| p.size).sum();
+                if self.pending.len() >= BATCH_FILES || bytes >= BATCH_BYTES {
+                    self.flush();
+                }
+                true
+            }
+            Ok(Staged::Done(restored)) => self.settle(i, Ok(restored), from),
+            Err(refused) => self.settle(i, Err(refused), from),
+        }
+    }
+
+    /// Puts the verified copies waiting in place, and records how each went.
+    fn flush(&mut self) {
+        let (waiting, copies): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .map(|(i, from, copy)| ((i, from), copy))
+            .unzip();
+        let copies = copies.into_iter().map(|c| *c).collect();
+        for ((i, from), outcome) in waiting.into_iter().zip(replace::commit(copies)) {
+            self.settle(i, outcome, &from);
+        }
+    }
+
     /// Records an attempt's outcome; true if the file is now repaired (or would be).
     fn settle(&mut self, i: usize, outcome: Result<Restored, Refused>, from: &str) -> bool {
+        if matches!(
+            outcome,
+            Ok(_) | Err(Refused::Target(_) | Refused::Partial(_))
+        ) {
+            self.done(i);
+        }
         let t = &mut self.targets[i];
         match outcome {
             Ok(Restored { kept, warning }) => {
-                t.done = true;
                 let was = t.report.status.name();
                 if self.opts.dry_run {
                     t.report.detail = Some(format!("would be repaired from {from}"));
@@ -285,12 +361,10 @@ impl Work {
             }
             Err(Refused::Target(e)) => {
                 // The file could not be written: trying other copies would fail the same way.
-                t.done = true;
                 t.report.error = Some(FileError::Repair(e));
                 false
             }
             Err(Refused::Partial(e)) => {
-                t.done = true;
                 t.report.error = Some(FileError::RepairPartial(e));
                 false
             }

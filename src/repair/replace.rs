@@ -36,7 +36,7 @@ pub(super) fn restore(
     want: &Want,
     opts: &Options,
     fill: &mut super::Fill<'_>,
-) -> Result<Restored, Refused> {
+) -> Result<Staged, Refused> {
     let path = &report.path;
     let (dir_path, name) = match (path.parent(), path.file_name()) {
         (Some(d), Some(n)) => (d, n),
@@ -98,16 +98,28 @@ pub(super) fn restore(
         return Err(Refused::CopyDamaged);
     }
     let Some(temp) = temp.take() else {
-        return Ok(Restored::default());
+        return Ok(Staged::Done(Restored::default()));
     };
     let keep = keep_at(&opts.keep, name, &want.rel);
     temp.file().set_len(len).map_err(Refused::Target)?;
-    let mut restored = if meta.nlink() > 1 {
-        rewrite_in_place(temp, name, &original, &meta, len, keep)?
-    } else {
-        replace(temp, name, &original, &meta, keep).map_err(Refused::Target)?
-    };
-    // A name kept beside is shown with the directory it is in.
+    if meta.nlink() > 1 {
+        let restored = rewrite_in_place(temp, name, &original, &meta, len, keep)?;
+        return Ok(Staged::Done(shown_in(dir_path, restored)));
+    }
+    prepare(&temp, &original, &meta).map_err(Refused::Target)?;
+    Ok(Staged::Pending(Box::new(Pending {
+        temp,
+        name: name.to_os_string(),
+        dir_path: dir_path.to_path_buf(),
+        original,
+        meta,
+        keep,
+        size: len,
+    })))
+}
+
+/// `restored`, its name kept beside shown with the directory `dir_path` it is in.
+fn shown_in(dir_path: &Path, mut restored: Restored) -> Restored {
     restored.kept = restored.kept.map(|k| {
         if k.parent() == Some(Path::new("")) {
             dir_path.join(k)
@@ -115,7 +127,93 @@ pub(super) fn restore(
             k
         }
     });
-    Ok(restored)
+    restored
+}
+
+/// What a verified copy became.
+pub(super) enum Staged {
+    /// It is in place (or, in a dry run, would be).
+    Done(Restored),
+    /// It waits to be put in place with others ([`commit`]).
+    Pending(Box<Pending>),
+}
+
+/// Verified bytes in a temp file beside the damaged file, with the original's xattrs, owner,
+/// mode and times, waiting for [`commit`].
+pub(super) struct Pending {
+    temp: Temp,
+    name: OsString,
+    dir_path: PathBuf,
+    original: File,
+    meta: std::fs::Metadata,
+    keep: Option<KeepAt>,
+    /// Bytes of data waiting to be made durable.
+    pub size: u64,
+}
+
+/// Puts verified copies in place: one `syncfs` per file system makes every copy's bytes
+/// durable, then each is renamed over its damaged file (if that is still as it was checked),
+/// then one fsync per directory makes the renames durable. Many small repairs cost a few
+/// syncs, not two fsyncs each; and as before, no name holds bytes before they are durable: a
+/// kill at any moment leaves each file either its damaged bytes or its verified new ones.
+/// The results are in the order of `pending`.
+pub(super) fn commit(pending: Vec<Pending>) -> Vec<Result<Restored, Refused>> {
+    let mut synced: Vec<(u64, io::Result<()>)> = Vec::new();
+    let mut placed: Vec<(Pending, io::Result<Option<Linked>>)> = Vec::new();
+    for mut p in pending {
+        let dev = p.meta.dev();
+        if !synced.iter().any(|(d, _)| *d == dev) {
+            synced.push((dev, sync_fs(p.temp.file())));
+        }
+        let durable = match synced.iter().find(|(d, _)| *d == dev) {
+            Some((_, Err(e))) => Err(io::Error::new(e.kind(), e.to_string())),
+            _ => Ok(()),
+        };
+        let put = durable.and_then(|()| place(&mut p));
+        placed.push((p, put));
+    }
+    // The renames, made durable: one fsync of each directory.
+    let mut dirs: Vec<((u64, u64), io::Result<()>)> = Vec::new();
+    for (p, put) in &placed {
+        if put.is_ok()
+            && let Ok(id) = identity(p.temp.dir())
+            && !dirs.iter().any(|(d, _)| *d == id)
+        {
+            dirs.push((id, rustix::fs::fsync(p.temp.dir()).map_err(io::Error::from)));
+        }
+    }
+    placed
+        .into_iter()
+        .map(|(p, put)| {
+            let linked = put.map_err(Refused::Target)?;
+            let id = identity(p.temp.dir()).map_err(Refused::Target)?;
+            if let Some((_, Err(e))) = dirs.iter().find(|(d, _)| *d == id) {
+                return Err(Refused::Target(io::Error::new(
+                    e.kind(),
+                    format!("the repaired file may not survive a crash: {e}"),
+                )));
+            }
+            Ok(shown_in(&p.dir_path, finish_keeping(&p, linked)))
+        })
+        .collect()
+}
+
+/// The device and inode of an open directory.
+#[allow(clippy::unnecessary_cast)] // The stat fields' types differ between systems.
+fn identity(dir: &OwnedFd) -> io::Result<(u64, u64)> {
+    let st = rustix::fs::fstat(dir)?;
+    Ok((st.st_dev as u64, st.st_ino as u64))
+}
+
+/// The damaged inode's temp name, and the name to keep it under once the repair is in place.
+type Linked = (OsString, OsString);
+
+/// Flushes the file system `file` is on: `syncfs` on Linux, the file's own fsync elsewhere.
+fn sync_fs(file: &File) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    return Ok(rustix::fs::syncfs(file)?);
+    #[cfg(not(target_os = "linux"))]
+    file.sync_all()
 }
 
 /// Makes sure the damaged file is still the one the check judged: same size, same mtime,
@@ -176,18 +274,8 @@ pub(super) enum KeepAt {
     Elsewhere(PathBuf),
 }
 
-/// Puts the verified bytes in `temp` in place of the damaged file `name` (open as
-/// `original`, with metadata `meta`), in the directory `temp` is in: given the original's
-/// user xattrs, owner, mode and times, made durable, and renamed over it, after the damaged
-/// bytes are kept if asked. Until the rename, a failure leaves the original as it was and
-/// nothing else behind; after it, problems are warnings.
-fn replace(
-    temp: Temp,
-    name: &OsStr,
-    original: &File,
-    meta: &std::fs::Metadata,
-    keep: Option<KeepAt>,
-) -> io::Result<Restored> {
+/// Gives the verified bytes in `temp` the damaged file's user xattrs, owner, mode and times.
+fn prepare(temp: &Temp, original: &File, meta: &std::fs::Metadata) -> io::Result<()> {
     let attrs = xattr::read_all(original)?;
     xattr::write_all(
         temp.file(),
@@ -213,18 +301,23 @@ fn replace(
         temp.file(),
         Mode::from_raw_mode((meta.mode() & 0o7777) as _),
     )?;
-    set_times(temp.file(), meta)?;
-    let dir = temp.dir().try_clone()?;
-    still_in_place(&dir, name, meta)?;
-    // Kept beside, the damaged inode gets a temp name first and its kept name only once the
-    // repair is in place: a kill in between leaves a temp file that the next run removes,
-    // never a second name that would make the next repair rewrite both names in place.
-    let (linked, copied) = match keep {
+    set_times(temp.file(), meta)
+}
+
+/// Renames the durable temp file of `p` over the damaged file, if that is still as it was
+/// checked, after keeping the damaged bytes if asked. Kept beside, the damaged inode first
+/// gets a temp name, and its kept name only once the repair is in place: a kill in between
+/// leaves a temp file that the next run removes, never a second name that would make the next
+/// repair rewrite both names in place. Returns that temp name and the name to keep under.
+fn place(p: &mut Pending) -> io::Result<Option<Linked>> {
+    let dir = p.temp.dir().try_clone()?;
+    still_in_place(&dir, &p.name, &p.meta)?;
+    let (linked, copied) = match &p.keep {
         None => (None, None),
-        Some(KeepAt::Beside(k)) => (Some((atomic::link_temp(&dir, name)?, k)), None),
-        Some(KeepAt::Elsewhere(p)) => (None, Some(copy_to(original, name, &p)?)),
+        Some(KeepAt::Beside(k)) => (Some((atomic::link_temp(&dir, &p.name)?, k.clone())), None),
+        Some(KeepAt::Elsewhere(path)) => (None, Some(copy_to(&p.original, &p.name, path)?)),
     };
-    if let Err(e) = temp.commit(name) {
+    if let Err(e) = p.temp.place(&p.name) {
         if let Some((t, _)) = &linked {
             unkeep(&dir, Path::new(t));
         }
@@ -233,30 +326,37 @@ fn replace(
         }
         return Err(e);
     }
-    let mut restored = Restored {
-        kept: copied,
-        warning: None,
+    Ok(linked)
+}
+
+/// Once the repair of `p` is in place: the damaged inode kept beside (under the temp name
+/// `linked`) gets its kept name, marked and without its tag, so that no later run reports
+/// the same damage again or takes it for a good file.
+fn finish_keeping(p: &Pending, linked: Option<Linked>) -> Restored {
+    let mut restored = Restored::default();
+    if let Some(KeepAt::Elsewhere(k)) = &p.keep {
+        restored.kept = Some(k.clone());
+    }
+    let Some((t, k)) = linked else {
+        return restored;
     };
-    if let Some((t, k)) = linked {
-        // The damaged inode now lives on only under the kept name: marked, and without its
-        // tag, no later run reports the same damage again or takes it for a good file.
-        let finished = xattr::mark_kept_damaged(original, &kept_note(name))
-            .and_then(|()| xattr::remove_intact(original).map(drop))
-            .and_then(|()| {
-                free_name(&k, |k| {
-                    rustix::fs::renameat_with(&dir, &t, &dir, k, RenameFlags::NOREPLACE)
-                        .map_err(io::Error::from)
-                })
-            });
-        match finished {
-            Ok(k) => restored.kept = Some(k),
-            Err(e) => {
-                restored.warning = Some(format!("keeping the damaged copy failed: {e}"));
-                unkeep(&dir, Path::new(&t));
-            }
+    let dir = p.temp.dir();
+    let finished = xattr::mark_kept_damaged(&p.original, &kept_note(&p.name))
+        .and_then(|()| xattr::remove_intact(&p.original).map(drop))
+        .and_then(|()| {
+            free_name(&k, |k| {
+                rustix::fs::renameat_with(dir, &t, dir, k, RenameFlags::NOREPLACE)
+                    .map_err(io::Error::from)
+            })
+        });
+    match finished {
+        Ok(k) => restored.kept = Some(k),
+        Err(e) => {
+            restored.warning = Some(format!("keeping the damaged copy failed: {e}"));
+            unkeep(dir, Path::new(&t));
         }
     }
-    Ok(restored)
+    restored
 }
 
 /// Makes sure `name` in `dir` is still the damaged file as it was opened (same inode, size

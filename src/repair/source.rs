@@ -30,6 +30,8 @@ pub(crate) trait Attempts {
     fn count(&self) -> usize;
     /// What damaged file `i` wants, while it is not repaired yet.
     fn want(&self, i: usize) -> Option<&Want>;
+    /// How many damaged files still want a copy.
+    fn remaining(&self) -> usize;
     /// The trees being repaired.
     fn roots(&self) -> &[PathBuf];
     /// Verifies a copy for file `i` (and puts it in place): whether `i` is done now.
@@ -75,7 +77,7 @@ fn wanted(work: &dyn Attempts) -> HashMap<Digest, Vec<usize>> {
 }
 
 fn all_done(work: &dyn Attempts) -> bool {
-    (0..work.count()).all(|i| work.want(i).is_none())
+    work.remaining() == 0
 }
 
 /// An archive made by `intact archive create`: members are found by the tags they carry.
@@ -333,7 +335,9 @@ pub(super) fn read_file(
 ) -> io::Result<()> {
     let mut file = crate::fs::sys::open_nofollow(path)?;
     crate::fs::sys::advise_sequential(&file);
-    let mut buf = vec![0u8; 1 << 20];
+    // No larger than the file: zeroing 1 MiB for each small file would cost more than its read.
+    let size = file.metadata()?.len();
+    let mut buf = vec![0u8; size.clamp(4096, 1 << 20) as usize];
     loop {
         match file.read(&mut buf) {
             Ok(0) => return Ok(()),
