@@ -161,15 +161,7 @@ pub(super) fn commit(pending: Vec<Pending>) -> Vec<Result<Restored, Refused>> {
     let mut synced: Vec<(u64, io::Result<()>)> = Vec::new();
     let mut placed: Vec<(Pending, io::Result<Option<Linked>>)> = Vec::new();
     for mut p in pending {
-        let dev = p.meta.dev();
-        if !synced.iter().any(|(d, _)| *d == dev) {
-            synced.push((dev, sync_fs(p.temp.file())));
-        }
-        let durable = match synced.iter().find(|(d, _)| *d == dev) {
-            Some((_, Err(e))) => Err(io::Error::new(e.kind(), e.to_string())),
-            _ => Ok(()),
-        };
-        let put = durable.and_then(|()| place(&mut p));
+        let put = durable(&p, &mut synced).and_then(|()| place(&mut p));
         placed.push((p, put));
     }
     // The renames, made durable: one fsync of each directory.
@@ -208,12 +200,27 @@ fn identity(dir: &OwnedFd) -> io::Result<(u64, u64)> {
 /// The damaged inode's temp name, and the name to keep it under once the repair is in place.
 type Linked = (OsString, OsString);
 
-/// Flushes the file system `file` is on: `syncfs` on Linux, the file's own fsync elsewhere.
-fn sync_fs(file: &File) -> io::Result<()> {
+/// Makes the bytes of `p`'s copy durable: on Linux with one `syncfs` of its file system for
+/// the whole batch (`synced` remembers each file system's), elsewhere with an fsync of it.
+fn durable(p: &Pending, synced: &mut Vec<(u64, io::Result<()>)>) -> io::Result<()> {
     #[cfg(target_os = "linux")]
-    return Ok(rustix::fs::syncfs(file)?);
+    {
+        let dev = p.meta.dev();
+        if !synced.iter().any(|(d, _)| *d == dev) {
+            // Every copy of the batch was written before the first is put in place.
+            let done = rustix::fs::syncfs(p.temp.file()).map_err(io::Error::from);
+            synced.push((dev, done));
+        }
+        match synced.iter().find(|(d, _)| *d == dev) {
+            Some((_, Err(e))) => Err(io::Error::new(e.kind(), e.to_string())),
+            _ => Ok(()),
+        }
+    }
     #[cfg(not(target_os = "linux"))]
-    file.sync_all()
+    {
+        let _ = synced;
+        p.temp.file().sync_all()
+    }
 }
 
 /// Makes sure the damaged file is still the one the check judged: same size, same mtime,
