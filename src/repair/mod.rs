@@ -78,10 +78,16 @@ struct Work {
     remaining: usize,
     /// Verified copies waiting to be put in place together (target, source, copy).
     pending: Vec<(usize, String, Box<Pending>)>,
+    /// How many may wait.
+    batch_files: usize,
 }
 
-/// Verified copies are put in place together once this many wait ...
-const BATCH_FILES: usize = 1024;
+/// Verified copies are put in place together once this many wait (fewer where the process
+/// may hold few files open: each waiting copy holds three) ...
+fn batch_files() -> usize {
+    let open = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+    open.map_or(1024, |n| (n / 8).clamp(1, 1024) as usize)
+}
 /// ... or this many bytes of them (the page cache holds them until they are made durable).
 const BATCH_BYTES: u64 = 256 << 20;
 
@@ -124,6 +130,7 @@ impl Repairer {
                 by_digest: HashMap::new(),
                 remaining: 0,
                 pending: Vec::new(),
+                batch_files: batch_files(),
             },
             held: Vec::new(),
             cancel,
@@ -298,7 +305,7 @@ impl Work {
                 self.done(i);
                 self.pending.push((i, from.to_string(), copy));
                 let bytes: u64 = self.pending.iter().map(|(_, _, p)| p.size).sum();
-                if self.pending.len() >= BATCH_FILES || bytes >= BATCH_BYTES {
+                if self.pending.len() >= self.batch_files || bytes >= BATCH_BYTES {
                     self.flush();
                 }
                 true

@@ -136,7 +136,8 @@ pub struct Cmd {
     nobody: bool,
     limit: Option<Duration>,
     env: Vec<(OsString, OsString)>,
-    memory: Option<u64>,
+    /// Resource limits set in the child before exec.
+    limits: Vec<(libc::__rlimit_resource_t, u64)>,
 }
 
 impl Cmd {
@@ -146,7 +147,7 @@ impl Cmd {
             nobody: false,
             limit: None,
             env: Vec::new(),
-            memory: None,
+            limits: Vec::new(),
         }
     }
 
@@ -176,7 +177,14 @@ impl Cmd {
     /// Caps the data segment (heap and anonymous maps, RLIMIT_DATA) of the run: an
     /// allocation past it aborts intact, which the test then sees.
     pub fn memory_limit(mut self, bytes: u64) -> Self {
-        self.memory = Some(bytes);
+        self.limits.push((libc::RLIMIT_DATA, bytes));
+        self
+    }
+
+    /// Caps the files the run may hold open (RLIMIT_NOFILE, soft and hard: intact cannot
+    /// raise it).
+    pub fn open_files(mut self, n: u64) -> Self {
+        self.limits.push((libc::RLIMIT_NOFILE, n));
         self
     }
 
@@ -203,20 +211,22 @@ impl Cmd {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        if let Some(bytes) = self.memory {
+        if !self.limits.is_empty() {
             use std::os::unix::process::CommandExt;
-            let limit = libc::rlimit {
-                rlim_cur: bytes,
-                rlim_max: bytes,
-            };
+            let limits = self.limits.clone();
             // SAFETY: setrlimit is async-signal-safe; it runs in the child before exec.
             unsafe {
                 c.pre_exec(move || {
-                    if libc::setrlimit(libc::RLIMIT_DATA, &limit) == 0 {
-                        Ok(())
-                    } else {
-                        Err(std::io::Error::last_os_error())
+                    for &(resource, n) in &limits {
+                        let limit = libc::rlimit {
+                            rlim_cur: n,
+                            rlim_max: n,
+                        };
+                        if libc::setrlimit(resource, &limit) != 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
                     }
+                    Ok(())
                 });
             }
         }

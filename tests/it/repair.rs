@@ -310,6 +310,31 @@ fn damaged_originals_can_be_kept_elsewhere_or_discarded() {
 }
 
 #[test]
+fn a_mass_repair_with_few_open_files_repairs_every_file() {
+    let t = Tree::new();
+    let mut files = Vec::new();
+    for i in 0..300 {
+        let bytes = data(3_000, 400 + i);
+        files.push((t.write(format!("src/d{}/{i}", i % 3), &bytes), bytes));
+    }
+    let a = archive(&t, &t.path("src"));
+    for (f, _) in &files {
+        flip_byte(f, 1_000);
+    }
+    // Verified copies wait to be put in place together, each holding files open: the
+    // batch must fit what the process may open, or repairs would fail for want of a file.
+    let r = cmd!("repair", "--discard-damaged", t.path("src"), "--from", &a)
+        .open_files(64)
+        .run()
+        .expect_code(0);
+    assert_eq!(r.stdout.matches("repaired").count(), 300, "{}", r.stdout);
+    for (f, bytes) in &files {
+        assert_eq!(&fs::read(f).unwrap(), bytes, "{}", f.display());
+    }
+    intact!("check", t.path("src")).expect_code(0);
+}
+
+#[test]
 fn nothing_damaged_means_nothing_to_do() {
     let t = Tree::new();
     t.write("src/f", b"fine");
