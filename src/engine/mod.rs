@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::ControlFlow;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -158,6 +158,38 @@ const WINDOW: usize = 64;
 /// reach its speed on 256 KiB files, 4 do not).
 const READERS: usize = 16;
 
+/// Files the readers may hold open for the workers at once: half of what the process may
+/// open (the workers, the walk, the state database and the sinks need the rest). Past it,
+/// the workers open files themselves; without it, readers far ahead could leave a worker
+/// without a descriptor.
+struct OpenAhead {
+    held: AtomicUsize,
+    most: usize,
+}
+
+impl OpenAhead {
+    fn new() -> Self {
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+        OpenAhead {
+            held: AtomicUsize::new(0),
+            most: limit.map_or(usize::MAX, |n| (n / 2) as usize),
+        }
+    }
+
+    /// Whether one more file may be held open.
+    fn take(&self) -> bool {
+        if self.held.fetch_add(1, Ordering::Relaxed) < self.most {
+            return true;
+        }
+        self.give(1);
+        false
+    }
+
+    fn give(&self, n: usize) {
+        self.held.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
 /// Where the files come from.
 pub enum Source<'a> {
     /// The walk of the roots.
@@ -196,6 +228,7 @@ pub fn run_from(
     let anchors = &roots.iter().map(|r| Anchor::new(r)).collect::<Vec<_>>();
     let (cold, woken) = Cold::new();
     let cold = &cold;
+    let open_ahead = &OpenAhead::new();
     // Dropped when the walk ends (or its thread fails): readers still asleep then go home.
     let (walked_tx, walked_rx) = bounded::<()>(0);
 
@@ -227,11 +260,13 @@ pub fn run_from(
                     let batch = batch
                         .into_iter()
                         .map(|entry| {
-                            let opened = if cancel.load(Ordering::Relaxed) {
-                                None
-                            } else {
-                                Opened::ahead(config, &entry, anchors, gates, scratch)
-                            };
+                            if cancel.load(Ordering::Relaxed) || !open_ahead.take() {
+                                return (entry, None);
+                            }
+                            let opened = Opened::ahead(config, &entry, anchors, gates, scratch);
+                            if !matches!(opened, Some(Ok(_))) {
+                                open_ahead.give(1);
+                            }
                             (entry, opened)
                         })
                         .collect();
@@ -251,7 +286,13 @@ pub fn run_from(
             s.spawn(move || {
                 let mut worker = Worker::new(config, cancel, progress, gates, cold);
                 while let Some((seq, batch)) = inbox.next() {
+                    let held = batch
+                        .iter()
+                        .filter(|(_, opened)| matches!(opened, Some(Ok(_))))
+                        .count();
                     let reports = worker.batch(batch, anchors);
+                    // The batch's files are closed.
+                    open_ahead.give(held);
                     if done_tx.send((seq, reports)).is_err() {
                         break;
                     }

@@ -307,3 +307,28 @@ fn background_checks_leave_the_page_cache_as_they_found_it() {
     );
     assert_eq!(resident(&cold), 0, "the scrub filled the cache");
 }
+
+#[test]
+fn few_open_files_never_turn_cold_files_into_errors() {
+    use std::os::fd::AsRawFd;
+    let t = Tree::new();
+    for i in 0..2_000 {
+        t.write(format!("src/d{}/{i}", i % 10), data(4_096, i));
+    }
+    intact!("tag", t.path("src")).expect_code(0);
+    // Cold: written back and dropped from the page cache, so the readers wake and open
+    // files ahead of the workers.
+    for i in 0..2_000 {
+        let f = fs::File::open(t.path(format!("src/d{}/{i}", i % 10))).unwrap();
+        f.sync_all().unwrap();
+        // SAFETY: advice on an open descriptor; it changes no data.
+        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    }
+    // Readers far ahead must not leave a worker without a descriptor.
+    let r = cmd!("check", "--json", t.path("src"))
+        .open_files(64)
+        .run()
+        .expect_code(0)
+        .json();
+    assert_eq!(r.count("ok"), 2_000);
+}
