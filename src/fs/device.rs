@@ -11,7 +11,7 @@
 //! on average for half a turn alone) and the gate stands open for the rest of the run.
 use std::collections::HashMap;
 use std::fs::File;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,14 +27,20 @@ pub struct Gate {
     take: Receiver<()>,
     /// First-byte latencies of uncached files, until the device is judged.
     probes: Mutex<Vec<Duration>>,
-    /// The device answered like one that does not seek: no reader waits here any more.
-    open: AtomicBool,
+    /// The judgement, once made: [`PROBING`], [`NO_SEEK`] (no reader waits here any more)
+    /// or [`SEEKS`].
+    verdict: AtomicU8,
 }
 
 /// How many first reads judge a device that claims to spin.
 pub const PROBES: usize = 16;
 /// A median first-byte latency below this cannot come from a disk that seeks.
 pub const SEEK: Duration = Duration::from_millis(1);
+// A gate's verdict.
+const PROBING: u8 = 0;
+const NO_SEEK: u8 = 1;
+const SEEKS: u8 = 2;
+
 /// A file gives one probe per this much of its size (up to [`PROBES`], spread over it): a
 /// tree of a few large files is judged by its first one.
 const PROBE_SPAN: u64 = 16 << 20;
@@ -48,25 +54,25 @@ impl Gate {
             give,
             take,
             probes: Mutex::new(Vec::with_capacity(PROBES)),
-            open: AtomicBool::new(false),
+            verdict: AtomicU8::new(PROBING),
         }
     }
 
     /// Whether the device has shown that it does not seek.
     pub fn is_open(&self) -> bool {
-        self.open.load(Ordering::Relaxed)
+        self.verdict.load(Ordering::Relaxed) == NO_SEEK
     }
 
     /// Whether the device was judged, and found to seek: it is read one file at a time, in
     /// the order the files lie on it.
     pub fn seeking(&self) -> bool {
-        !self.is_open() && self.probes.lock().is_ok_and(|p| p.len() >= PROBES)
+        self.verdict.load(Ordering::Relaxed) == SEEKS
     }
 
     /// Whether the device is still being judged: the caller holding the pass should time the
     /// first byte of the file it is about to read and [`Gate::probe`] it.
     pub fn probing(&self) -> bool {
-        !self.is_open() && self.probes.lock().is_ok_and(|p| p.len() < PROBES)
+        self.verdict.load(Ordering::Relaxed) == PROBING
     }
 
     /// Records the first-byte latency of one uncached file (read alone, behind the gate);
@@ -81,9 +87,12 @@ impl Gate {
         probes.push(latency);
         if probes.len() == PROBES {
             probes.sort_unstable();
-            if probes[PROBES / 2] < SEEK {
-                self.open.store(true, Ordering::Relaxed);
-            }
+            let verdict = if probes[PROBES / 2] < SEEK {
+                NO_SEEK
+            } else {
+                SEEKS
+            };
+            self.verdict.store(verdict, Ordering::Relaxed);
         }
     }
 
