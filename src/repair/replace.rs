@@ -159,26 +159,32 @@ pub(super) struct Pending {
 /// The results are in the order of `pending`.
 pub(super) fn commit(pending: Vec<Pending>) -> Vec<Result<Restored, Refused>> {
     let mut synced: Vec<(u64, io::Result<()>)> = Vec::new();
-    let mut placed: Vec<(Pending, io::Result<Option<Linked>>)> = Vec::new();
-    for mut p in pending {
-        let put = durable(&p, &mut synced).and_then(|()| place(&mut p));
-        placed.push((p, put));
-    }
+    // Each copy put in place, with its directory (device, inode).
+    let placed: Vec<_> = pending
+        .into_iter()
+        .map(|mut p| {
+            let put = durable(&p, &mut synced)
+                .and_then(|()| place(&mut p))
+                .and_then(|linked| Ok((linked, identity(p.temp.dir())?)));
+            (p, put)
+        })
+        .collect();
     // The renames, made durable: one fsync of each directory.
     let mut dirs: Vec<((u64, u64), io::Result<()>)> = Vec::new();
     for (p, put) in &placed {
-        if put.is_ok()
-            && let Ok(id) = identity(p.temp.dir())
-            && !dirs.iter().any(|(d, _)| *d == id)
+        if let Ok((_, id)) = put
+            && !dirs.iter().any(|(d, _)| d == id)
         {
-            dirs.push((id, rustix::fs::fsync(p.temp.dir()).map_err(io::Error::from)));
+            dirs.push((
+                *id,
+                rustix::fs::fsync(p.temp.dir()).map_err(io::Error::from),
+            ));
         }
     }
     placed
         .into_iter()
         .map(|(p, put)| {
-            let linked = put.map_err(Refused::Target)?;
-            let id = identity(p.temp.dir()).map_err(Refused::Target)?;
+            let (linked, id) = put.map_err(Refused::Target)?;
             if let Some((_, Err(e))) = dirs.iter().find(|(d, _)| *d == id) {
                 return Err(Refused::Target(io::Error::new(
                     e.kind(),
