@@ -225,8 +225,8 @@ impl Worker<'_> {
             .find_map(|(_, opened)| dev(opened))
             .and_then(|d| {
                 self.find_gate(d);
-                let gate = closed_gate(&self.gate, None, d).filter(|g| g.seeking());
-                Some(d).zip(gate.cloned())
+                let gate = closed_gate(&self.gate, None, d).filter(|g| g.seeking())?;
+                Some((d, gate.clone()))
             });
         // The file being read, for a progress display: the batch's largest, which takes
         // most of its time, is enough to follow.
