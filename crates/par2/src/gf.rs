@@ -135,6 +135,30 @@ impl Multiplier {
     }
 }
 
+/// `dst ^= sum of mults[k] * srcs[k]`, in the native layout: as [`Multiplier::mul_add_native`]
+/// for each source, four at a time where the CPU has GFNI and AVX-512.
+pub fn mul_add_native_many(dst: &mut [u8], srcs: &[&[u8]], mults: &[Multiplier]) {
+    assert_eq!(srcs.len(), mults.len());
+    let mut k = 0;
+    #[cfg(target_arch = "x86_64")]
+    if x86::has_gfni512() {
+        while k + 4 <= srcs.len() {
+            let src: [&[u8]; 4] = std::array::from_fn(|j| srcs[k + j]);
+            assert!(src.iter().all(|s| s.len() == dst.len()));
+            let matrices = std::array::from_fn(|j| mults[k + j].affine);
+            // SAFETY: the features were detected; every source is as long as dst.
+            let done = unsafe { x86::gfni512_native4(dst, src, matrices) };
+            for j in 0..4 {
+                portable(&mut dst[done..], &src[j][done..], mults[k + j].c);
+            }
+            k += 4;
+        }
+    }
+    for (src, m) in srcs[k..].iter().zip(&mults[k..]) {
+        m.mul_add_native(dst, src);
+    }
+}
+
 /// Puts a slice in the layout the fastest kernel works in: with GFNI and AVX-512, each
 /// 128-byte block holds the low bytes of its 64 words, then their high bytes (a tail shorter
 /// than a block stays as it is); elsewhere the layout is the plain one. Multiplying is linear
@@ -364,6 +388,49 @@ mod x86 {
         done
     }
 
+    /// [`gfni512_native`] for four sources at once: `dst` is loaded and stored once per four
+    /// products instead of once per product (the loads and stores, not the arithmetic, bound
+    /// the single-source kernel).
+    #[target_feature(enable = "avx512f,avx512bw,gfni")]
+    pub unsafe fn gfni512_native4(
+        dst: &mut [u8],
+        src: [&[u8]; 4],
+        matrices: [[i64; 4]; 4],
+    ) -> usize {
+        let done = dst.len() / 128 * 128;
+        // SAFETY: every load and store below is within dst/src[..done] (the caller gives
+        // sources as long as dst); unaligned forms.
+        unsafe {
+            let m: [[__m512i; 4]; 4] = matrices.map(|m| m.map(|x| _mm512_set1_epi64(x)));
+            let mut i = 0;
+            while i < done {
+                let dl = dst.as_mut_ptr().add(i);
+                let dh = dst.as_mut_ptr().add(i + 64);
+                let mut rl = _mm512_loadu_si512(dl.cast());
+                let mut rh = _mm512_loadu_si512(dh.cast());
+                for k in 0..4 {
+                    let lo = _mm512_loadu_si512(src[k].as_ptr().add(i).cast());
+                    let hi = _mm512_loadu_si512(src[k].as_ptr().add(i + 64).cast());
+                    let [ll, lh, hl, hh] = m[k];
+                    rl = _mm512_ternarylogic_epi64::<0x96>(
+                        rl,
+                        _mm512_gf2p8affine_epi64_epi8::<0>(lo, ll),
+                        _mm512_gf2p8affine_epi64_epi8::<0>(hi, lh),
+                    );
+                    rh = _mm512_ternarylogic_epi64::<0x96>(
+                        rh,
+                        _mm512_gf2p8affine_epi64_epi8::<0>(lo, hl),
+                        _mm512_gf2p8affine_epi64_epi8::<0>(hi, hh),
+                    );
+                }
+                _mm512_storeu_si512(dl.cast(), rl);
+                _mm512_storeu_si512(dh.cast(), rh);
+                i += 128;
+            }
+        }
+        done
+    }
+
     /// 64 bytes (32 words) per step on the plain layout: low and high bytes packed apart,
     /// four affine transforms (one per byte-to-byte matrix), interleaved back.
     #[target_feature(enable = "avx2,gfni")]
@@ -549,6 +616,43 @@ mod tests {
             all.iter().all(|c| seen.insert(*c)),
             "constants are distinct"
         );
+    }
+
+    #[test]
+    fn many_sources_at_once_match_one_at_a_time() {
+        // Native layout: split where the CPU has GFNI and AVX-512, plain elsewhere.
+        let len = 4096 + 38;
+        let srcs: Vec<Vec<u8>> = (0..11)
+            .map(|k| {
+                let mut s = crate::test_data(len, 77 + k);
+                to_native(&mut s);
+                s
+            })
+            .collect();
+        let mults: Vec<Multiplier> = [0u16, 1, 2, 0x100b, 0xffff, 0x1234, 3, 0x8000, 5, 7, 9]
+            .iter()
+            .map(|&c| Multiplier::new(c))
+            .collect();
+        for count in [0, 1, 3, 4, 5, 8, 11] {
+            let refs: Vec<&[u8]> = srcs[..count].iter().map(Vec::as_slice).collect();
+            let mut many = vec![0x5au8; len];
+            mul_add_native_many(&mut many, &refs, &mults[..count]);
+            let mut one = vec![0x5au8; len];
+            for (s, m) in refs.iter().zip(&mults) {
+                m.mul_add_native(&mut one, s);
+            }
+            assert_eq!(many, one, "{count} sources");
+            // And against the definition, in the plain layout.
+            let mut plain = vec![0x5au8; len];
+            for (s, m) in srcs[..count].iter().zip(&mults) {
+                let mut s = s.clone();
+                from_native(&mut s);
+                mul_add(&mut plain, &s, m.c);
+            }
+            // A buffer of one repeated byte is the same in both layouts.
+            from_native(&mut many);
+            assert_eq!(many, plain, "{count} sources, plain layout");
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! never decide where anything is written.
 
 pub mod gf;
+pub mod md5x;
 pub mod packet;
 
 /// Deterministic pseudo-random bytes for the unit tests.
@@ -416,9 +417,11 @@ fn pass<'r>(
                         if !checksum {
                             return Vec::new();
                         }
-                        batch
-                            .iter()
-                            .map(|(b, _)| (Md5::digest(b).into(), crc32fast::hash(b)))
+                        let slices: Vec<&[u8]> = batch.iter().map(|(b, _)| &b[..]).collect();
+                        md5x::digest_many(&slices)
+                            .into_iter()
+                            .zip(&slices)
+                            .map(|(md5, b)| (md5, crc32fast::hash(b)))
                             .collect::<Vec<(Id, u32)>>()
                     });
                     accumulate(&mut rec, &native, threads);
@@ -494,8 +497,9 @@ fn accumulate(recovery: &mut [Vec<u8>], batch: &[(Vec<u8>, u16)], threads: usize
 }
 
 /// Bytes of each slice worked on at a time: a recovery slice's piece stays in the L1 cache
-/// while every input slice of the batch is added into it.
-const CHUNK: usize = 16 << 10;
+/// while every input slice of the batch is added into it, four at a time. Measured on Zen 4
+/// (`examples/gfspeed.rs`): 16 KiB 93 GB/s, 8 KiB 116, 4 KiB 101.
+const CHUNK: usize = 8 << 10;
 
 /// `out[r] ^= sum over the batch of c^exponents[r] * slice`, the rows of `out` shared out
 /// among `threads`, cache-blocked by [`CHUNK`]. Rows and slices are in the native layout
@@ -518,12 +522,13 @@ fn multiply_into(out: &mut [Vec<u8>], exponents: &[u64], batch: &[(Vec<u8>, u16)
                     })
                     .collect();
                 let len = rows[0].len();
+                let mut srcs: Vec<&[u8]> = Vec::with_capacity(batch.len());
                 for start in (0..len).step_by(CHUNK) {
                     let end = (start + CHUNK).min(len);
+                    srcs.clear();
+                    srcs.extend(batch.iter().map(|(slice, _)| &slice[start..end]));
                     for (row, coefs) in rows.iter_mut().zip(&coefs) {
-                        for ((slice, _), coef) in batch.iter().zip(coefs) {
-                            coef.mul_add_native(&mut row[start..end], &slice[start..end]);
-                        }
+                        gf::mul_add_native_many(&mut row[start..end], &srcs, coefs);
                     }
                 }
             });

@@ -1,0 +1,393 @@
+//! MD5 of many equal-length messages at once: one message per SIMD lane (16 with AVX-512, 8
+//! with AVX2), as every slice of a set needs its own MD5. One MD5 stream is a chain of
+//! dependent steps that leaves most of a core idle; independent lanes fill it.
+//! Elsewhere, and for a single message, the `md-5` crate.
+
+use md5::{Digest as _, Md5};
+
+use crate::packet::Id;
+
+/// The MD5 of each message. All messages must have the same length (a set's slices do).
+pub fn digest_many(msgs: &[&[u8]]) -> Vec<Id> {
+    #[cfg(target_arch = "x86_64")]
+    if msgs.len() > 1 {
+        if x86::has_avx512() {
+            return x86::many(msgs, x86::Lanes::Avx512);
+        }
+        if is_x86_feature_detected!("avx2") {
+            return x86::many(msgs, x86::Lanes::Avx2);
+        }
+    }
+    portable(msgs)
+}
+
+fn portable(msgs: &[&[u8]]) -> Vec<Id> {
+    msgs.iter().map(|m| Md5::digest(m).into()).collect()
+}
+
+/// The additive constants, `floor(abs(sin(i + 1)) * 2^32)`.
+const K: [u32; 64] = [
+    0xd76aa478, 0xe8c7b756, 0x242070db, 0xc1bdceee, 0xf57c0faf, 0x4787c62a, 0xa8304613, 0xfd469501,
+    0x698098d8, 0x8b44f7af, 0xffff5bb1, 0x895cd7be, 0x6b901122, 0xfd987193, 0xa679438e, 0x49b40821,
+    0xf61e2562, 0xc040b340, 0x265e5a51, 0xe9b6c7aa, 0xd62f105d, 0x02441453, 0xd8a1e681, 0xe7d3fbc8,
+    0x21e1cde6, 0xc33707d6, 0xf4d50d87, 0x455a14ed, 0xa9e3e905, 0xfcefa3f8, 0x676f02d9, 0x8d2a4c8a,
+    0xfffa3942, 0x8771f681, 0x6d9d6122, 0xfde5380c, 0xa4beea44, 0x4bdecfa9, 0xf6bb4b60, 0xbebfbc70,
+    0x289b7ec6, 0xeaa127fa, 0xd4ef3085, 0x04881d05, 0xd9d4d039, 0xe6db99e5, 0x1fa27cf8, 0xc4ac5665,
+    0xf4292244, 0x432aff97, 0xab9423a7, 0xfc93a039, 0x655b59c3, 0x8f0ccc92, 0xffeff47d, 0x85845dd1,
+    0x6fa87e4f, 0xfe2ce6e0, 0xa3014314, 0x4e0811a1, 0xf7537e82, 0xbd3af235, 0x2ad7d2bb, 0xeb86d391,
+];
+
+/// Each step's left rotation.
+const S: [u32; 64] = {
+    let per_round = [
+        [7, 12, 17, 22],
+        [5, 9, 14, 20],
+        [4, 11, 16, 23],
+        [6, 10, 15, 21],
+    ];
+    let mut s = [0; 64];
+    let mut i = 0;
+    while i < 64 {
+        s[i] = per_round[i / 16][i % 4];
+        i += 1;
+    }
+    s
+};
+
+/// Which message word each step adds.
+const WORD: [usize; 64] = {
+    let mut w = [0; 64];
+    let mut i = 0;
+    while i < 64 {
+        w[i] = match i / 16 {
+            0 => i,
+            1 => (5 * i + 1) % 16,
+            2 => (3 * i + 5) % 16,
+            _ => (7 * i) % 16,
+        };
+        i += 1;
+    }
+    w
+};
+
+const INIT: [u32; 4] = [0x67452301, 0xefcdab89, 0x98badcfe, 0x10325476];
+
+/// The padding MD5 appends to a message of `len` bytes whose last `tail.len()` bytes do not
+/// fill a block: those bytes, 0x80, zeros, the length in bits; one or two blocks.
+fn final_blocks(tail: &[u8], len: u64) -> ([u8; 128], usize) {
+    let mut out = [0u8; 128];
+    out[..tail.len()].copy_from_slice(tail);
+    out[tail.len()] = 0x80;
+    let blocks = if tail.len() < 56 { 1 } else { 2 };
+    out[blocks * 64 - 8..blocks * 64].copy_from_slice(&(len.wrapping_mul(8)).to_le_bytes());
+    (out, blocks)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{INIT, K, S, WORD, final_blocks};
+    use crate::packet::Id;
+
+    #[derive(Clone, Copy, PartialEq, Debug)]
+    pub enum Lanes {
+        Avx512,
+        Avx2,
+    }
+
+    pub fn has_avx512() -> bool {
+        is_x86_feature_detected!("avx512f")
+    }
+
+    /// The caller checked that the CPU has `lanes`' instructions.
+    pub fn many(msgs: &[&[u8]], lanes: Lanes) -> Vec<Id> {
+        let width = match lanes {
+            Lanes::Avx512 => 16,
+            Lanes::Avx2 => 8,
+        };
+        let len = msgs[0].len();
+        assert!(
+            msgs.iter().all(|m| m.len() == len),
+            "messages of one length"
+        );
+        let full = len / 64;
+        let mut out = Vec::with_capacity(msgs.len());
+        let mut tails = vec![[0u8; 128]; width];
+        for group in msgs.chunks(width) {
+            // Lanes past the end of the messages hash the first one again, unread.
+            let mut starts = [0u64; 16];
+            let mut tail_blocks = 0;
+            for lane in 0..width {
+                let m = group.get(lane).unwrap_or(&group[0]);
+                starts[lane] = m.as_ptr() as u64;
+                let (block, n) = final_blocks(&m[full * 64..], len as u64);
+                tails[lane] = block;
+                tail_blocks = n;
+            }
+            let mut tail_starts = [0u64; 16];
+            for (lane, t) in tails.iter().enumerate() {
+                tail_starts[lane] = t.as_ptr() as u64;
+            }
+            let mut state = [[0u32; 16]; 4];
+            // SAFETY: each lane's start has `full` whole blocks behind it (the message), each
+            // tail start `tail_blocks` (its buffer); the CPU has the instructions (caller).
+            unsafe {
+                match lanes {
+                    Lanes::Avx512 => {
+                        avx512(&mut state, &starts, &tail_starts, full, tail_blocks);
+                    }
+                    Lanes::Avx2 => avx2(&mut state, &starts, &tail_starts, full, tail_blocks),
+                }
+            }
+            for lane in 0..group.len() {
+                let mut id = [0u8; 16];
+                for (word, s) in state.iter().enumerate() {
+                    id[word * 4..word * 4 + 4].copy_from_slice(&s[lane].to_le_bytes());
+                }
+                out.push(id);
+            }
+        }
+        out
+    }
+
+    /// Runs MD5's 64 steps on one block of every lane, given the block's words (`m`) and the
+    /// vector operations; `$a..$d` are the chaining values.
+    macro_rules! compress {
+        ($a:ident, $b:ident, $c:ident, $d:ident, $m:ident, $add:ident, $f:ident, $g:ident,
+         $h:ident, $i:ident, $rotl:ident, $splat:ident) => {{
+            let (a0, b0, c0, d0) = ($a, $b, $c, $d);
+            for step in 0..64 {
+                let mix = match step / 16 {
+                    0 => $f($b, $c, $d),
+                    1 => $g($b, $c, $d),
+                    2 => $h($b, $c, $d),
+                    _ => $i($b, $c, $d),
+                };
+                let t = $add($add($a, mix), $add($splat(K[step] as i32), $m[WORD[step]]));
+                $a = $d;
+                $d = $c;
+                $c = $b;
+                $b = $add($b, $rotl(t, S[step]));
+            }
+            $a = $add($a, a0);
+            $b = $add($b, b0);
+            $c = $add($c, c0);
+            $d = $add($d, d0);
+        }};
+    }
+
+    /// 16 lanes: the mixing functions are one `vpternlogd` each, the rotation one `vprolvd`.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn avx512(
+        state: &mut [[u32; 16]; 4],
+        starts: &[u64; 16],
+        tail_starts: &[u64; 16],
+        full: usize,
+        tail_blocks: usize,
+    ) {
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        fn add(x: __m512i, y: __m512i) -> __m512i {
+            _mm512_add_epi32(x, y)
+        }
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        fn f(x: __m512i, y: __m512i, z: __m512i) -> __m512i {
+            _mm512_ternarylogic_epi32::<0xca>(x, y, z)
+        }
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        fn g(x: __m512i, y: __m512i, z: __m512i) -> __m512i {
+            _mm512_ternarylogic_epi32::<0xe4>(x, y, z)
+        }
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        fn h(x: __m512i, y: __m512i, z: __m512i) -> __m512i {
+            _mm512_ternarylogic_epi32::<0x96>(x, y, z)
+        }
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        fn i(x: __m512i, y: __m512i, z: __m512i) -> __m512i {
+            _mm512_ternarylogic_epi32::<0x39>(x, y, z)
+        }
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        fn rotl(x: __m512i, s: u32) -> __m512i {
+            _mm512_rolv_epi32(x, _mm512_set1_epi32(s as i32))
+        }
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        fn splat(x: i32) -> __m512i {
+            _mm512_set1_epi32(x)
+        }
+        /// Word `w` of the block at each lane's address (addresses as 64-bit indexes).
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn word(lo: __m512i, hi: __m512i, w: usize) -> __m512i {
+            let base = std::ptr::without_provenance::<i32>(w * 4);
+            // SAFETY: the caller's addresses point at whole blocks.
+            unsafe {
+                let l = _mm512_i64gather_epi32::<1>(lo, base);
+                let h = _mm512_i64gather_epi32::<1>(hi, base);
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(l), h)
+            }
+        }
+        let (mut a, mut b, mut c, mut d) = (
+            splat(INIT[0] as i32),
+            splat(INIT[1] as i32),
+            splat(INIT[2] as i32),
+            splat(INIT[3] as i32),
+        );
+        for (from, blocks) in [(starts, full), (tail_starts, tail_blocks)] {
+            // SAFETY: 16 u64 = two 512-bit loads.
+            let (mut lo, mut hi) = unsafe {
+                (
+                    _mm512_loadu_si512(from.as_ptr().cast()),
+                    _mm512_loadu_si512(from.as_ptr().add(8).cast()),
+                )
+            };
+            for _ in 0..blocks {
+                // SAFETY: as the caller promised, each address has a whole block.
+                let m: [__m512i; 16] = std::array::from_fn(|w| unsafe { word(lo, hi, w) });
+                compress!(a, b, c, d, m, add, f, g, h, i, rotl, splat);
+                lo = _mm512_add_epi64(lo, _mm512_set1_epi64(64));
+                hi = _mm512_add_epi64(hi, _mm512_set1_epi64(64));
+            }
+        }
+        for (out, v) in state.iter_mut().zip([a, b, c, d]) {
+            // SAFETY: 16 u32 = one 512-bit store.
+            unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), v) };
+        }
+    }
+
+    /// 8 lanes, with AVX2's shifts and logic.
+    #[target_feature(enable = "avx2")]
+    unsafe fn avx2(
+        state: &mut [[u32; 16]; 4],
+        starts: &[u64; 16],
+        tail_starts: &[u64; 16],
+        full: usize,
+        tail_blocks: usize,
+    ) {
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        fn add(x: __m256i, y: __m256i) -> __m256i {
+            _mm256_add_epi32(x, y)
+        }
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        fn f(x: __m256i, y: __m256i, z: __m256i) -> __m256i {
+            _mm256_xor_si256(z, _mm256_and_si256(x, _mm256_xor_si256(y, z)))
+        }
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        fn g(x: __m256i, y: __m256i, z: __m256i) -> __m256i {
+            _mm256_xor_si256(y, _mm256_and_si256(z, _mm256_xor_si256(x, y)))
+        }
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        fn h(x: __m256i, y: __m256i, z: __m256i) -> __m256i {
+            _mm256_xor_si256(_mm256_xor_si256(x, y), z)
+        }
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        fn i(x: __m256i, y: __m256i, z: __m256i) -> __m256i {
+            let not_z = _mm256_xor_si256(z, _mm256_set1_epi32(-1));
+            _mm256_xor_si256(y, _mm256_or_si256(x, not_z))
+        }
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        fn rotl(x: __m256i, s: u32) -> __m256i {
+            let left = _mm_cvtsi32_si128(s as i32);
+            let right = _mm_cvtsi32_si128(32 - s as i32);
+            _mm256_or_si256(_mm256_sll_epi32(x, left), _mm256_srl_epi32(x, right))
+        }
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        fn splat(x: i32) -> __m256i {
+            _mm256_set1_epi32(x)
+        }
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        unsafe fn word(lo: __m256i, hi: __m256i, w: usize) -> __m256i {
+            let base = std::ptr::without_provenance::<i32>(w * 4);
+            // SAFETY: the caller's addresses point at whole blocks.
+            unsafe {
+                let l = _mm256_i64gather_epi32::<1>(base, lo);
+                let h = _mm256_i64gather_epi32::<1>(base, hi);
+                _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(l), h)
+            }
+        }
+        let (mut a, mut b, mut c, mut d) = (
+            splat(INIT[0] as i32),
+            splat(INIT[1] as i32),
+            splat(INIT[2] as i32),
+            splat(INIT[3] as i32),
+        );
+        for (from, blocks) in [(starts, full), (tail_starts, tail_blocks)] {
+            // SAFETY: the first 8 u64 = two 256-bit loads.
+            let (mut lo, mut hi) = unsafe {
+                (
+                    _mm256_loadu_si256(from.as_ptr().cast()),
+                    _mm256_loadu_si256(from.as_ptr().add(4).cast()),
+                )
+            };
+            for _ in 0..blocks {
+                // SAFETY: as the caller promised, each address has a whole block.
+                let m: [__m256i; 16] = std::array::from_fn(|w| unsafe { word(lo, hi, w) });
+                compress!(a, b, c, d, m, add, f, g, h, i, rotl, splat);
+                lo = _mm256_add_epi64(lo, _mm256_set1_epi64x(64));
+                hi = _mm256_add_epi64(hi, _mm256_set1_epi64x(64));
+            }
+        }
+        for (out, v) in state.iter_mut().zip([a, b, c, d]) {
+            // SAFETY: the first 8 u32 = one 256-bit store.
+            unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), v) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every backend this CPU has, against the `md-5` crate, on lengths around the block and
+    /// padding boundaries and counts around the lane widths.
+    #[test]
+    fn every_backend_matches_the_reference_md5() {
+        type Backend = Box<dyn Fn(&[&[u8]]) -> Vec<Id>>;
+        let mut backends: Vec<Backend> = vec![Box::new(portable), Box::new(digest_many)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if x86::has_avx512() {
+                backends.push(Box::new(|m| x86::many(m, x86::Lanes::Avx512)));
+            }
+            if is_x86_feature_detected!("avx2") {
+                backends.push(Box::new(|m| x86::many(m, x86::Lanes::Avx2)));
+            }
+        }
+        let mut seed = 1;
+        for len in [
+            0, 1, 3, 55, 56, 57, 63, 64, 65, 119, 120, 128, 1000, 4096, 4100,
+        ] {
+            for count in [1, 2, 7, 8, 9, 15, 16, 17, 33] {
+                let data: Vec<Vec<u8>> = (0..count)
+                    .map(|_| {
+                        seed += 1;
+                        crate::test_data(len, seed)
+                    })
+                    .collect();
+                let msgs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+                let want: Vec<Id> = msgs.iter().map(|m| Md5::digest(m).into()).collect();
+                for (n, backend) in backends.iter().enumerate() {
+                    assert_eq!(
+                        backend(&msgs),
+                        want,
+                        "backend {n}, length {len}, {count} messages"
+                    );
+                }
+            }
+        }
+    }
+}
