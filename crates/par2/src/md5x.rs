@@ -151,29 +151,48 @@ mod x86 {
         out
     }
 
-    /// Runs MD5's 64 steps on one block of every lane, given the block's words (`m`) and the
-    /// vector operations; `$a..$d` are the chaining values.
-    macro_rules! compress {
-        ($a:ident, $b:ident, $c:ident, $d:ident, $m:ident, $add:ident, $f:ident, $g:ident,
-         $h:ident, $i:ident, $rotl:ident, $splat:ident) => {{
-            let (a0, b0, c0, d0) = ($a, $b, $c, $d);
-            for step in 0..64 {
-                let mix = match step / 16 {
-                    0 => $f($b, $c, $d),
-                    1 => $g($b, $c, $d),
-                    2 => $h($b, $c, $d),
-                    _ => $i($b, $c, $d),
-                };
-                let t = $add($add($a, mix), $add($splat(K[step] as i32), $m[WORD[step]]));
-                $a = $d;
-                $d = $c;
-                $c = $b;
-                $b = $add($b, $rotl(t, S[step]));
+    /// MD5 of every lane: its `full` blocks from `starts`, then its `tail_blocks` padded
+    /// blocks from `tail_starts`, into `state`, with the vector operations of the ISA the
+    /// caller defines by name: `addrs` loads the lanes' addresses, `next` moves them one block
+    /// on, `word` gathers a word of each lane's block, `store` writes a state word of every
+    /// lane; `add`, the mixing functions `f` to `i`, `rotl` and `splat`.
+    macro_rules! lanes {
+        ($state:ident, $starts:ident, $tail_starts:ident, $full:ident, $tail_blocks:ident) => {{
+            let (mut a, mut b, mut c, mut d) = (
+                splat(INIT[0] as i32),
+                splat(INIT[1] as i32),
+                splat(INIT[2] as i32),
+                splat(INIT[3] as i32),
+            );
+            for (from, blocks) in [($starts, $full), ($tail_starts, $tail_blocks)] {
+                let (mut lo, mut hi) = addrs(from);
+                for _ in 0..blocks {
+                    // SAFETY: as the caller promised, each address has a whole block.
+                    let m: [_; 16] = std::array::from_fn(|w| unsafe { word(lo, hi, w) });
+                    let (a0, b0, c0, d0) = (a, b, c, d);
+                    for step in 0..64 {
+                        let mix = match step / 16 {
+                            0 => f(b, c, d),
+                            1 => g(b, c, d),
+                            2 => h(b, c, d),
+                            _ => i(b, c, d),
+                        };
+                        let t = add(add(a, mix), add(splat(K[step] as i32), m[WORD[step]]));
+                        a = d;
+                        d = c;
+                        c = b;
+                        b = add(b, rotl(t, S[step]));
+                    }
+                    a = add(a, a0);
+                    b = add(b, b0);
+                    c = add(c, c0);
+                    d = add(d, d0);
+                    (lo, hi) = (next(lo), next(hi));
+                }
             }
-            $a = $add($a, a0);
-            $b = $add($b, b0);
-            $c = $add($c, c0);
-            $d = $add($d, d0);
+            for (out, v) in $state.iter_mut().zip([a, b, c, d]) {
+                store(out, v);
+            }
         }};
     }
 
@@ -233,32 +252,29 @@ mod x86 {
                 _mm512_inserti64x4::<1>(_mm512_castsi256_si512(l), h)
             }
         }
-        let (mut a, mut b, mut c, mut d) = (
-            splat(INIT[0] as i32),
-            splat(INIT[1] as i32),
-            splat(INIT[2] as i32),
-            splat(INIT[3] as i32),
-        );
-        for (from, blocks) in [(starts, full), (tail_starts, tail_blocks)] {
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        fn addrs(from: &[u64; 16]) -> (__m512i, __m512i) {
             // SAFETY: 16 u64 = two 512-bit loads.
-            let (mut lo, mut hi) = unsafe {
+            unsafe {
                 (
                     _mm512_loadu_si512(from.as_ptr().cast()),
                     _mm512_loadu_si512(from.as_ptr().add(8).cast()),
                 )
-            };
-            for _ in 0..blocks {
-                // SAFETY: as the caller promised, each address has a whole block.
-                let m: [__m512i; 16] = std::array::from_fn(|w| unsafe { word(lo, hi, w) });
-                compress!(a, b, c, d, m, add, f, g, h, i, rotl, splat);
-                lo = _mm512_add_epi64(lo, _mm512_set1_epi64(64));
-                hi = _mm512_add_epi64(hi, _mm512_set1_epi64(64));
             }
         }
-        for (out, v) in state.iter_mut().zip([a, b, c, d]) {
-            // SAFETY: 16 u32 = one 512-bit store.
-            unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), v) };
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        fn next(v: __m512i) -> __m512i {
+            _mm512_add_epi64(v, _mm512_set1_epi64(64))
         }
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        fn store(out: &mut [u32; 16], v: __m512i) {
+            // SAFETY: 16 u32 = one 512-bit store.
+            unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), v) }
+        }
+        lanes!(state, starts, tail_starts, full, tail_blocks);
     }
 
     /// 8 lanes, with AVX2's shifts and logic.
@@ -319,32 +335,29 @@ mod x86 {
                 _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(l), h)
             }
         }
-        let (mut a, mut b, mut c, mut d) = (
-            splat(INIT[0] as i32),
-            splat(INIT[1] as i32),
-            splat(INIT[2] as i32),
-            splat(INIT[3] as i32),
-        );
-        for (from, blocks) in [(starts, full), (tail_starts, tail_blocks)] {
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        fn addrs(from: &[u64; 16]) -> (__m256i, __m256i) {
             // SAFETY: the first 8 u64 = two 256-bit loads.
-            let (mut lo, mut hi) = unsafe {
+            unsafe {
                 (
                     _mm256_loadu_si256(from.as_ptr().cast()),
                     _mm256_loadu_si256(from.as_ptr().add(4).cast()),
                 )
-            };
-            for _ in 0..blocks {
-                // SAFETY: as the caller promised, each address has a whole block.
-                let m: [__m256i; 16] = std::array::from_fn(|w| unsafe { word(lo, hi, w) });
-                compress!(a, b, c, d, m, add, f, g, h, i, rotl, splat);
-                lo = _mm256_add_epi64(lo, _mm256_set1_epi64x(64));
-                hi = _mm256_add_epi64(hi, _mm256_set1_epi64x(64));
             }
         }
-        for (out, v) in state.iter_mut().zip([a, b, c, d]) {
-            // SAFETY: the first 8 u32 = one 256-bit store.
-            unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), v) };
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        fn next(v: __m256i) -> __m256i {
+            _mm256_add_epi64(v, _mm256_set1_epi64x(64))
         }
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        fn store(out: &mut [u32; 16], v: __m256i) {
+            // SAFETY: the first 8 u32 = one 256-bit store.
+            unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), v) }
+        }
+        lanes!(state, starts, tail_starts, full, tail_blocks);
     }
 }
 
