@@ -536,6 +536,9 @@ fn set_size(header: &mut tar::Header, pax: &mut Pax, size: u64) {
     }
 }
 
+/// The input of each zstd worker's job.
+const JOB_BYTES: u32 = 1 << 20;
+
 /// zstd compression whose frames end and begin again on one context, so the worker threads
 /// and their buffers carry on (a new encoder for each frame cost about 50 ms here).
 struct FrameEncoder<W: Write> {
@@ -551,6 +554,11 @@ impl<W: Write> FrameEncoder<W> {
         raw.set_parameter(CParameter::ChecksumFlag(true))?;
         if threads > 0 {
             raw.set_parameter(CParameter::NbWorkers(threads))?;
+            // zstd's default job at level 3 is 8 MiB, and each worker holds its job's input
+            // and output besides a pool of spares: 64 MB of RSS for two workers. Jobs of
+            // 1 MiB (the smallest it takes is 512 KiB, which measured 4x slower) cost
+            // 16 MB, compress (b), (c) and (d) to within 0.05% of the same size, as fast.
+            raw.set_parameter(CParameter::JobSize(JOB_BYTES))?;
         }
         Ok(FrameEncoder {
             raw,
