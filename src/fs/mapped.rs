@@ -22,9 +22,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use crate::fs::sys;
 
 /// How much of a file is mapped at a time. A worker holds two windows (one hashed, the next
-/// being read in), and mapped pages count in its RSS: 8 MiB keeps a worker's maps at 16 MiB.
-/// Measured on five 800 MiB files, warm: SHA-256 as fast as with 64 MiB windows (which
-/// peaked at 270 MB), one BLAKE3 file 4% slower at 4 MiB, 20% at 2 MiB.
+/// being read in), and mapped pages count in its RSS. BLAKE3 spreads a window over every
+/// core, so it takes [`WINDOW`]; SHA-256 hashes one on one core and takes half: 4 MiB a
+/// window costs it 2% (five 800 MiB files, warm), BLAKE3 on one large file 4-20%. 64 MiB
+/// windows were no faster, and made check's RSS 270 MB.
 pub const WINDOW: usize = 8 << 20;
 
 /// Maps being hashed, by address range; a slot is free while `start` is 0.

@@ -139,12 +139,20 @@ pub fn hash_file(
         while let n @ 1.. = reader.next(buf)? {
             feed(&buf[..n]);
         }
-    } else if !opts.map || !mapped(&mut reader, &mut feed)? {
+    } else if !opts.map || !mapped(&mut reader, window(algos), &mut feed)? {
         overlapped(&mut reader, bufs, feed)?;
     }
     reader.finish();
     let total = reader.total;
     Ok((hashers.into_iter().map(Hasher::finalize).collect(), total))
+}
+
+/// How much of a file to map at a time for `algos` (see [`mapped::WINDOW`]).
+fn window(algos: &[Algo]) -> usize {
+    match algos.contains(&Algo::Blake3) {
+        true => mapped::WINDOW,
+        false => mapped::WINDOW / 2,
+    }
 }
 
 /// Hashes through memory maps, a window at a time, without copying out of the page cache.
@@ -153,11 +161,12 @@ pub fn hash_file(
 /// a change.
 fn mapped(
     reader: &mut ChunkReader<'_, '_>,
+    window: usize,
     feed: &mut impl FnMut(&[u8]),
 ) -> Result<bool, HashError> {
     let (file, size, gated) = (reader.file, reader.size, reader.opts.gate.is_some());
     let watch = reader.opts.cold.is_some();
-    let window = |offset: u64| (size - offset).min(mapped::WINDOW as u64) as usize;
+    let window = |offset: u64| (size - offset).min(window as u64) as usize;
     // The next window is mapped and populated by a helper thread while this one is hashed:
     // filling page tables is one thread's work, which would otherwise leave the hashing
     // cores idle between windows.

@@ -29,7 +29,6 @@ use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::path::{Component, Path, PathBuf};
-use std::rc::Rc;
 use std::sync::Mutex;
 
 use crate::core::digest::{Algo, Digest, Hasher};
@@ -445,17 +444,10 @@ impl Store {
             .collect();
         let slices: u64 = files.iter().map(|f| f.size.div_ceil(slice)).sum();
         let recovery = ((slices as f64 * self.redundancy).ceil() as u32).clamp(1, 65535);
-        // Each reader hashes what it reads and leaves the digest here when dropped: the last
-        // one per file (the whole read; the first only reads 16 KiB for the file ID) counts.
-        let seen = Rc::new(RefCell::new(vec![None; files.len()]));
-        let mut open = |i: usize| -> io::Result<Box<dyn Read>> {
-            Ok(Box::new(Hashing {
-                file: crate::fs::sys::open_nofollow(&files[i].path).ok(),
-                left: files[i].size,
-                hasher: Some(Hasher::new(files[i].digest.algo)),
-                seen: Rc::clone(&seen),
-                index: i,
-            }))
+        let mut set_files = SetFiles {
+            files,
+            seen: RefCell::new(vec![None; files.len()]),
+            at: (0..files.len()).map(|_| None).collect(),
         };
         if let Some(dir) = base.parent() {
             std::fs::create_dir_all(dir)?;
@@ -465,20 +457,24 @@ impl Store {
         // The volume is written in place as it is computed (in passes for a large file), to
         // a temp name; it is staged with the index once both are whole.
         let temp = Temp::beside(&volume)?;
-        let created = par2::create(
-            &inputs,
-            &mut open,
-            slice,
-            recovery,
-            self.threads,
-            &mut temp.file(),
-        )
-        .map_err(|e| match e {
-            par2::Error::Io(e) => ProtectError::Io(e),
-            other => ProtectError::Io(io::Error::other(other.to_string())),
-        })?;
+        let plan = par2::Plan {
+            slice_size: slice,
+            recovery_count: recovery,
+            threads: self.threads,
+            // Each worker computes a set at a time.
+            memory: PARITY_MEMORY / self.threads.max(1) as u64,
+        };
+        let created = par2::create(&inputs, &mut set_files, &plan, &mut temp.file()).map_err(
+            |e| match e {
+                par2::Error::Io(e) => ProtectError::Io(e),
+                par2::Error::Changed(i) => {
+                    ProtectError::Changed(vec![(files[i].digest, files[i].path.clone())])
+                }
+                other => ProtectError::Io(io::Error::other(other.to_string())),
+            },
+        )?;
         let volume_len = temp.file().metadata()?.len();
-        let seen = seen.borrow();
+        let seen = set_files.seen.borrow();
         let changed: Vec<usize> = (0..files.len())
             .filter(|&i| seen[i].as_ref() != Some(&files[i].digest))
             .collect();
@@ -564,6 +560,12 @@ pub struct Found {
 /// small sets do not cost two thousand fsyncs.
 const BATCH: usize = 256;
 
+/// What the sets being computed at once may hold of recovery data and of slices being read,
+/// shared out among the workers. A large file's recovery data beyond its share is computed
+/// in more passes over ranges of its slices: the file is read through once, then once more
+/// in ranges, whatever the number of passes.
+const PARITY_MEMORY: u64 = 24 << 20;
+
 /// A lock whose holder never panics mid-update (panics abort this program).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -580,18 +582,50 @@ enum ProtectError {
     Changed(Vec<(Digest, PathBuf)>),
 }
 
+/// A set's files, as [`par2::create`] reads them: through once while hashing them, then
+/// (a set larger than its memory) in ranges.
+struct SetFiles<'a> {
+    files: &'a [Protectee],
+    /// Each file's digest as the read through found it; `None` if it could not be read.
+    seen: RefCell<Vec<Option<Digest>>>,
+    /// Files opened for reading in ranges.
+    at: Vec<Option<File>>,
+}
+
+impl par2::Files for SetFiles<'_> {
+    fn open(&mut self, i: usize) -> io::Result<Box<dyn Read + '_>> {
+        Ok(Box::new(Hashing {
+            file: crate::fs::sys::open_nofollow(&self.files[i].path).ok(),
+            left: self.files[i].size,
+            hasher: Some(Hasher::new(self.files[i].digest.algo)),
+            seen: &self.seen,
+            index: i,
+        }))
+    }
+
+    fn read_at(&mut self, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        if self.at[i].is_none() {
+            self.at[i] = Some(crate::fs::sys::open_nofollow(&self.files[i].path)?);
+        }
+        self.at[i].as_ref().expect("opened").read_at(buf, offset)
+    }
+}
+
 /// Reads a file while hashing what goes by. A file that vanished, shrank or cannot be read
 /// reads as zeros to its expected size and leaves no digest: it is then reported as changed
-/// and left out, rather than costing the other files of its pack their parity.
-struct Hashing {
+/// and left out, rather than costing the other files of its pack their parity. The digest
+/// is left when it is dropped: the last reader of a file counts (the first only reads the
+/// 16 KiB of its file ID).
+struct Hashing<'s> {
     file: Option<File>,
     left: u64,
     hasher: Option<Hasher>,
-    seen: Rc<RefCell<Vec<Option<Digest>>>>,
+    seen: &'s RefCell<Vec<Option<Digest>>>,
     index: usize,
 }
 
-impl Read for Hashing {
+impl Read for Hashing<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let want = buf.len().min(self.left.min(usize::MAX as u64) as usize);
         if want == 0 {
@@ -615,7 +649,7 @@ impl Read for Hashing {
     }
 }
 
-impl Drop for Hashing {
+impl Drop for Hashing<'_> {
     fn drop(&mut self) {
         if let Some(h) = self.hasher.take() {
             self.seen.borrow_mut()[self.index] = Some(h.finalize());

@@ -241,10 +241,13 @@ fn hostile_names_in_a_set_are_never_followed() {
             name,
             len: good.len() as u64,
         }],
-        &mut |_| Ok(Box::new(std::io::Cursor::new(good.clone()))),
-        4096,
-        4,
-        1,
+        &mut vec![good.clone()],
+        &par2::Plan {
+            slice_size: 4096,
+            recovery_count: 4,
+            threads: 1,
+            memory: 1 << 20,
+        },
         &mut volume,
     )
     .unwrap();
@@ -332,4 +335,33 @@ fn many_small_files_are_settled_in_slices_and_all_protected() {
         intact!("repair", "--discard-damaged", src).expect_code(0);
         assert_eq!(fs::read(&victim).unwrap(), good, "file {i}");
     }
+}
+
+#[test]
+fn a_file_whose_recovery_data_exceeds_the_memory_is_protected_in_passes() {
+    let t = Tree::new();
+    // 20 MiB at 10%: 2,000 slices of 10 KiB, 200 recovery slices (2 MiB). With eight
+    // workers, each set gets 3 MiB, of which less than 2 MiB for recovery data: two passes,
+    // the second reading ranges of each slice.
+    let good = data(20 << 20, 41);
+    let f = t.write("root/big", good.clone());
+    intact!("tag", t.path("root")).expect_code(0);
+    intact!("protect", "-j", "8", t.path("root")).expect_code(0);
+    let sets = index_files(&t.path("root/.intact-parity"));
+    let (ok, out) = par2(
+        &t.path("root"),
+        &[
+            "verify".as_ref(),
+            "-B".as_ref(),
+            t.path("root").as_os_str(),
+            sets[0].as_os_str(),
+        ],
+    );
+    assert!(ok, "{out}");
+    // Damage in several slices, in every range a pass covers.
+    for at in [5, 10_000, 1_000_000, 7_777_777, 20_000_000] {
+        flip_byte(&f, at);
+    }
+    intact!("repair", "--discard-damaged", t.path("root")).expect_code(0);
+    assert!(fs::read(&f).unwrap() == good, "repaired bit-exactly");
 }

@@ -30,6 +30,7 @@ fn test_data(len: usize, seed: u64) -> Vec<u8> {
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Read};
+use std::sync::Mutex;
 
 use md5::{Digest as _, Md5};
 use packet::{Id, Packet, kind};
@@ -101,6 +102,9 @@ pub enum Error {
     Io(io::Error),
     /// The PAR2 data is incomplete or inconsistent.
     Malformed(String),
+    /// Input `.0` (an index into the inputs given to [`create`]) was shorter than said, or
+    /// changed while its set was made.
+    Changed(usize),
     /// More slices are damaged than there are recovery slices.
     TooMuchDamage {
         /// Damaged or missing input slices.
@@ -117,6 +121,7 @@ impl std::fmt::Display for Error {
         match self {
             Error::Io(e) => write!(f, "{e}"),
             Error::Malformed(why) => write!(f, "unusable PAR2 data: {why}"),
+            Error::Changed(_) => write!(f, "a file changed while its parity was made"),
             Error::TooMuchDamage { damaged, available } => write!(
                 f,
                 "{damaged} slices damaged, only {available} recovery slices: beyond repair"
@@ -181,42 +186,58 @@ pub struct Created {
 pub trait Volume: io::Write + io::Seek {}
 impl<T: io::Write + io::Seek> Volume for T {}
 
-/// At most this much recovery data is held in memory: a larger set is computed in passes
-/// over byte ranges of its slices, each pass reading the files again.
-pub const RECOVERY_MEMORY: u64 = 256 << 20;
-
-/// Makes a recovery set of `recovery_count` slices of `slice_size` bytes over `inputs`,
-/// reading each file through `open` (called once per file for its first 16 KiB, and once a
-/// pass to read it whole), and writes its volume (recovery slices, then the descriptions, as
-/// par2cmdline does, so the volume alone will do) to `volume`. `threads` share the arithmetic.
-pub fn create<'r>(
-    inputs: &[Input],
-    open: &mut dyn FnMut(usize) -> io::Result<Box<dyn Read + 'r>>,
-    slice_size: u64,
-    recovery_count: u32,
-    threads: usize,
-    volume: &mut dyn Volume,
-) -> Result<Created, Error> {
-    create_in(
-        inputs,
-        open,
-        slice_size,
-        recovery_count,
-        threads,
-        volume,
-        RECOVERY_MEMORY,
-    )
+/// Where [`create`] reads a set's files from.
+pub trait Files {
+    /// File `i` (an index into the inputs), to be read from its start.
+    fn open(&mut self, i: usize) -> io::Result<Box<dyn Read + '_>>;
+    /// Reads file `i` from `offset` into `buf`; how many bytes (0 at its end). Passes after
+    /// the first read only a range of each slice.
+    fn read_at(&mut self, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
 }
 
-fn create_in<'r>(
+/// Files held in memory, by index.
+impl Files for Vec<Vec<u8>> {
+    fn open(&mut self, i: usize) -> io::Result<Box<dyn Read + '_>> {
+        Ok(Box::new(&self[i][..]))
+    }
+
+    fn read_at(&mut self, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let f = &self[i][(offset as usize).min(self[i].len())..];
+        let n = buf.len().min(f.len());
+        buf[..n].copy_from_slice(&f[..n]);
+        Ok(n)
+    }
+}
+
+/// How a set is to be made.
+#[derive(Clone, Copy, Debug)]
+pub struct Plan {
+    /// Bytes per slice: a positive multiple of 4.
+    pub slice_size: u64,
+    /// Recovery slices to make.
+    pub recovery_count: u32,
+    /// Threads that share the arithmetic.
+    pub threads: usize,
+    /// About how much memory the recovery data being computed and the slices being read may
+    /// hold. Where the recovery data is larger, it is computed in passes over ranges of the
+    /// slices (strips): the first reads the files through, hashing them; each later one
+    /// reads only its range of each slice, checked against a CRC32 the first pass took, and
+    /// the volume is the same. The first pass holds 32 whole slices whatever this says.
+    pub memory: u64,
+}
+
+/// Makes a recovery set over `inputs`, reading the files from `files` (each opened once for
+/// its first 16 KiB and once to be read through; read again in ranges if the recovery data
+/// exceeds the plan's memory), and writes its volume (recovery slices, then the
+/// descriptions, as par2cmdline does, so the volume alone will do) to `volume`. A file that
+/// is shorter than its input says, or changes between passes, is [`Error::Changed`].
+pub fn create(
     inputs: &[Input],
-    open: &mut dyn FnMut(usize) -> io::Result<Box<dyn Read + 'r>>,
-    slice_size: u64,
-    recovery_count: u32,
-    threads: usize,
+    files: &mut dyn Files,
+    plan: &Plan,
     volume: &mut dyn Volume,
-    memory: u64,
 ) -> Result<Created, Error> {
+    let (slice_size, recovery_count) = (plan.slice_size, plan.recovery_count);
     if slice_size == 0 || !slice_size.is_multiple_of(4) {
         return Err(Error::Malformed(
             "slice size must be a positive multiple of 4".into(),
@@ -235,7 +256,10 @@ fn create_in<'r>(
     let mut ids = Vec::with_capacity(inputs.len());
     let mut head = vec![0u8; 16 << 10];
     for (i, f) in inputs.iter().enumerate() {
-        let n = read_full(&mut *open(i)?, &mut head[..f.len.min(16 << 10) as usize])?;
+        let n = read_full(
+            &mut *files.open(i)?,
+            &mut head[..f.len.min(16 << 10) as usize],
+        )?;
         let md5_16k: Id = Md5::digest(&head[..n]).into();
         ids.push((packet::file_id(&md5_16k, f.len, &f.name), md5_16k, i));
     }
@@ -255,8 +279,6 @@ fn create_in<'r>(
     }
     let set: Id = Md5::digest(&main).into();
 
-    let constants = gf::input_constants(total_slices as usize);
-    let size = slice_size as usize;
     // Each recovery slice's packet: placed in the volume up front, its MD5 fed piece by piece.
     let packet_len = 64 + 4 + slice_size;
     let mut hashes: Vec<Md5> = (0..recovery_count)
@@ -268,38 +290,59 @@ fn create_in<'r>(
             h
         })
         .collect();
-    let width = match memory / (recovery_count.max(1) as u64) {
+    // A batch being read, one being multiplied and its native copy take three eighths of
+    // the memory, the recovery strip the rest. The first pass reads whole slices, at least
+    // 16 a batch (their MD5s are computed 16 at once), two batches at a time.
+    let batch_bytes = (plan.memory / 8).max(1) as usize;
+    let first_batch = (16 * slice_size as usize).max(batch_bytes);
+    let held = (2 * first_batch).max(3 * batch_bytes) as u64;
+    let budget = plan.memory.saturating_sub(held).max(plan.memory / 4);
+    let width = match budget / (recovery_count.max(1) as u64) {
         w if w >= slice_size => slice_size,
         w => (w / 128 * 128).max(128).min(slice_size),
+    } as usize;
+    let making = Making {
+        inputs,
+        ids: &ids,
+        constants: gf::input_constants(total_slices as usize),
+        size: slice_size as usize,
+        recovery_count,
+        threads: plan.threads,
+        batch_bytes,
+        first_batch,
+        strips: (slice_size as usize).div_ceil(width),
     };
     let mut entries: Vec<(FileEntry, std::ops::Range<usize>)> = Vec::with_capacity(ids.len());
     // Each slice's MD5 and CRC32, by global index: computed in the first pass, beside the
-    // multiplication.
+    // multiplication; and with several strips, the CRC32 of each slice's range in each.
     let mut checksums: Vec<(Id, u32)> = vec![([0; 16], 0); total_slices as usize];
-    let mut from = 0u64;
-    loop {
-        let range = from as usize..(from + width).min(slice_size) as usize;
-        let first_pass = from == 0;
-        let recovery = pass(
-            inputs,
-            open,
-            &ids,
-            &constants,
-            size,
-            range.clone(),
-            recovery_count,
-            threads,
-            first_pass.then_some((&mut entries, &mut checksums)),
+    let mut pieces: Vec<u32> = vec![
+        0;
+        if making.strips > 1 {
+            checksums.len() * making.strips
+        } else {
+            0
+        }
+    ];
+    for strip in 0..making.strips {
+        let range = strip * width..((strip + 1) * width).min(making.size);
+        let recovery = making.pass(
+            files,
+            Strip {
+                range: range.clone(),
+                index: strip,
+                width,
+            },
+            (strip == 0).then_some((&mut entries, &mut checksums)),
+            &mut pieces,
         )?;
         for (e, mut data) in recovery.into_iter().enumerate() {
             gf::from_native(&mut data);
             hashes[e].update(&data);
-            volume.seek(io::SeekFrom::Start(e as u64 * packet_len + 68 + from))?;
+            volume.seek(io::SeekFrom::Start(
+                e as u64 * packet_len + 68 + range.start as u64,
+            ))?;
             volume.write_all(&data)?;
-        }
-        from = range.end as u64;
-        if from >= slice_size {
-            break;
         }
     }
     // The headers, now that each packet's MD5 is known.
@@ -360,133 +403,243 @@ type Description<'a> = (
     &'a mut Vec<(Id, u32)>,
 );
 
-/// One pass over the files: every slice's bytes in `range` multiplied into the recovery
-/// slices, returned in the native layout. The first pass also describes the files
-/// (`describe`: their entries and each slice's checksums). While one batch of slices (about
-/// 32 MiB) is multiplied on `threads` threads, the next is read.
-#[allow(clippy::too_many_arguments)]
-fn pass<'r>(
-    inputs: &[Input],
-    open: &mut dyn FnMut(usize) -> io::Result<Box<dyn Read + 'r>>,
-    ids: &[Ordered],
-    constants: &[u16],
+/// A set being made: what every pass needs.
+struct Making<'a> {
+    inputs: &'a [Input],
+    ids: &'a [Ordered],
+    constants: Vec<u16>,
     size: usize,
-    range: std::ops::Range<usize>,
     recovery_count: u32,
     threads: usize,
-    mut describe: Option<Description<'_>>,
-) -> Result<Vec<Vec<u8>>, Error> {
-    let mut recovery = vec![vec![0u8; range.len()]; recovery_count as usize];
-    let batch_slices = (32usize << 20).div_ceil(size).max(1);
-    let mut batch: Vec<(Vec<u8>, u16)> = Vec::with_capacity(batch_slices);
-    let checksum = describe.is_some();
-    type Job = (Vec<Vec<u8>>, usize, Vec<(Id, u32)>);
-    let mut slice_index = 0;
-    std::thread::scope(|s| -> Result<(), Error> {
-        let mut running: Option<std::thread::ScopedJoinHandle<'_, Job>> = None;
-        let finish = |running: &mut Option<std::thread::ScopedJoinHandle<'_, Job>>,
-                      describe: &mut Option<(_, &mut Vec<(Id, u32)>)>| {
-            running.take().map(|h| {
-                let (rec, first, sums) = h.join().expect("no panic");
-                if let Some((_, checksums)) = describe {
-                    checksums[first..first + sums.len()].copy_from_slice(&sums);
-                }
-                rec
-            })
+    /// Bytes of slices' ranges read before they are handed to the arithmetic; of whole
+    /// slices in the first pass.
+    batch_bytes: usize,
+    first_batch: usize,
+    /// Passes, each over one range of every slice.
+    strips: usize,
+}
+
+/// The range of every slice that one pass computes.
+struct Strip {
+    range: std::ops::Range<usize>,
+    index: usize,
+    /// The width of every strip but perhaps the last.
+    width: usize,
+}
+
+/// A batch's recovery slices back from the arithmetic, the index of its first slice, and
+/// (first pass) its slices' checksums and the CRC32 of each one's strips.
+type Done = (Vec<Vec<u8>>, usize, Vec<(Id, u32)>, Vec<u32>);
+
+impl Making<'_> {
+    /// One pass: every slice's bytes in the strip multiplied into the recovery slices,
+    /// returned in the native layout. The first pass (`describe`) reads the files through,
+    /// describes them (their entries and each slice's checksums) and takes each strip's
+    /// CRC32 into `pieces`; later ones read their strip of each slice and check it against
+    /// that. While one batch is multiplied on `threads` threads, the next is read.
+    fn pass(
+        &self,
+        files: &mut dyn Files,
+        strip: Strip,
+        mut describe: Option<Description<'_>>,
+        pieces: &mut [u32],
+    ) -> Result<Vec<Vec<u8>>, Error> {
+        let first = describe.is_some();
+        let (size, strips) = (self.size, self.strips);
+        let mut recovery = vec![vec![0u8; strip.range.len()]; self.recovery_count as usize];
+        // The first pass holds whole slices (for their checksums), later ones their strip.
+        let held = if first { size } else { strip.range.len() };
+        let batch = if first {
+            self.first_batch
+        } else {
+            self.batch_bytes
         };
-        let range = &range;
-        let mut hand_over = |batch: Vec<(Vec<u8>, u16)>,
-                             first: usize,
-                             running: &mut Option<_>,
-                             describe: &mut Option<_>| {
-            let mut rec =
-                finish(running, describe).unwrap_or_else(|| std::mem::take(&mut recovery));
-            *running = Some(s.spawn(move || {
-                // The checksums need the plain bytes and the multiplication a native copy of
-                // the pass's range: both at once.
-                let native: Vec<(Vec<u8>, u16)> = batch
-                    .iter()
-                    .map(|(b, c)| {
-                        let mut n = b[range.clone()].to_vec();
-                        gf::to_native(&mut n);
-                        (n, *c)
-                    })
-                    .collect();
-                let sums = std::thread::scope(|t| {
-                    let sums = t.spawn(|| {
-                        if !checksum {
-                            return Vec::new();
+        let batch_slices = batch.div_ceil(held).max(1);
+        let cut = if first { strip.range.clone() } else { 0..held };
+        let mut batch: Vec<(Vec<u8>, u16)> = Vec::with_capacity(batch_slices);
+        let mut slice_index = 0;
+        let threads = self.threads;
+        // Buffers of slices and of their native copies go back here once a batch is done:
+        // a fresh 400 KiB buffer per slice cost page faults and clearing in the kernel.
+        let (spare, spare_native) = (&Mutex::new(Vec::new()), &Mutex::new(Vec::new()));
+        std::thread::scope(|s| -> Result<(), Error> {
+            let mut running: Option<std::thread::ScopedJoinHandle<'_, Done>> = None;
+            let finish = |running: &mut Option<std::thread::ScopedJoinHandle<'_, Done>>,
+                          describe: &mut Option<Description<'_>>,
+                          pieces: &mut [u32]| {
+                running.take().map(|h| {
+                    let (rec, at, sums, crcs) = h.join().expect("no panic");
+                    if let Some((_, checksums)) = describe {
+                        checksums[at..at + sums.len()].copy_from_slice(&sums);
+                        // Empty when there is one strip (and `pieces` too).
+                        if !crcs.is_empty() {
+                            pieces[at * strips..][..crcs.len()].copy_from_slice(&crcs);
                         }
-                        let slices: Vec<&[u8]> = batch.iter().map(|(b, _)| &b[..]).collect();
-                        md5x::digest_many(&slices)
-                            .into_iter()
-                            .zip(&slices)
-                            .map(|(md5, b)| (md5, crc32fast::hash(b)))
-                            .collect::<Vec<(Id, u32)>>()
+                    }
+                    rec
+                })
+            };
+            let (cut, width) = (&cut, strip.width);
+            let mut hand_over = |batch: Vec<(Vec<u8>, u16)>,
+                                 at: usize,
+                                 running: &mut Option<_>,
+                                 describe: &mut Option<_>,
+                                 pieces: &mut [u32]| {
+                let mut rec = finish(running, describe, pieces)
+                    .unwrap_or_else(|| std::mem::take(&mut recovery));
+                *running = Some(s.spawn(move || {
+                    // The checksums need the plain bytes and the multiplication a native copy
+                    // of the strip: both at once.
+                    let native: Vec<(Vec<u8>, u16)> = batch
+                        .iter()
+                        .map(|(b, c)| {
+                            let mut n: Vec<u8> = take_spare(spare_native);
+                            n.clear();
+                            n.extend_from_slice(&b[cut.clone()]);
+                            gf::to_native(&mut n);
+                            (n, *c)
+                        })
+                        .collect();
+                    let (sums, crcs) = std::thread::scope(|t| {
+                        let sums = t.spawn(|| {
+                            if !first {
+                                return (Vec::new(), Vec::new());
+                            }
+                            let slices: Vec<&[u8]> = batch.iter().map(|(b, _)| &b[..]).collect();
+                            let mut crcs = Vec::new();
+                            let sums = md5x::digest_many(&slices)
+                                .into_iter()
+                                .zip(&slices)
+                                .map(|(md5, b)| {
+                                    if strips == 1 {
+                                        return (md5, crc32fast::hash(b));
+                                    }
+                                    let mut whole = crc32fast::Hasher::new();
+                                    for piece in b.chunks(width) {
+                                        let mut h = crc32fast::Hasher::new();
+                                        h.update(piece);
+                                        crcs.push(h.clone().finalize());
+                                        whole.combine(&h);
+                                    }
+                                    (md5, whole.finalize())
+                                })
+                                .collect::<Vec<(Id, u32)>>();
+                            (sums, crcs)
+                        });
+                        accumulate(&mut rec, &native, threads);
+                        sums.join().expect("no panic")
                     });
-                    accumulate(&mut rec, &native, threads);
-                    sums.join().expect("no panic")
-                });
-                (rec, first, sums)
-            }));
-        };
-        let mut batch_first = 0;
-        for &(id, md5_16k, i) in ids {
-            let f = &inputs[i];
-            let mut reader = open(i)?;
-            let mut whole = Md5::new();
-            let first = slice_index;
-            let mut left = f.len;
-            while left > 0 {
-                let mut buf = vec![0u8; size];
-                let want = left.min(size as u64) as usize;
-                let n = read_full(&mut *reader, &mut buf[..want])?;
-                if n < want {
-                    return Err(Error::Io(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "a file shrank while its parity was made",
-                    )));
+                    lock(spare_native).extend(native.into_iter().map(|(n, _)| n));
+                    lock(spare).extend(batch.into_iter().map(|(b, _)| b));
+                    (rec, at, sums, crcs)
+                }));
+            };
+            let mut batch_first = 0;
+            for &(id, md5_16k, i) in self.ids {
+                let f = &self.inputs[i];
+                let changed = || Error::Changed(i);
+                let first_slice = slice_index;
+                let mut whole = Md5::new();
+                let mut reading = match first {
+                    true => Reading::Through(files.open(i)?),
+                    false => Reading::At(&mut *files),
+                };
+                let mut offset = 0u64;
+                while offset < f.len {
+                    let mut buf = take_spare(spare);
+                    buf.resize(held, 0);
+                    match &mut reading {
+                        Reading::Through(reader) => {
+                            let want = (f.len - offset).min(size as u64) as usize;
+                            if read_full(&mut **reader, &mut buf[..want])? < want {
+                                return Err(changed());
+                            }
+                            // The last slice of a file is padded with zeros.
+                            buf[want..].fill(0);
+                            whole.update(&buf[..want]);
+                        }
+                        Reading::At(files) => {
+                            let at = offset + strip.range.start as u64;
+                            let want = f.len.saturating_sub(at).min(held as u64) as usize;
+                            if read_full_at(&mut **files, i, at, &mut buf[..want])? < want {
+                                return Err(changed());
+                            }
+                            buf[want..].fill(0);
+                            if crc32fast::hash(&buf) != pieces[slice_index * strips + strip.index] {
+                                return Err(changed());
+                            }
+                        }
+                    }
+                    batch.push((buf, self.constants[slice_index]));
+                    slice_index += 1;
+                    offset += size as u64;
+                    if batch.len() == batch_slices {
+                        hand_over(
+                            std::mem::take(&mut batch),
+                            batch_first,
+                            &mut running,
+                            &mut describe,
+                            pieces,
+                        );
+                        batch_first = slice_index;
+                    }
                 }
-                if checksum {
-                    whole.update(&buf[..n]);
-                }
-                batch.push((buf, constants[slice_index]));
-                slice_index += 1;
-                left -= n as u64;
-                if batch.len() == batch_slices {
-                    hand_over(
-                        std::mem::take(&mut batch),
-                        batch_first,
-                        &mut running,
-                        &mut describe,
-                    );
-                    batch_first = slice_index;
+                if let Some((entries, _)) = describe.as_mut() {
+                    entries.push((
+                        FileEntry {
+                            id,
+                            md5: whole.finalize().into(),
+                            md5_16k,
+                            len: f.len,
+                            name: f.name.clone(),
+                            slices: Vec::new(),
+                        },
+                        first_slice..slice_index,
+                    ));
                 }
             }
-            if let Some((entries, _)) = describe.as_mut() {
-                entries.push((
-                    FileEntry {
-                        id,
-                        md5: whole.finalize().into(),
-                        md5_16k,
-                        len: f.len,
-                        name: f.name.clone(),
-                        slices: Vec::new(),
-                    },
-                    first..slice_index,
-                ));
-            }
+            hand_over(
+                std::mem::take(&mut batch),
+                batch_first,
+                &mut running,
+                &mut describe,
+                pieces,
+            );
+            recovery = finish(&mut running, &mut describe, pieces).unwrap_or_default();
+            Ok(())
+        })?;
+        Ok(recovery)
+    }
+}
+
+/// A buffer given back by a finished batch, or a new one.
+fn take_spare(spare: &Mutex<Vec<Vec<u8>>>) -> Vec<u8> {
+    lock(spare).pop().unwrap_or_default()
+}
+
+/// A lock whose holder never panics mid-update.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How a pass reads a file: the first through, hashing it; later ones a strip of each slice.
+enum Reading<'f> {
+    Through(Box<dyn Read + 'f>),
+    At(&'f mut dyn Files),
+}
+
+/// Reads file `i` from `offset` until `buf` is full or the file ends; how many bytes.
+fn read_full_at(files: &mut dyn Files, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match files.read_at(i, offset + n as u64, &mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
-        hand_over(
-            std::mem::take(&mut batch),
-            batch_first,
-            &mut running,
-            &mut describe,
-        );
-        recovery = finish(&mut running, &mut describe).unwrap_or_default();
-        Ok(())
-    })?;
-    Ok(recovery)
+    }
+    Ok(n)
 }
 
 /// Adds each slice of `batch` (with its constant) into every recovery slice, the recovery
@@ -927,7 +1080,7 @@ mod tests {
 
     use crate::test_data as data;
 
-    /// A set over `files`, and its volume, made holding at most `memory` of recovery data.
+    /// A set over `files`, and its volume, made in about `memory`.
     fn make_in(files: &[Vec<u8>], slice: u64, rec: u32, memory: u64) -> (Created, Vec<u8>) {
         let inputs: Vec<Input> = files
             .iter()
@@ -938,21 +1091,18 @@ mod tests {
             })
             .collect();
         let mut volume = std::io::Cursor::new(Vec::new());
-        let created = create_in(
-            &inputs,
-            &mut |i| Ok(Box::new(&files[i][..])),
-            slice,
-            rec,
-            2,
-            &mut volume,
+        let plan = Plan {
+            slice_size: slice,
+            recovery_count: rec,
+            threads: 2,
             memory,
-        )
-        .unwrap();
+        };
+        let created = create(&inputs, &mut files.to_vec(), &plan, &mut volume).unwrap();
         (created, volume.into_inner())
     }
 
     fn make(files: &[Vec<u8>], slice: u64, rec: u32) -> (Created, Vec<u8>) {
-        make_in(files, slice, rec, RECOVERY_MEMORY)
+        make_in(files, slice, rec, 256 << 20)
     }
 
     #[test]
@@ -964,6 +1114,52 @@ mod tests {
         assert_eq!(one.index, many.index);
         assert_eq!(whole, passes);
         assert_eq!(Set::load(&[&passes]).unwrap().recovery.len(), 9);
+        // 261 slices of 512 bytes: many batches in one pass (64 KiB), and in each of four
+        // passes of 128 bytes (8 KiB).
+        let (_, whole) = make(&files, 512, 9);
+        for memory in [64 << 10, 8 << 10] {
+            assert_eq!(make_in(&files, 512, 9, memory).1, whole, "{memory}");
+        }
+    }
+
+    #[test]
+    fn a_file_that_changes_between_passes_is_refused() {
+        /// Reads file 1 with one byte flipped after its first pass.
+        struct Flipping(Vec<Vec<u8>>);
+        impl Files for Flipping {
+            fn open(&mut self, i: usize) -> io::Result<Box<dyn Read + '_>> {
+                self.0.open(i)
+            }
+            fn read_at(&mut self, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+                let n = self.0.read_at(i, offset, buf)?;
+                if i == 1 && offset <= 5000 && 5000 < offset + n as u64 {
+                    buf[(5000 - offset) as usize] ^= 4;
+                }
+                Ok(n)
+            }
+        }
+        let files = vec![data(10_000, 3), data(10_000, 4)];
+        let inputs: Vec<Input> = (0..2)
+            .map(|i| Input {
+                name: format!("f{i}").into_bytes(),
+                len: 10_000,
+            })
+            .collect();
+        let plan = |memory| Plan {
+            slice_size: 4096,
+            recovery_count: 4,
+            threads: 2,
+            memory,
+        };
+        let mut volume = std::io::Cursor::new(Vec::new());
+        let mut flipping = Flipping(files);
+        // One pass reads the files through once: what it read is what the set describes.
+        assert!(create(&inputs, &mut flipping, &plan(1 << 20), &mut volume).is_ok());
+        // In passes of 128 bytes, the byte read differently in a later pass is caught.
+        match create(&inputs, &mut flipping, &plan(1024), &mut volume) {
+            Err(Error::Changed(1)) => {}
+            other => panic!("{:?}", other.map(|c| c.recovery_count)),
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::io::Read;
 use std::path::Path;
 use std::process::Command;
 
-use intact_par2::{Input, Set, create, volume_name};
+use intact_par2::{Files, Input, Plan, Set, create, volume_name};
 
 fn data(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
@@ -31,6 +31,20 @@ fn par2(dir: &Path, args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// Files by name in a directory.
+struct Dir<'a>(&'a Path, &'a [&'a str]);
+
+impl Files for Dir<'_> {
+    fn open(&mut self, i: usize) -> std::io::Result<Box<dyn Read + '_>> {
+        Ok(Box::new(fs::File::open(self.0.join(self.1[i]))?))
+    }
+
+    fn read_at(&mut self, i: usize, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        fs::File::open(self.0.join(self.1[i]))?.read_at(buf, offset)
+    }
+}
+
 fn make_set(dir: &Path, names: &[&str], slice: u64, rec: u32) {
     let inputs: Vec<Input> = names
         .iter()
@@ -40,15 +54,15 @@ fn make_set(dir: &Path, names: &[&str], slice: u64, rec: u32) {
         })
         .collect();
     let mut volume = fs::File::create(dir.join(volume_name("set", 0, rec))).unwrap();
-    let created = create(
-        &inputs,
-        &mut |i| Ok(Box::new(fs::File::open(dir.join(names[i]))?) as Box<dyn Read>),
-        slice,
-        rec,
-        2,
-        &mut volume,
-    )
-    .unwrap();
+    // Little memory: the recovery data is computed in several passes, later ones reading
+    // ranges of each slice.
+    let plan = Plan {
+        slice_size: slice,
+        recovery_count: rec,
+        threads: 2,
+        memory: 64 << 10,
+    };
+    let created = create(&inputs, &mut Dir(dir, names), &plan, &mut volume).unwrap();
     fs::write(dir.join("set.par2"), &created.index).unwrap();
 }
 
