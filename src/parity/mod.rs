@@ -514,6 +514,15 @@ impl Store {
         Ok(())
     }
 
+    /// The index file of the set that protects `digest` (its own set, or its pack), if any:
+    /// files with the same index are repaired from one load of their set.
+    pub fn index_of(&self, digest: &Digest) -> Option<PathBuf> {
+        if let Some(index) = lock(&self.packed).get(digest) {
+            return Some(index.clone());
+        }
+        Some(with_ext(&self.set_base(digest), "par2")).filter(|index| index.exists())
+    }
+
     /// The set that protects `digest`, loaded, and the position in it of the file with that
     /// content: its own set, or its pack.
     pub fn find(&self, digest: &Digest) -> Option<io::Result<Found>> {

@@ -365,3 +365,30 @@ fn a_file_whose_recovery_data_exceeds_the_memory_is_protected_in_passes() {
     intact!("repair", "--discard-damaged", t.path("root")).expect_code(0);
     assert!(fs::read(&f).unwrap() == good, "repaired bit-exactly");
 }
+
+#[test]
+fn damaged_members_of_a_pack_are_rebuilt_together_and_twins_in_turns() {
+    let t = Tree::new();
+    let src = tree(&t);
+    // A twin of s03: one member of the pack serves both.
+    t.write("src/twin", fs::read(src.join("small/s03")).unwrap());
+    intact!("protect", "-r", "20%", &src).expect_code(0);
+    let names = ["small/s03", "small/s05", "small/s29", "twin"];
+    let good: Vec<Vec<u8>> = names
+        .iter()
+        .map(|n| fs::read(src.join(n)).unwrap())
+        .collect();
+    for n in names {
+        flip_byte(&src.join(n), 7);
+    }
+    let r = intact!("repair", "--discard-damaged", &src).expect_code(0);
+    for (n, good) in names.iter().zip(&good) {
+        assert!(fs::read(src.join(n)).unwrap() == *good, "{n}: {}", r.stdout);
+        assert!(
+            r.stdout
+                .contains(&format!("{n}: was corrupt; restored from parity")),
+            "{n}: {}",
+            r.stdout
+        );
+    }
+}
