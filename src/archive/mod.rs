@@ -22,7 +22,7 @@ use crate::fs::xattr::Stored;
 mod read;
 mod write;
 
-pub use read::{ReadError, Visit, read, verify_member};
+pub use read::{ReadError, Visit, read, read_parallel, verify_member};
 pub use write::Writer;
 
 /// How to write an archive.
@@ -51,9 +51,12 @@ pub struct Stats {
 /// comments silently; `archive verify` and `repair` read it).
 const DAMAGED_MARK: &str = "intact: archived although found ";
 
-/// A new zstd frame starts at the first member boundary past this much data: damage to the
-/// archive then costs the members of one frame, and reading resumes at the next.
+/// A new zstd frame starts at the first member boundary past this much data or this many
+/// members: damage to the archive then costs the members of one frame, reading resumes at
+/// the next, and frames are read in parallel (an archive of 200,000 tiny files is 13
+/// frames, not one).
 pub const FRAME_BYTES: u64 = 64 << 20;
+const FRAME_MEMBERS: u64 = 16 << 10;
 
 /// The PAX comment that opens each frame with its number (in a global header, which tar
 /// ignores), so that reading can resume after damage without visiting a member twice.

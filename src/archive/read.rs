@@ -7,6 +7,7 @@ use std::io::{self, BufReader, Read};
 use std::ops::ControlFlow;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{Chunk, DAMAGED_MARK, FRAME_MARK, Kind, MAX_EXTENSION, Member};
 use crate::core::classify::Status;
@@ -72,9 +73,10 @@ impl Visit<'_, '_> {
 /// taken from the file (where to look for the next frame after damage).
 type Stream = zstd::stream::read::Decoder<'static, BufReader<Counting>>;
 
-/// A file read from an offset, counting what it gave.
+/// A file read from an offset (up to a limit: one frame, when frames are read apart),
+/// counting what it gave.
 struct Counting {
-    file: File,
+    file: io::Take<File>,
     taken: u64,
 }
 
@@ -89,11 +91,13 @@ impl Read for Counting {
 /// Bytes of compressed input read ahead of the decompressor.
 const READ_AHEAD: usize = 128 << 10;
 
-/// The archive's tar stream from the frame at compressed offset `at`.
-fn open_at(path: &Path, at: u64) -> io::Result<tar::Archive<Stream>> {
+/// The archive's tar stream from the frame at compressed offset `at`, through at most `len`
+/// compressed bytes.
+fn open_at(path: &Path, at: u64, len: u64) -> io::Result<tar::Archive<Stream>> {
     use std::io::Seek;
     let mut file = File::open(path)?;
     file.seek(io::SeekFrom::Start(at))?;
+    let file = file.take(len);
     let reader = BufReader::with_capacity(READ_AHEAD, Counting { file, taken: 0 });
     Ok(tar::Archive::new(zstd::stream::read::Decoder::with_buffer(
         reader,
@@ -140,7 +144,7 @@ pub fn read(
     let mut at = 0;
     let mut frame = None;
     loop {
-        match read_from(path, at, &mut frame, &mut visit) {
+        match read_from(path, (at, u64::MAX), &mut frame, &mut visit) {
             Ok(()) => break,
             Err(broken) => {
                 first_damage.get_or_insert(broken.error);
@@ -157,15 +161,170 @@ pub fn read(
     first_damage.map_or(Ok(()), Err)
 }
 
-/// Reads members from the frame at `at` to the end (or until `visit` breaks), keeping
-/// `frame` at the number of the last frame entered.
+/// Like [`read`], with the frames read apart by `threads` threads: `map` turns each member
+/// into a value on the thread reading its frame (it may read the member's data), and `each`
+/// takes the values on the calling thread, in archive order, until it breaks. Frames are
+/// found by walking their block headers; a frame whose headers do not lead to the next
+/// frame is damaged, and the next intact one is searched for as [`read`] does. A frame
+/// costs its own members only, and the first damage met is returned at the end.
+pub fn read_parallel<T: Send>(
+    path: &Path,
+    threads: usize,
+    map: impl Fn(&mut Visit<'_, '_>) -> T + Sync,
+    mut each: impl FnMut(T) -> ControlFlow<()>,
+) -> Result<(), ReadError> {
+    let unreadable = |error| ReadError {
+        member: None,
+        damaged: false,
+        error,
+    };
+    check_magic(path).map_err(unreadable)?;
+    let file = File::open(path).map_err(unreadable)?;
+    let size = file.metadata().map_err(unreadable)?.len();
+    let threads = threads.max(1);
+    let stop = &AtomicBool::new(false);
+    let map = &map;
+    type Frame<T> = crossbeam_channel::Receiver<Result<Vec<T>, Broken>>;
+    std::thread::scope(|s| {
+        let (jobs, job_rx) = crossbeam_channel::bounded(threads);
+        let (order, frames) = crossbeam_channel::bounded::<Frame<T>>(2 * threads);
+        s.spawn(move || {
+            let mut at = Some(0);
+            while let Some(start) = at.filter(|_| !stop.load(Ordering::Relaxed)) {
+                let (end, next) = match frame_end(&file, start, size) {
+                    Some(end) => (end, (end < size).then_some(end)),
+                    None => {
+                        let next = next_frame(path, start + 1, None);
+                        (next.unwrap_or(size), next)
+                    }
+                };
+                // Values of members not yet taken: bounds memory on frames of tiny files.
+                let (tx, rx) = crossbeam_channel::bounded(LOOKAHEAD);
+                if order.send(rx).is_err() || jobs.send(((start, end - start), tx)).is_err() {
+                    break;
+                }
+                at = next;
+            }
+        });
+        for _ in 0..threads {
+            let job_rx = job_rx.clone();
+            s.spawn(move || {
+                for (range, tx) in job_rx {
+                    if stop.load(Ordering::Relaxed) {
+                        continue;
+                    }
+                    // Values go in batches: one hand-over per tiny member cost more than
+                    // reading it.
+                    let tx: crossbeam_channel::Sender<Result<Vec<T>, Broken>> = tx;
+                    let mut batch = Vec::with_capacity(BATCH);
+                    let read = read_from(path, range, &mut None, &mut |mut visit| {
+                        batch.push(map(&mut visit));
+                        if batch.len() < BATCH {
+                            return ControlFlow::Continue(());
+                        }
+                        match tx.send(Ok(std::mem::take(&mut batch))) {
+                            Ok(()) => ControlFlow::Continue(()),
+                            Err(_) => ControlFlow::Break(()),
+                        }
+                    });
+                    let _ = tx.send(Ok(batch));
+                    if let Err(broken) = read {
+                        let _ = tx.send(Err(broken));
+                    }
+                }
+            });
+        }
+        drop(job_rx);
+        let mut first_damage = None;
+        'frames: for frame in &frames {
+            for values in &frame {
+                match values {
+                    Ok(values) => {
+                        for value in values {
+                            if each(value).is_break() {
+                                break 'frames;
+                            }
+                        }
+                    }
+                    Err(broken) => {
+                        first_damage.get_or_insert(broken.error);
+                    }
+                }
+            }
+        }
+        // Winds down the threads: what they send next fails, and what is queued is skipped.
+        stop.store(true, Ordering::Relaxed);
+        drop(frames);
+        first_damage.map_or(Ok(()), Err)
+    })
+}
+
+/// Batches of values of one frame's members a thread may hold before they are taken in
+/// order, and values a batch.
+const LOOKAHEAD: usize = 16;
+const BATCH: usize = 256;
+
+/// Where the zstd frame at `at` ends, found by walking its header and block headers; `None`
+/// if they do not lead to the end of the file or to the start of another frame (damage).
+fn frame_end(file: &File, at: u64, size: u64) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let byte = |at: u64| {
+        let mut b = [0u8; 1];
+        file.read_exact_at(&mut b, at).ok().map(|()| b[0])
+    };
+    let mut magic = [0u8; 4];
+    file.read_exact_at(&mut magic, at).ok()?;
+    if magic != ZSTD_MAGIC {
+        return None;
+    }
+    // Frame header descriptor: content size field, single segment, checksum, dictionary ID.
+    let fhd = byte(at + 4)?;
+    let single = fhd & 0x20 != 0;
+    let fcs = match fhd >> 6 {
+        0 => u64::from(single),
+        1 => 2,
+        2 => 4,
+        _ => 8,
+    };
+    let dict = [0, 1, 2, 4][(fhd & 3) as usize];
+    let mut pos = at + 5 + u64::from(!single) + dict + fcs;
+    loop {
+        let mut h = [0u8; 3];
+        file.read_exact_at(&mut h, pos).ok()?;
+        let h = u32::from_le_bytes([h[0], h[1], h[2], 0]);
+        let len = u64::from(h >> 3);
+        pos += 3 + match (h >> 1) & 3 {
+            0 | 2 => len,
+            1 => 1,
+            _ => return None,
+        };
+        if pos > size {
+            return None;
+        }
+        if h & 1 == 1 {
+            break;
+        }
+    }
+    if fhd & 0x04 != 0 {
+        pos += 4;
+    }
+    let mut next = [0u8; 4];
+    match pos {
+        p if p == size => Some(p),
+        p if p < size && file.read_exact_at(&mut next, p).is_ok() && next == ZSTD_MAGIC => Some(p),
+        _ => None,
+    }
+}
+
+/// Reads members from the frame at `at` through `len` compressed bytes (or until `visit`
+/// breaks), keeping `frame` at the number of the last frame entered.
 fn read_from(
     path: &Path,
-    at: u64,
+    (at, len): (u64, u64),
     frame: &mut Option<u64>,
     visit: &mut impl FnMut(Visit<'_, '_>) -> ControlFlow<()>,
 ) -> Result<(), Broken> {
-    let mut archive = open_at(path, at).map_err(|error| Broken {
+    let mut archive = open_at(path, at, len).map_err(|error| Broken {
         error: ReadError {
             member: None,
             damaged: true,
@@ -287,7 +446,7 @@ fn next_frame(path: &Path, from: u64, after: Option<u64>) -> Option<u64> {
 
 /// The number of the frame at `at`, if a frame of ours starts there.
 fn frame_at(path: &Path, at: u64) -> Option<u64> {
-    let mut archive = open_at(path, at).ok()?;
+    let mut archive = open_at(path, at, u64::MAX).ok()?;
     let mut entries = archive.entries().ok()?.raw(true);
     let mut entry = entries.next()?.ok()?;
     if entry.header().entry_type() != tar::EntryType::XGlobalHeader || entry.size() > 4096 {

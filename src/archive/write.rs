@@ -9,7 +9,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use super::{DAMAGED_MARK, FRAME_BYTES, FRAME_MARK, Options, Stats};
+use super::{DAMAGED_MARK, FRAME_BYTES, FRAME_MARK, FRAME_MEMBERS, Options, Stats};
 use crate::core::classify::Status;
 use crate::core::digest::{Digest, Hasher};
 use crate::core::pax::{MAX_RUNS, Pax, encode_key, pax_time, sparse_map};
@@ -39,6 +39,7 @@ pub struct Writer {
     /// The zstd frame being written, and the file data in it so far.
     frame: u64,
     frame_bytes: u64,
+    frame_members: u64,
     /// Running totals.
     pub stats: Stats,
     /// Temp files that killed runs had left beside the archive, removed.
@@ -66,6 +67,7 @@ impl Writer {
             opts,
             frame: 0,
             frame_bytes: 0,
+            frame_members: 0,
             stats: Stats::default(),
             removed,
         };
@@ -86,12 +88,13 @@ impl Writer {
         let out = self.out.as_mut().expect("open until finished");
         write_pax(out, &pax, tar::EntryType::XGlobalHeader)?;
         self.frame_bytes = 0;
+        self.frame_members = 0;
         Ok(())
     }
 
     /// Ends the frame and starts the next, once the frame holds enough.
     fn next_frame_if_full(&mut self) -> io::Result<()> {
-        if self.frame_bytes < FRAME_BYTES {
+        if self.frame_bytes < FRAME_BYTES && self.frame_members < FRAME_MEMBERS {
             return Ok(());
         }
         let out = self.out.as_mut().expect("open until finished");
@@ -105,6 +108,7 @@ impl Writer {
     /// was done. An `Err` is a failure to write the archive itself, which ends the run.
     pub fn add(&mut self, report: &mut FileReport) -> io::Result<()> {
         self.next_frame_if_full()?;
+        self.frame_members += 1;
         let root = report.root;
         let name = self.member_name(root, &report.path);
         // A second name is a link member, whatever its first name's verdict (the first name

@@ -47,16 +47,19 @@ pub fn verify(a: VerifyArgs) -> anyhow::Result<Exit> {
     );
     let start = Instant::now();
     let mut io_error = None;
-    let read = archive::read(path, |mut visit| {
-        let report = archive::verify_member(&mut visit);
-        match reporter.file(&report) {
-            Ok(()) => std::ops::ControlFlow::Continue(()),
-            Err(e) => {
-                io_error = Some(e);
-                std::ops::ControlFlow::Break(())
-            }
-        }
-    });
+    let read =
+        archive::read_parallel(
+            path,
+            threads(),
+            archive::verify_member,
+            |report| match reporter.file(&report) {
+                Ok(()) => std::ops::ControlFlow::Continue(()),
+                Err(e) => {
+                    io_error = Some(e);
+                    std::ops::ControlFlow::Break(())
+                }
+            },
+        );
     reporter.summary.elapsed = start.elapsed();
     let mut exit = reporter.finish().context("writing output")?;
     if let Some(e) = io_error
@@ -80,45 +83,8 @@ pub fn list(a: ListArgs) -> anyhow::Result<Exit> {
     let path = a.archive.as_path();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let mut io_error = None;
-    let read = archive::read(path, |visit| {
-        let m = visit.member;
-        let digest = m
-            .stored()
-            .best()
-            .map_or_else(|| "-".to_string(), |t| t.digest.to_string());
-        let kind = match &m.kind {
-            archive::Kind::File => '-',
-            archive::Kind::Link(_) => 'h',
-            archive::Kind::Symlink(_) => 'l',
-            archive::Kind::Other => '?',
-        };
-        // humantime stops at the year 9999; later (or earlier than 1970) shows as seconds.
-        let mtime = match m.mtime.sec {
-            sec @ 0..=253_402_300_799 => humantime::format_rfc3339_seconds(
-                std::time::UNIX_EPOCH + Duration::from_secs(sec as u64),
-            )
-            .to_string(),
-            sec => format!("@{sec}"),
-        };
-        let target = match &m.kind {
-            archive::Kind::Link(t) | archive::Kind::Symlink(t) => {
-                format!(" -> {}", escape(Path::new(std::ffi::OsStr::from_bytes(t))))
-            }
-            _ => String::new(),
-        };
-        let line = writeln!(
-            out,
-            "{kind}{} {}/{} {:>12} {mtime} {digest} {}{target}{}",
-            mode_string(m.mode),
-            m.uid,
-            m.gid,
-            m.size,
-            escape(&m.path()),
-            m.damaged
-                .as_ref()
-                .map_or(String::new(), |v| format!("  [archived although {v}]"))
-        );
-        match line {
+    let read = archive::read_parallel(path, threads(), line, |line| {
+        match out.write_all(line.as_bytes()) {
             Ok(()) => std::ops::ControlFlow::Continue(()),
             Err(e) => {
                 io_error = Some(e);
@@ -143,6 +109,51 @@ pub fn list(a: ListArgs) -> anyhow::Result<Exit> {
             })
         }
     }
+}
+
+/// Frames are read on every core.
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// A member's line in `archive list`.
+fn line(visit: &mut archive::Visit<'_, '_>) -> String {
+    let m = visit.member;
+    let digest = m
+        .stored()
+        .best()
+        .map_or_else(|| "-".to_string(), |t| t.digest.to_string());
+    let kind = match &m.kind {
+        archive::Kind::File => '-',
+        archive::Kind::Link(_) => 'h',
+        archive::Kind::Symlink(_) => 'l',
+        archive::Kind::Other => '?',
+    };
+    // humantime stops at the year 9999; later (or earlier than 1970) shows as seconds.
+    let mtime = match m.mtime.sec {
+        sec @ 0..=253_402_300_799 => humantime::format_rfc3339_seconds(
+            std::time::UNIX_EPOCH + Duration::from_secs(sec as u64),
+        )
+        .to_string(),
+        sec => format!("@{sec}"),
+    };
+    let target = match &m.kind {
+        archive::Kind::Link(t) | archive::Kind::Symlink(t) => {
+            format!(" -> {}", escape(Path::new(std::ffi::OsStr::from_bytes(t))))
+        }
+        _ => String::new(),
+    };
+    format!(
+        "{kind}{} {}/{} {:>12} {mtime} {digest} {}{target}{}\n",
+        mode_string(m.mode),
+        m.uid,
+        m.gid,
+        m.size,
+        escape(&m.path()),
+        m.damaged
+            .as_ref()
+            .map_or(String::new(), |v| format!("  [archived although {v}]"))
+    )
 }
 
 /// `rwxr-xr-x` for permission bits.

@@ -345,4 +345,30 @@ fn damage_costs_one_frame_and_reading_resumes_after_it() {
     flip_byte(&c, 12345);
     intact!("repair", t.path("src"), "--from", archive).expect_code(0);
     assert_eq!(fs::read(&c).unwrap(), good);
+    // A block header of b's frame damaged too: its blocks no longer lead to the next frame,
+    // which is searched for instead.
+    let bytes = fs::read(&archive).unwrap();
+    let a_len = zstd::zstd_safe::find_frame_compressed_size(&bytes).unwrap();
+    let fhd = bytes[a_len + 4];
+    let header = 5
+        + usize::from(fhd & 0x20 == 0)
+        + [0, 1, 2, 4][usize::from(fhd & 3)]
+        + match fhd >> 6 {
+            0 => usize::from(fhd & 0x20 != 0),
+            1 => 2,
+            2 => 4,
+            _ => 8,
+        };
+    // Bit 20 of the first block header: its size grows by 128 KiB.
+    let f = fs::OpenOptions::new().write(true).open(&archive).unwrap();
+    use std::os::unix::fs::FileExt;
+    let at = (a_len + header + 2) as u64;
+    f.write_all_at(&[bytes[a_len + header + 2] ^ 0x10], at)
+        .unwrap();
+    let v = intact!("archive", "verify", "--json", archive).expect_code(1);
+    let j = v.json();
+    assert_ne!(j.status("a"), "ok", "{}", v.stdout);
+    // b's frame is lost from its first block, and b with it.
+    assert!(!v.stdout.contains("src/b\""), "{}", v.stdout);
+    assert_eq!(j.status("c"), "ok", "{}", v.stdout);
 }
