@@ -22,7 +22,7 @@ use crate::fs::xattr::Stored;
 mod read;
 mod write;
 
-pub use read::{ReadError, Visit, read, read_parallel, verify_member};
+pub use read::{ReadError, Visit, read, verify_member};
 pub use write::Writer;
 
 /// How to write an archive.

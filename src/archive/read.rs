@@ -1,5 +1,5 @@
-//! Reading an archive: member by member, each frame to its end (so zstd's checksums are
-//! checked), resuming at the next intact frame after damage.
+//! Reading an archive: member by member, frames apart on several threads, each frame to its
+//! end (so zstd's checksums are checked), resuming at the next intact frame after damage.
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -69,24 +69,8 @@ impl Visit<'_, '_> {
     }
 }
 
-/// The decompressed stream of an archive from some frame on, counting the compressed bytes
-/// taken from the file (where to look for the next frame after damage).
-type Stream = zstd::stream::read::Decoder<'static, BufReader<Counting>>;
-
-/// A file read from an offset (up to a limit: one frame, when frames are read apart),
-/// counting what it gave.
-struct Counting {
-    file: io::Take<File>,
-    taken: u64,
-}
-
-impl Read for Counting {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.file.read(buf)?;
-        self.taken += n as u64;
-        Ok(n)
-    }
-}
+/// The decompressed stream of an archive from some frame on.
+type Stream = zstd::stream::read::Decoder<'static, BufReader<io::Take<File>>>;
 
 /// Bytes of compressed input read ahead of the decompressor.
 const READ_AHEAD: usize = 128 << 10;
@@ -98,7 +82,7 @@ fn open_at(path: &Path, at: u64, len: u64) -> io::Result<tar::Archive<Stream>> {
     let mut file = File::open(path)?;
     file.seek(io::SeekFrom::Start(at))?;
     let file = file.take(len);
-    let reader = BufReader::with_capacity(READ_AHEAD, Counting { file, taken: 0 });
+    let reader = BufReader::with_capacity(READ_AHEAD, file);
     Ok(tar::Archive::new(zstd::stream::read::Decoder::with_buffer(
         reader,
     )?))
@@ -122,52 +106,17 @@ const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 /// Where a member visit stood when a frame turned out damaged.
 struct Broken {
     error: ReadError,
-    /// Compressed bytes taken from the file before the error.
-    reached: u64,
 }
 
-/// Visits each member of the archive at `path` in order, until `visit` breaks. Member names
-/// are data, never paths to write to. Damage ends the frame it is in (its remaining members
-/// are lost); reading resumes at the next intact frame, and the first damage met is
-/// returned at the end. The stream is read to its end, so that zstd's checksum of every
-/// frame is verified.
-pub fn read(
-    path: &Path,
-    mut visit: impl FnMut(Visit<'_, '_>) -> ControlFlow<()>,
-) -> Result<(), ReadError> {
-    check_magic(path).map_err(|error| ReadError {
-        member: None,
-        damaged: false,
-        error,
-    })?;
-    let mut first_damage = None;
-    let mut at = 0;
-    let mut frame = None;
-    loop {
-        match read_from(path, (at, u64::MAX), &mut frame, &mut visit) {
-            Ok(()) => break,
-            Err(broken) => {
-                first_damage.get_or_insert(broken.error);
-                // The next frame starts after the error, which is at most a read-ahead before
-                // what the decompressor had taken.
-                let from = (at + broken.reached).saturating_sub(READ_AHEAD as u64 + 4);
-                match next_frame(path, from.max(at + 1), frame) {
-                    Some(next) => at = next,
-                    None => break,
-                }
-            }
-        }
-    }
-    first_damage.map_or(Ok(()), Err)
-}
-
-/// Like [`read`], with the frames read apart by `threads` threads: `map` turns each member
-/// into a value on the thread reading its frame (it may read the member's data), and `each`
-/// takes the values on the calling thread, in archive order, until it breaks. Frames are
-/// found by walking their block headers; a frame whose headers do not lead to the next
-/// frame is damaged, and the next intact one is searched for as [`read`] does. A frame
-/// costs its own members only, and the first damage met is returned at the end.
-pub fn read_parallel<T: Send>(
+/// Visits each member of the archive at `path`, its frames read apart by `threads` threads:
+/// `map` turns each member into a value on the thread reading its frame (it may read the
+/// member's data), and `each` takes the values on the calling thread, in archive order, until
+/// it breaks. Member names are data, never paths to write to. Frames are found by walking
+/// their block headers; damage ends the frame it is in (its remaining members are lost), and
+/// where a frame's headers do not lead to the next frame, the next intact one is searched
+/// for. Each frame is read to its end, so that zstd's checksum of every frame is verified;
+/// the first damage met is returned at the end.
+pub fn read<T: Send>(
     path: &Path,
     threads: usize,
     map: impl Fn(&mut Visit<'_, '_>) -> T + Sync,
@@ -191,11 +140,27 @@ pub fn read_parallel<T: Send>(
         s.spawn(move || {
             let mut at = Some(0);
             while let Some(start) = at.filter(|_| !stop.load(Ordering::Relaxed)) {
-                let (end, next) = match frame_end(&file, start, size) {
-                    Some(end) => (end, (end < size).then_some(end)),
-                    None => {
-                        let next = next_frame(path, start + 1, None);
-                        (next.unwrap_or(size), next)
+                // A part ends where one of intact's frames starts: frames that do not open
+                // with its global header (an archive compressed by another tool in several
+                // frames, cut anywhere) are read with the frames before them.
+                let mut end = start;
+                let next = loop {
+                    match frame_end(&file, end, size) {
+                        Some(e) if e == size => {
+                            end = e;
+                            break None;
+                        }
+                        Some(e) => {
+                            end = e;
+                            if frame_at(path, e).is_some() {
+                                break Some(e);
+                            }
+                        }
+                        None => {
+                            let next = next_frame(path, end + 1);
+                            end = next.unwrap_or(size);
+                            break next;
+                        }
                     }
                 };
                 // Values of members not yet taken: bounds memory on frames of tiny files.
@@ -217,7 +182,7 @@ pub fn read_parallel<T: Send>(
                     // reading it.
                     let tx: crossbeam_channel::Sender<Result<Vec<T>, Broken>> = tx;
                     let mut batch = Vec::with_capacity(BATCH);
-                    let read = read_from(path, range, &mut None, &mut |mut visit| {
+                    let read = read_from(path, range, &mut |mut visit| {
                         batch.push(map(&mut visit));
                         if batch.len() < BATCH {
                             return ControlFlow::Continue(());
@@ -317,11 +282,10 @@ fn frame_end(file: &File, at: u64, size: u64) -> Option<u64> {
 }
 
 /// Reads members from the frame at `at` through `len` compressed bytes (or until `visit`
-/// breaks), keeping `frame` at the number of the last frame entered.
+/// breaks).
 fn read_from(
     path: &Path,
     (at, len): (u64, u64),
-    frame: &mut Option<u64>,
     visit: &mut impl FnMut(Visit<'_, '_>) -> ControlFlow<()>,
 ) -> Result<(), Broken> {
     let mut archive = open_at(path, at, len).map_err(|error| Broken {
@@ -330,7 +294,6 @@ fn read_from(
             damaged: true,
             error,
         },
-        reached: 0,
     })?;
     let mut stopped = false;
     let mut member_name: Option<Vec<u8>> = None;
@@ -378,9 +341,6 @@ fn read_from(
             let mut data = Vec::with_capacity(entry.size() as usize);
             entry.read_to_end(&mut data)?;
             if kind == tar::EntryType::XGlobalHeader {
-                if let Some(n) = frame_number(&data) {
-                    *frame = Some(n);
-                }
                 continue;
             }
             if kind != tar::EntryType::XHeader {
@@ -401,7 +361,6 @@ fn read_from(
         io::copy(&mut stream, &mut io::sink()).map(drop)
     });
     result.map_err(|error| Broken {
-        reached: stream.get_ref().get_ref().taken,
         error: ReadError {
             member: member_name,
             damaged: true,
@@ -419,8 +378,8 @@ fn frame_number(records: &[u8]) -> Option<u64> {
 }
 
 /// The offset, at or after `from`, of the first frame that starts a numbered part of the
-/// archive later than `after`: a zstd magic whose stream opens with our global header.
-fn next_frame(path: &Path, from: u64, after: Option<u64>) -> Option<u64> {
+/// archive: a zstd magic whose stream opens with our global header.
+fn next_frame(path: &Path, from: u64) -> Option<u64> {
     use std::io::Seek;
     let mut file = File::open(path).ok()?;
     file.seek(io::SeekFrom::Start(from)).ok()?;
@@ -436,7 +395,7 @@ fn next_frame(path: &Path, from: u64, after: Option<u64>) -> Option<u64> {
         offset += 1;
         if filled >= 4 && window == ZSTD_MAGIC {
             let start = offset - 4;
-            if frame_at(path, start).is_some_and(|n| after.is_none_or(|a| n > a)) {
+            if frame_at(path, start).is_some() {
                 return Some(start);
             }
         }

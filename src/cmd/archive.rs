@@ -47,19 +47,18 @@ pub fn verify(a: VerifyArgs) -> anyhow::Result<Exit> {
     );
     let start = Instant::now();
     let mut io_error = None;
-    let read =
-        archive::read_parallel(
-            path,
-            threads(),
-            archive::verify_member,
-            |report| match reporter.file(&report) {
-                Ok(()) => std::ops::ControlFlow::Continue(()),
-                Err(e) => {
-                    io_error = Some(e);
-                    std::ops::ControlFlow::Break(())
-                }
-            },
-        );
+    let read = archive::read(
+        path,
+        threads(),
+        archive::verify_member,
+        |report| match reporter.file(&report) {
+            Ok(()) => std::ops::ControlFlow::Continue(()),
+            Err(e) => {
+                io_error = Some(e);
+                std::ops::ControlFlow::Break(())
+            }
+        },
+    );
     reporter.summary.elapsed = start.elapsed();
     let mut exit = reporter.finish().context("writing output")?;
     if let Some(e) = io_error
@@ -83,7 +82,7 @@ pub fn list(a: ListArgs) -> anyhow::Result<Exit> {
     let path = a.archive.as_path();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let mut io_error = None;
-    let read = archive::read_parallel(path, threads(), line, |line| {
+    let read = archive::read(path, threads(), line, |line| {
         match out.write_all(line.as_bytes()) {
             Ok(()) => std::ops::ControlFlow::Continue(()),
             Err(e) => {

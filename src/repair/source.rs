@@ -8,6 +8,7 @@ use std::io::{self, Read};
 use std::ops::ControlFlow;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::Want;
@@ -24,8 +25,9 @@ use crate::report::escape;
 pub(crate) type Fill<'f> =
     dyn FnMut(&mut dyn FnMut(Chunk<'_>) -> io::Result<()>) -> io::Result<()> + 'f;
 
-/// What a source works for: the damaged files, and what to do with a copy.
-pub(crate) trait Attempts {
+/// What a source works for: the damaged files, and what to do with a copy. An archive's
+/// frames are read on several threads, which take turns with it.
+pub(crate) trait Attempts: Send {
     /// How many damaged files there are.
     fn count(&self) -> usize;
     /// What damaged file `i` wants, while it is not repaired yet.
@@ -91,18 +93,20 @@ impl Search for Archive {
     fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), String> {
         let wanted = wanted(work);
         let shown = self.name();
-        archive::read(&self.0, |mut visit| {
-            if cancel.load(Ordering::Relaxed) {
-                return ControlFlow::Break(());
-            }
+        // Frames are read on every core; a member that is wanted takes the work for the
+        // time its copy is verified and staged.
+        let work = Mutex::new(work);
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let offer = |visit: &mut archive::Visit<'_, '_>| {
             let m = visit.member;
-            if m.kind != archive::Kind::File {
-                return ControlFlow::Continue(());
+            if m.kind != archive::Kind::File || cancel.load(Ordering::Relaxed) {
+                return;
             }
             let stored = m.stored();
             let Some(indices) = stored.tags.iter().find_map(|t| wanted.get(&t.digest)) else {
-                return ControlFlow::Continue(());
+                return;
             };
+            let mut work = work.lock().unwrap_or_else(|e| e.into_inner());
             // One offer per content: the repairer gives its bytes to every file that wants
             // them.
             let first = indices.iter().copied().find(|&i| {
@@ -113,7 +117,10 @@ impl Search for Archive {
                 let from = format!("{shown} ({})", escape(&m.path()));
                 work.offer(i, &from, &mut |sink| visit.data(sink));
             }
-            if all_done(work) {
+        };
+        archive::read(&self.0, threads, offer, |()| {
+            let work = work.lock().unwrap_or_else(|e| e.into_inner());
+            if cancel.load(Ordering::Relaxed) || all_done(&**work) {
                 ControlFlow::Break(())
             } else {
                 ControlFlow::Continue(())
