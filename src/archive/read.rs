@@ -217,7 +217,10 @@ pub fn read<T: Send>(
                 }
             }
         }
-        // Winds down the threads: what they send next fails, and what is queued is skipped.
+        // Winds down the threads: queued frames are skipped, and dropping the last receiver
+        // of frames drops those not taken (crossbeam discards a disconnected channel's
+        // messages), which fails their threads' next send: a thread waiting for room in a
+        // frame never taken does not wait forever (test `a_repair_done_early_...`).
         stop.store(true, Ordering::Relaxed);
         drop(frames);
         first_damage.map_or(Ok(()), Err)

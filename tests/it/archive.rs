@@ -398,3 +398,27 @@ fn damage_costs_one_frame_and_reading_resumes_after_it() {
     assert!(!v.stdout.contains("src/b\""), "{}", v.stdout);
     assert_eq!(j.status("c"), "ok", "{}", v.stdout);
 }
+
+#[test]
+fn a_repair_done_early_leaves_no_thread_waiting() {
+    let t = Tree::new();
+    // Three frames of 16,384 members or more: the threads reading the later ones fill their
+    // queues and wait for them to be taken, which a repair done with the first member never
+    // does; the run must still end.
+    for i in 0..33_000u32 {
+        t.write(format!("src/d{:02}/f{i:05}", i % 100), i.to_le_bytes());
+    }
+    let archive = t.path("a.tar.zst");
+    intact!("archive", "create", archive, t.path("src")).expect_code(0);
+    let first = t.path("src/d00/f00000");
+    flip_byte(&first, 0);
+    intact!(
+        "repair",
+        "--discard-damaged",
+        t.path("src"),
+        "--from",
+        archive
+    )
+    .expect_code(0);
+    assert_eq!(fs::read(&first).unwrap(), 0u32.to_le_bytes());
+}
