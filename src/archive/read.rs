@@ -103,11 +103,6 @@ fn check_magic(path: &Path) -> io::Result<()> {
 
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 
-/// Where a member visit stood when a frame turned out damaged.
-struct Broken {
-    error: ReadError,
-}
-
 /// Visits each member of the archive at `path`, its frames read apart by `threads` threads:
 /// `map` turns each member into a value on the thread reading its frame (it may read the
 /// member's data), and `each` takes the values on the calling thread, in archive order, until
@@ -133,7 +128,7 @@ pub fn read<T: Send>(
     let threads = threads.max(1);
     let stop = &AtomicBool::new(false);
     let map = &map;
-    type Frame<T> = crossbeam_channel::Receiver<Result<Vec<T>, Broken>>;
+    type Frame<T> = crossbeam_channel::Receiver<Result<Vec<T>, ReadError>>;
     std::thread::scope(|s| {
         let (jobs, job_rx) = crossbeam_channel::bounded(threads);
         let (order, frames) = crossbeam_channel::bounded::<Frame<T>>(2 * threads);
@@ -180,7 +175,7 @@ pub fn read<T: Send>(
                     }
                     // Values go in batches: one hand-over per tiny member cost more than
                     // reading it.
-                    let tx: crossbeam_channel::Sender<Result<Vec<T>, Broken>> = tx;
+                    let tx: crossbeam_channel::Sender<Result<Vec<T>, ReadError>> = tx;
                     let mut batch = Vec::with_capacity(BATCH);
                     let read = read_from(path, range, &mut |mut visit| {
                         batch.push(map(&mut visit));
@@ -212,7 +207,7 @@ pub fn read<T: Send>(
                         }
                     }
                     Err(broken) => {
-                        first_damage.get_or_insert(broken.error);
+                        first_damage.get_or_insert(broken);
                     }
                 }
             }
@@ -290,13 +285,11 @@ fn read_from(
     path: &Path,
     (at, len): (u64, u64),
     visit: &mut impl FnMut(Visit<'_, '_>) -> ControlFlow<()>,
-) -> Result<(), Broken> {
-    let mut archive = open_at(path, at, len).map_err(|error| Broken {
-        error: ReadError {
-            member: None,
-            damaged: true,
-            error,
-        },
+) -> Result<(), ReadError> {
+    let mut archive = open_at(path, at, len).map_err(|error| ReadError {
+        member: None,
+        damaged: true,
+        error,
     })?;
     let mut stopped = false;
     let mut member_name: Option<Vec<u8>> = None;
@@ -363,12 +356,10 @@ fn read_from(
         }
         io::copy(&mut stream, &mut io::sink()).map(drop)
     });
-    result.map_err(|error| Broken {
-        error: ReadError {
-            member: member_name,
-            damaged: true,
-            error,
-        },
+    result.map_err(|error| ReadError {
+        member: member_name,
+        damaged: true,
+        error,
     })
 }
 
