@@ -323,9 +323,7 @@ impl State {
         }
         let rows = std::mem::take(&mut self.pending);
         match &self.writer.rows {
-            Some(tx) if tx.send(Batch::Rows(rows, self.run)).is_ok() => {
-                self.writer.in_flight += 1
-            }
+            Some(tx) if tx.send(Batch::Rows(rows, self.run)).is_ok() => self.writer.in_flight += 1,
             _ => self.fail(writer_gone()),
         }
         self.collect(false);
