@@ -602,11 +602,12 @@ struct SetFiles<'a> {
 }
 
 impl par2::Files for SetFiles<'_> {
-    fn open(&mut self, i: usize) -> io::Result<Box<dyn Read + '_>> {
+    fn open(&mut self, i: usize) -> io::Result<Box<dyn par2::Through + '_>> {
         Ok(Box::new(Hashing {
             file: crate::fs::sys::open_nofollow(&self.files[i].path).ok(),
             left: self.files[i].size,
             hasher: Some(Hasher::new(self.files[i].digest.algo)),
+            pending: Vec::new(),
             seen: &self.seen,
             index: i,
         }))
@@ -621,17 +622,38 @@ impl par2::Files for SetFiles<'_> {
     }
 }
 
-/// Reads a file while hashing what goes by. A file that vanished, shrank or cannot be read
-/// reads as zeros to its expected size and leaves no digest: it is then reported as changed
-/// and left out, rather than costing the other files of its pack their parity. The digest
-/// is left when it is dropped: the last reader of a file counts (the first only reads the
-/// 16 KiB of its file ID).
+/// Reads a file, and hashes what the first pass hands along (beside its MD5, a block at a
+/// time). A file that vanished, shrank or cannot be read reads as zeros to its expected size
+/// and leaves no digest: it is then reported as changed and left out, rather than costing
+/// the other files of its pack their parity. The digest is left when it is dropped: the
+/// last reader of a file counts (the first only reads the 16 KiB of its file ID).
 struct Hashing<'s> {
     file: Option<File>,
     left: u64,
     hasher: Option<Hasher>,
+    /// BLAKE3 is fed in larger pieces: a block at a time it would not use its SIMD lanes.
+    pending: Vec<u8>,
     seen: &'s RefCell<Vec<Option<Digest>>>,
     index: usize,
+}
+
+/// How much BLAKE3 input [`Hashing`] gathers before hashing it.
+const GATHER: usize = 64 << 10;
+
+impl par2::Through for Hashing<'_> {
+    fn along(&mut self, piece: &[u8]) {
+        match self.hasher.as_mut() {
+            Some(h @ Hasher::Sha256(_)) => h.update(piece),
+            Some(h) => {
+                self.pending.extend_from_slice(piece);
+                if self.pending.len() >= GATHER {
+                    h.update(&self.pending);
+                    self.pending.clear();
+                }
+            }
+            None => {}
+        }
+    }
 }
 
 impl Read for Hashing<'_> {
@@ -650,9 +672,6 @@ impl Read for Hashing<'_> {
                 want
             }
         };
-        if let Some(h) = self.hasher.as_mut() {
-            h.update(&buf[..n]);
-        }
         self.left -= n as u64;
         Ok(n)
     }
@@ -660,7 +679,8 @@ impl Read for Hashing<'_> {
 
 impl Drop for Hashing<'_> {
     fn drop(&mut self) {
-        if let Some(h) = self.hasher.take() {
+        if let Some(mut h) = self.hasher.take() {
+            h.update(&self.pending);
             self.seen.borrow_mut()[self.index] = Some(h.finalize());
         }
     }
@@ -765,6 +785,59 @@ mod tests {
         assert_eq!(resolve(root, b"a/b"), Some(PathBuf::from("/r/a/b")));
         for bad in [&b"../x"[..], b"/etc/passwd", b"a/../../x", b"", b"./a"] {
             assert_eq!(resolve(root, bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    /// The parity is computed over what is read as it is computed, which must be what was
+    /// verified: the digest taken along the way (beside PAR2's MD5) decides. A file whose
+    /// bytes are not those of its digest gets none; its pack is made of the others.
+    #[test]
+    fn parity_is_only_made_of_the_verified_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("tree");
+        std::fs::create_dir(&root).unwrap();
+        for algo in [Algo::Sha256, Algo::Blake3] {
+            // Sizes around BLAKE3's gathering, a pack's limit, and a set of its own.
+            for (size, pack) in [(100, true), (200 << 10, true), (600 << 10, false)] {
+                let store = Store::open(&dir.path().join("store"), &root, 0.1, 2).unwrap();
+                let files: Vec<Protectee> = (0..3)
+                    .map(|i| {
+                        let path = root.join(format!("{algo:?}-{size}-{i}"));
+                        let mut rng = crate::testutil::Rng::new((size + i) as u64);
+                        let data: Vec<u8> = (0..size).map(|_| rng.below(256) as u8).collect();
+                        std::fs::write(&path, &data).unwrap();
+                        let mut h = Hasher::new(algo);
+                        h.update(&data);
+                        let mut digest = h.finalize();
+                        if i == 1 {
+                            // Verified with other bytes than the file now holds.
+                            digest.bytes[0] ^= 1;
+                        }
+                        Protectee {
+                            name: path.file_name().unwrap().as_encoded_bytes().to_vec(),
+                            path,
+                            size: size as u64,
+                            digest,
+                        }
+                    })
+                    .collect();
+                let digests: Vec<Digest> = files.iter().map(|f| f.digest).collect();
+                let jobs = if pack {
+                    vec![Job::Pack(files)]
+                } else {
+                    files.into_iter().map(Job::File).collect()
+                };
+                for job in jobs {
+                    store.run(job);
+                }
+                store.commit().unwrap();
+                let got: Vec<Outcome> = digests.iter().map(|d| store.outcome(d)).collect();
+                assert_eq!(
+                    got,
+                    [Outcome::Durable, Outcome::Changed, Outcome::Durable],
+                    "{algo:?}, {size} bytes"
+                );
+            }
         }
     }
 }

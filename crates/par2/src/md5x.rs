@@ -1,9 +1,11 @@
-//! MD5 of many equal-length messages at once: one message per SIMD lane (16 with AVX-512, 8
-//! with AVX2), as every slice of a set needs its own MD5. One MD5 stream is a chain of
-//! dependent steps that leaves most of a core idle; independent lanes fill it.
-//! Elsewhere, and for a single message, the `md-5` crate.
-
-use md5::{Digest as _, Md5};
+//! MD5, which PAR2 names for files, slices and packets. Many equal-length messages at once:
+//! one message per SIMD lane (16 with AVX-512, 8 with AVX2), as every slice of a set needs
+//! its own MD5; one MD5 stream is a chain of dependent steps that leaves most of a core idle,
+//! and independent lanes fill it. A single message ([`Md5`]): scalar, with the part of each
+//! step that does not wait for the previous one computed ahead (0.79 GB/s on Zen 4 against
+//! 0.64 for the `md-5` crate, `examples/md5speed.rs`), and able to hand each block to another
+//! hash as it goes, so that a file's MD5 and its SHA-256 (on other execution units) are
+//! computed together.
 
 use crate::packet::Id;
 
@@ -22,7 +24,129 @@ pub fn digest_many(msgs: &[&[u8]]) -> Vec<Id> {
 }
 
 fn portable(msgs: &[&[u8]]) -> Vec<Id> {
-    msgs.iter().map(|m| Md5::digest(m).into()).collect()
+    msgs.iter().map(|m| Md5::digest(m)).collect()
+}
+
+/// The MD5 of one message, fed piece by piece.
+#[derive(Clone)]
+pub struct Md5 {
+    state: [u32; 4],
+    /// The start of a block not yet complete.
+    pending: [u8; 64],
+    pending_len: usize,
+    len: u64,
+}
+
+impl Default for Md5 {
+    fn default() -> Self {
+        Md5::new()
+    }
+}
+
+impl Md5 {
+    pub fn new() -> Self {
+        Md5 {
+            state: INIT,
+            pending: [0; 64],
+            pending_len: 0,
+            len: 0,
+        }
+    }
+
+    /// The MD5 of `data`.
+    pub fn digest(data: &[u8]) -> Id {
+        let mut h = Md5::new();
+        h.update(data);
+        h.finalize()
+    }
+
+    pub fn update(&mut self, data: impl AsRef<[u8]>) {
+        self.update_along(data.as_ref(), &mut |_| {});
+    }
+
+    /// Hashes `data`, handing it to `along` piece by piece, each right after its block is
+    /// hashed: the two hashes' instructions then interleave in the core (MD5 alone waits on
+    /// its own latency chain). Together they see every byte once, in order.
+    pub fn update_along(&mut self, mut data: &[u8], along: &mut dyn FnMut(&[u8])) {
+        self.len = self.len.wrapping_add(data.len() as u64);
+        if self.pending_len > 0 {
+            let n = data.len().min(64 - self.pending_len);
+            self.pending[self.pending_len..][..n].copy_from_slice(&data[..n]);
+            self.pending_len += n;
+            along(&data[..n]);
+            data = &data[n..];
+            if self.pending_len < 64 {
+                return;
+            }
+            compress(&mut self.state, &self.pending);
+            self.pending_len = 0;
+        }
+        let mut blocks = data.chunks_exact(64);
+        for block in &mut blocks {
+            compress(&mut self.state, block.try_into().expect("64 bytes"));
+            along(block);
+        }
+        let tail = blocks.remainder();
+        self.pending[..tail.len()].copy_from_slice(tail);
+        self.pending_len = tail.len();
+        along(tail);
+    }
+
+    pub fn finalize(mut self) -> Id {
+        let (last, blocks) = final_blocks(&self.pending[..self.pending_len], self.len);
+        for block in last[..blocks * 64].chunks_exact(64) {
+            compress(&mut self.state, block.try_into().expect("64 bytes"));
+        }
+        let mut out = [0u8; 16];
+        for (o, w) in out.chunks_exact_mut(4).zip(self.state) {
+            o.copy_from_slice(&w.to_le_bytes());
+        }
+        out
+    }
+}
+
+/// One block into the state.
+#[inline(always)]
+fn compress(state: &mut [u32; 4], block: &[u8; 64]) {
+    let m: [u32; 16] =
+        std::array::from_fn(|i| u32::from_le_bytes(block[4 * i..][..4].try_into().expect("4")));
+    let [mut a, mut b, mut c, mut d] = *state;
+    // `a + m + k` does not depend on the step before: computed first, and kept apart (the
+    // empty asm) so that the compiler does not fold the constant in after the round
+    // function, on the chain every step waits for.
+    macro_rules! step {
+        ($a:ident, $b:ident, $c:ident, $d:ident, $i:expr, $s:expr, $f:expr) => {
+            #[allow(unused_mut)]
+            let mut early = $a.wrapping_add(m[WORD[$i]]).wrapping_add(K[$i]);
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: an empty template: the value stays in its register, unchanged.
+            unsafe {
+                std::arch::asm!("/* {0:e} */", inout(reg) early, options(pure, nomem, nostack))
+            };
+            $a = $b.wrapping_add(early.wrapping_add($f).rotate_left($s));
+        };
+    }
+    // The rotations as literals: a rotation by a variable is a slower instruction.
+    macro_rules! round {
+        ($r:expr, [$s0:expr, $s1:expr, $s2:expr, $s3:expr], $f:expr) => {
+            for j in 0..4 {
+                let i = 16 * $r + 4 * j;
+                step!(a, b, c, d, i, $s0, $f(b, c, d));
+                step!(d, a, b, c, i + 1, $s1, $f(a, b, c));
+                step!(c, d, a, b, i + 2, $s2, $f(d, a, b));
+                step!(b, c, d, a, i + 3, $s3, $f(c, d, a));
+            }
+        };
+    }
+    round!(0, [7, 12, 17, 22], |x: u32, y: u32, z: u32| z
+        ^ (x & (y ^ z)));
+    round!(1, [5, 9, 14, 20], |x: u32, y: u32, z: u32| (y & !z)
+        .wrapping_add(x & z));
+    round!(2, [4, 11, 16, 23], |x: u32, y: u32, z: u32| x ^ (y ^ z));
+    round!(3, [6, 10, 15, 21], |x: u32, y: u32, z: u32| y ^ (x | !z));
+    for (s, v) in state.iter_mut().zip([a, b, c, d]) {
+        *s = s.wrapping_add(v);
+    }
 }
 
 /// The additive constants, `floor(abs(sin(i + 1)) * 2^32)`.
@@ -363,9 +487,11 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
+    use md5::Digest as _;
+
     use super::*;
 
-    /// Every backend this CPU has, against the `md-5` crate, on lengths around the block and
+    /// Every backend this CPU has (and the scalar one), against the `md-5` crate, on lengths around the block and
     /// padding boundaries and counts around the lane widths.
     #[test]
     fn every_backend_matches_the_reference_md5() {
@@ -392,7 +518,7 @@ mod tests {
                     })
                     .collect();
                 let msgs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
-                let want: Vec<Id> = msgs.iter().map(|m| Md5::digest(m).into()).collect();
+                let want: Vec<Id> = msgs.iter().map(|m| md5::Md5::digest(m).into()).collect();
                 for (n, backend) in backends.iter().enumerate() {
                     assert_eq!(
                         backend(&msgs),
@@ -400,6 +526,28 @@ mod tests {
                         "backend {n}, length {len}, {count} messages"
                     );
                 }
+            }
+        }
+    }
+
+    /// The scalar MD5 fed in pieces of every size, against the `md-5` crate; what it hands
+    /// along is the message, once, in order.
+    #[test]
+    fn the_streaming_md5_matches_the_reference_and_hands_every_byte_along() {
+        let mut seed = 100;
+        for len in [0, 1, 55, 56, 63, 64, 65, 127, 128, 129, 1000, 5000] {
+            seed += 1;
+            let data = crate::test_data(len, seed);
+            let want: Id = md5::Md5::digest(&data).into();
+            assert_eq!(Md5::digest(&data), want, "length {len}");
+            for piece in [1, 3, 63, 64, 65, 200] {
+                let mut h = Md5::new();
+                let mut seen = Vec::new();
+                for p in data.chunks(piece) {
+                    h.update_along(p, &mut |b| seen.extend_from_slice(b));
+                }
+                assert_eq!(h.finalize(), want, "length {len}, pieces of {piece}");
+                assert_eq!(seen, data, "length {len}, pieces of {piece}");
             }
         }
     }

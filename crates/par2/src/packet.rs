@@ -7,7 +7,7 @@
 //! the specification asks. Nothing read here is trusted beyond its checksums: counts are
 //! bounded by the bytes present, and names are data.
 
-use md5::{Digest as _, Md5};
+use crate::md5x::Md5;
 
 /// The magic that starts every packet.
 pub const MAGIC: &[u8; 8] = b"PAR2\0PKT";
@@ -254,7 +254,7 @@ pub fn file_id(md5_16k: &Id, len: u64, name: &[u8]) -> Id {
     h.update(md5_16k);
     h.update(len.to_le_bytes());
     h.update(name);
-    h.finalize().into()
+    h.finalize()
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::io::Read;
 use std::path::Path;
 use std::process::Command;
 
-use intact_par2::{Files, Input, Plan, Set, create, volume_name};
+use intact_par2::{Files, Input, Plan, Set, Through, create, volume_name};
 
 fn data(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
@@ -35,7 +35,7 @@ fn par2(dir: &Path, args: &[&str]) -> (bool, String) {
 struct Dir<'a>(&'a Path, &'a [&'a str]);
 
 impl Files for Dir<'_> {
-    fn open(&mut self, i: usize) -> std::io::Result<Box<dyn Read + '_>> {
+    fn open(&mut self, i: usize) -> std::io::Result<Box<dyn Through + '_>> {
         Ok(Box::new(fs::File::open(self.0.join(self.1[i]))?))
     }
 
