@@ -471,17 +471,28 @@ impl Making<'_> {
         let cut = if first { strip.range.clone() } else { 0..held };
         let mut batch: Vec<(Vec<u8>, u16)> = Vec::with_capacity(batch_slices);
         let mut slice_index = 0;
-        let threads = self.threads;
         // Buffers of slices and of their native copies go back here once a batch is done:
         // a fresh 400 KiB buffer per slice cost page faults and clearing in the kernel.
         let (spare, spare_native) = (&Mutex::new(Vec::new()), &Mutex::new(Vec::new()));
+        let work = Batching {
+            cut,
+            first,
+            strips,
+            width: strip.width,
+            threads: self.threads,
+            spare,
+            spare_native,
+        };
         std::thread::scope(|s| -> Result<(), Error> {
-            let mut running: Option<std::thread::ScopedJoinHandle<'_, Done>> = None;
-            let finish = |running: &mut Option<std::thread::ScopedJoinHandle<'_, Done>>,
+            let mut running: Option<Running<'_>> = None;
+            let finish = |running: &mut Option<Running<'_>>,
                           describe: &mut Option<Description<'_>>,
                           pieces: &mut [u32]| {
-                running.take().map(|h| {
-                    let (rec, at, sums, crcs) = h.join().expect("no panic");
+                running.take().map(|r| {
+                    let (rec, at, sums, crcs) = match r {
+                        Running::Thread(h) => h.join().expect("no panic"),
+                        Running::Done(done) => done,
+                    };
                     if let Some((_, checksums)) = describe {
                         checksums[at..at + sums.len()].copy_from_slice(&sums);
                         // Empty when there is one strip (and `pieces` too).
@@ -492,60 +503,21 @@ impl Making<'_> {
                     rec
                 })
             };
-            let (cut, width) = (&cut, strip.width);
+            let work = &work;
+            // While a batch is worked on by another thread, the next is read; the last one
+            // has nothing to overlap with, and is worked on here.
             let mut hand_over = |batch: Vec<(Vec<u8>, u16)>,
                                  at: usize,
+                                 last: bool,
                                  running: &mut Option<_>,
                                  describe: &mut Option<_>,
                                  pieces: &mut [u32]| {
-                let mut rec = finish(running, describe, pieces)
+                let rec = finish(running, describe, pieces)
                     .unwrap_or_else(|| std::mem::take(&mut recovery));
-                *running = Some(s.spawn(move || {
-                    // The checksums need the plain bytes and the multiplication a native copy
-                    // of the strip: both at once.
-                    let native: Vec<(Vec<u8>, u16)> = batch
-                        .iter()
-                        .map(|(b, c)| {
-                            let mut n: Vec<u8> = take_spare(spare_native);
-                            n.clear();
-                            n.extend_from_slice(&b[cut.clone()]);
-                            gf::to_native(&mut n);
-                            (n, *c)
-                        })
-                        .collect();
-                    let (sums, crcs) = std::thread::scope(|t| {
-                        let sums = t.spawn(|| {
-                            if !first {
-                                return (Vec::new(), Vec::new());
-                            }
-                            let slices: Vec<&[u8]> = batch.iter().map(|(b, _)| &b[..]).collect();
-                            let mut crcs = Vec::new();
-                            let sums = md5x::digest_many(&slices)
-                                .into_iter()
-                                .zip(&slices)
-                                .map(|(md5, b)| {
-                                    if strips == 1 {
-                                        return (md5, crc32fast::hash(b));
-                                    }
-                                    let mut whole = crc32fast::Hasher::new();
-                                    for piece in b.chunks(width) {
-                                        let mut h = crc32fast::Hasher::new();
-                                        h.update(piece);
-                                        crcs.push(h.clone().finalize());
-                                        whole.combine(&h);
-                                    }
-                                    (md5, whole.finalize())
-                                })
-                                .collect::<Vec<(Id, u32)>>();
-                            (sums, crcs)
-                        });
-                        accumulate(&mut rec, &native, threads);
-                        sums.join().expect("no panic")
-                    });
-                    lock(spare_native).extend(native.into_iter().map(|(n, _)| n));
-                    lock(spare).extend(batch.into_iter().map(|(b, _)| b));
-                    (rec, at, sums, crcs)
-                }));
+                *running = Some(match last {
+                    true => Running::Done(work.run(batch, rec, at)),
+                    false => Running::Thread(s.spawn(move || work.run(batch, rec, at))),
+                });
             };
             let mut batch_first = 0;
             for &(id, md5_16k, i) in self.ids {
@@ -590,6 +562,7 @@ impl Making<'_> {
                         hand_over(
                             std::mem::take(&mut batch),
                             batch_first,
+                            false,
                             &mut running,
                             &mut describe,
                             pieces,
@@ -614,6 +587,7 @@ impl Making<'_> {
             hand_over(
                 std::mem::take(&mut batch),
                 batch_first,
+                true,
                 &mut running,
                 &mut describe,
                 pieces,
@@ -623,6 +597,95 @@ impl Making<'_> {
         })?;
         Ok(recovery)
     }
+}
+
+/// A batch being worked on: on a thread of its own, or (the last) done already.
+enum Running<'s> {
+    Thread(std::thread::ScopedJoinHandle<'s, Done>),
+    Done(Done),
+}
+
+/// What a pass does to each batch of slices it has read.
+struct Batching<'a> {
+    /// The range of each slice (as read) that is multiplied.
+    cut: std::ops::Range<usize>,
+    /// The first pass: the slices are whole, and their checksums are taken too.
+    first: bool,
+    strips: usize,
+    width: usize,
+    threads: usize,
+    /// Where the buffers go back to, for the next batches.
+    spare: &'a Mutex<Vec<Vec<u8>>>,
+    spare_native: &'a Mutex<Vec<Vec<u8>>>,
+}
+
+impl Batching<'_> {
+    /// Multiplies the batch (whose first slice is number `at`) into the recovery strips
+    /// `rec`; in the first pass, takes its slices' MD5s and CRC32s (and each strip's CRC32)
+    /// beside, where the work is large enough to share.
+    fn run(&self, batch: Vec<(Vec<u8>, u16)>, mut rec: Vec<Vec<u8>>, at: usize) -> Done {
+        // The checksums need the plain bytes and the multiplication a native copy of the
+        // strip: both at once.
+        let native: Vec<(Vec<u8>, u16)> = batch
+            .iter()
+            .map(|(b, c)| {
+                let mut n: Vec<u8> = take_spare(self.spare_native);
+                n.clear();
+                n.extend_from_slice(&b[self.cut.clone()]);
+                gf::to_native(&mut n);
+                (n, *c)
+            })
+            .collect();
+        let checksums = || {
+            if !self.first {
+                return (Vec::new(), Vec::new());
+            }
+            let slices: Vec<&[u8]> = batch.iter().map(|(b, _)| &b[..]).collect();
+            let mut crcs = Vec::new();
+            let sums = md5x::digest_many(&slices)
+                .into_iter()
+                .zip(&slices)
+                .map(|(md5, b)| {
+                    if self.strips == 1 {
+                        return (md5, crc32fast::hash(b));
+                    }
+                    let mut whole = crc32fast::Hasher::new();
+                    for piece in b.chunks(self.width) {
+                        let mut h = crc32fast::Hasher::new();
+                        h.update(piece);
+                        crcs.push(h.clone().finalize());
+                        whole.combine(&h);
+                    }
+                    (md5, whole.finalize())
+                })
+                .collect::<Vec<(Id, u32)>>();
+            (sums, crcs)
+        };
+        let (sums, crcs) = if shared(&rec, &native, self.threads) > 1 {
+            std::thread::scope(|t| {
+                let sums = t.spawn(checksums);
+                accumulate(&mut rec, &native, self.threads);
+                sums.join().expect("no panic")
+            })
+        } else {
+            accumulate(&mut rec, &native, 1);
+            checksums()
+        };
+        lock(self.spare_native).extend(native.into_iter().map(|(n, _)| n));
+        lock(self.spare).extend(batch.into_iter().map(|(b, _)| b));
+        (rec, at, sums, crcs)
+    }
+}
+
+/// Products (bytes of slice times recovery slices) below which a multiplication stays on
+/// one thread: starting one costs about what 2 MB of products do (30 us), and sets of small
+/// files are thousands of tiny multiplications.
+const SHARED_WORK: usize = 64 << 20;
+
+/// How many of `threads` a multiplication of `batch` into `out` is worth sharing among.
+fn shared(out: &[Vec<u8>], batch: &[(Vec<u8>, u16)], threads: usize) -> usize {
+    let work = out.len() * batch.iter().map(|(b, _)| b.len()).sum::<usize>();
+    threads.min(work.div_ceil(SHARED_WORK)).max(1)
 }
 
 /// A buffer given back by a finished batch, or a new one.
@@ -674,31 +737,36 @@ fn multiply_into(out: &mut [Vec<u8>], exponents: &[u64], batch: &[(Vec<u8>, u16)
     if batch.is_empty() || out.is_empty() {
         return;
     }
-    let per = out.len().div_ceil(threads.max(1));
-    std::thread::scope(|s| {
-        for (rows, exps) in out.chunks_mut(per).zip(exponents.chunks(per)) {
-            s.spawn(move || {
-                let coefs: Vec<Vec<gf::Multiplier>> = exps
+    let per = out.len().div_ceil(shared(out, batch, threads));
+    let multiply = |rows: &mut [Vec<u8>], exps: &[u64]| {
+        let coefs: Vec<Vec<gf::Multiplier>> = exps
+            .iter()
+            .map(|&e| {
+                batch
                     .iter()
-                    .map(|&e| {
-                        batch
-                            .iter()
-                            .map(|(_, c)| gf::Multiplier::new(gf::pow(*c, e)))
-                            .collect()
-                    })
-                    .collect();
-                let len = rows[0].len();
-                let mut srcs: Vec<&[u8]> = Vec::with_capacity(batch.len());
-                for start in (0..len).step_by(CHUNK) {
-                    let end = (start + CHUNK).min(len);
-                    srcs.clear();
-                    srcs.extend(batch.iter().map(|(slice, _)| &slice[start..end]));
-                    for (row, coefs) in rows.iter_mut().zip(&coefs) {
-                        gf::mul_add_native_many(&mut row[start..end], &srcs, coefs);
-                    }
-                }
-            });
+                    .map(|(_, c)| gf::Multiplier::new(gf::pow(*c, e)))
+                    .collect()
+            })
+            .collect();
+        let len = rows[0].len();
+        let mut srcs: Vec<&[u8]> = Vec::with_capacity(batch.len());
+        for start in (0..len).step_by(CHUNK) {
+            let end = (start + CHUNK).min(len);
+            srcs.clear();
+            srcs.extend(batch.iter().map(|(slice, _)| &slice[start..end]));
+            for (row, coefs) in rows.iter_mut().zip(&coefs) {
+                gf::mul_add_native_many(&mut row[start..end], &srcs, coefs);
+            }
         }
+    };
+    let mut shares = out.chunks_mut(per).zip(exponents.chunks(per));
+    let (rows, exps) = shares.next().expect("rows");
+    std::thread::scope(|s| {
+        for (rows, exps) in shares {
+            s.spawn(move || multiply(rows, exps));
+        }
+        // The first share is this thread's.
+        multiply(rows, exps);
     });
 }
 
