@@ -235,7 +235,8 @@ pub struct Plan {
     /// hold. Where the recovery data is larger, it is computed in passes over ranges of the
     /// slices (strips): the first reads the files through, hashing them; each later one
     /// reads only its range of each slice, checked against a CRC32 the first pass took, and
-    /// the volume is the same. The first pass holds 32 whole slices whatever this says.
+    /// the volume is the same. The first pass holds two batches of whole slices whatever
+    /// this says: up to [`FIRST_BATCH`] each, or one slice where slices are larger.
     pub memory: u64,
 }
 
@@ -304,10 +305,13 @@ pub fn create(
         })
         .collect();
     // A batch being read, one being multiplied and its native copy take three eighths of
-    // the memory, the recovery strip the rest. The first pass reads whole slices, at least
-    // 16 a batch (their MD5s are computed 16 at once), two batches at a time.
+    // the memory, the recovery strip the rest. The first pass reads whole slices, two
+    // batches at a time: 16 a batch (their MD5s are computed 16 at once), or as many as
+    // [`FIRST_BATCH`] holds (at least one) where slices are larger.
     let batch_bytes = (plan.memory / 8).max(1) as usize;
-    let first_batch = (16 * slice_size as usize).max(batch_bytes);
+    let first_batch = (16 * slice_size as usize)
+        .min(FIRST_BATCH.max(slice_size as usize))
+        .max(batch_bytes);
     let held = (2 * first_batch).max(3 * batch_bytes) as u64;
     let budget = plan.memory.saturating_sub(held).max(plan.memory / 4);
     let width = match budget / (recovery_count.max(1) as u64) {
@@ -405,6 +409,12 @@ pub fn create(
         files: entries,
     })
 }
+
+/// Bytes of whole slices in a batch of the first pass, beyond which it has fewer than 16
+/// (whose MD5s are computed at once, one a SIMD lane): with 2,000 slices, a file of 4 GiB
+/// or more. Fewer lanes cost little: the batch's MD5s run beside the file's own, which is
+/// slower still; and memory stays bounded up to files of 2,000 x 16 MiB.
+pub const FIRST_BATCH: usize = 16 << 20;
 
 /// A file in set order: its ID, the MD5 of its first 16 KiB, its index among the inputs.
 type Ordered = (Id, Id, usize);
@@ -1201,6 +1211,23 @@ mod tests {
         for memory in [64 << 10, 8 << 10] {
             assert_eq!(make_in(&files, 512, 9, memory).1, whole, "{memory}");
         }
+    }
+
+    /// Slices so large that 16 would exceed [`FIRST_BATCH`] are read fewer at a time (their
+    /// MD5s in fewer lanes): the set is the one read 16 at a time.
+    #[test]
+    fn large_slices_read_fewer_at_a_time_make_the_same_set() {
+        let slice = (FIRST_BATCH / 8) as u64;
+        let files = vec![
+            data(9 * slice as usize + 1234, 9),
+            data(8 * slice as usize, 10),
+        ];
+        // Enough memory for batches of 18 slices, and little: 8 slices a batch, in strips.
+        let (all, whole) = make_in(&files, slice, 3, 1 << 30);
+        let (few, batches) = make_in(&files, slice, 3, 4 << 20);
+        assert_eq!(all.index, few.index);
+        assert_eq!(whole, batches);
+        assert_eq!(Set::load(&[&batches]).unwrap().recovery.len(), 3);
     }
 
     #[test]
