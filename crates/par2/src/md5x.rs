@@ -491,8 +491,8 @@ mod tests {
 
     use super::*;
 
-    /// Every backend this CPU has (and the scalar one), against the `md-5` crate, on lengths around the block and
-    /// padding boundaries and counts around the lane widths.
+    /// Every backend this CPU has (the scalar one among them), against the `md-5` crate, on
+    /// lengths around the block and padding boundaries and counts around the lane widths.
     #[test]
     fn every_backend_matches_the_reference_md5() {
         type Backend = Box<dyn Fn(&[&[u8]]) -> Vec<Id>>;
