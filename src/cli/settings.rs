@@ -185,6 +185,6 @@ fn threads(common: &Common) -> usize {
     match (common.threads, common.speed) {
         (Some(n), _) => n as usize,
         (None, Speed::Background) => 1,
-        (None, _) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        (None, _) => intact::engine::cores(),
     }
 }

@@ -49,7 +49,7 @@ pub fn verify(a: VerifyArgs) -> anyhow::Result<Exit> {
     let mut io_error = None;
     let read = archive::read(
         path,
-        threads(),
+        intact::engine::cores(),
         archive::verify_member,
         |report| match reporter.file(&report) {
             Ok(()) => std::ops::ControlFlow::Continue(()),
@@ -82,7 +82,7 @@ pub fn list(a: ListArgs) -> anyhow::Result<Exit> {
     let path = a.archive.as_path();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let mut io_error = None;
-    let read = archive::read(path, threads(), line, |line| {
+    let read = archive::read(path, intact::engine::cores(), line, |line| {
         match out.write_all(line.as_bytes()) {
             Ok(()) => std::ops::ControlFlow::Continue(()),
             Err(e) => {
@@ -108,11 +108,6 @@ pub fn list(a: ListArgs) -> anyhow::Result<Exit> {
             })
         }
     }
-}
-
-/// Frames are read on every core.
-fn threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// A member's line in `archive list`.

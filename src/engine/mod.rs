@@ -65,6 +65,11 @@ impl Work {
     }
 }
 
+/// The CPUs this process may run on: threads by default.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// Everything the engine needs to know, decided once from the command line.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -113,7 +118,7 @@ impl Config {
             force: false,
             accept_corrupt: false,
             mtime_window_ns: 0,
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            threads: cores(),
             drop_cache: false,
             gate_spinning: true,
             walk: WalkOptions::default(),

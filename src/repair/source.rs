@@ -96,7 +96,7 @@ impl Search for Archive {
         // Frames are read on every core; a member that is wanted takes the work for the
         // time its copy is verified and staged.
         let work = Mutex::new(work);
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = crate::engine::cores();
         let offer = |visit: &mut archive::Visit<'_, '_>| {
             let m = visit.member;
             if m.kind != archive::Kind::File || cancel.load(Ordering::Relaxed) {
@@ -312,7 +312,7 @@ fn rebuild(
         .iter()
         .filter_map(|&(i, at)| work.want(i).map(|w| (i, at, w.path.clone())))
         .collect();
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = crate::engine::cores();
     // Damaged files are read where they are now; the set's other files where it says.
     let mut open = |j: usize| -> io::Result<Option<Box<dyn Read>>> {
         let path = match targets.iter().find(|(_, at, _)| *at == j) {
