@@ -269,15 +269,11 @@ impl State {
         if self.failed.is_some() || !self.holding {
             return;
         }
-        let settle = Batch::Settle {
+        self.hand(Batch::Settle {
             durable,
             t: now(),
             seen: self.run,
-        };
-        match &self.writer.rows {
-            Some(tx) if tx.send(settle).is_ok() => self.writer.in_flight += 1,
-            _ => self.fail(writer_gone()),
-        }
+        });
         self.collect(true);
     }
 
@@ -331,11 +327,16 @@ impl State {
             return;
         }
         let rows = std::mem::take(&mut self.pending);
+        self.hand(Batch::Rows(rows, self.run));
+        self.collect(false);
+    }
+
+    /// Gives the writer a batch; a writer gone stops the recording.
+    fn hand(&mut self, batch: Batch) {
         match &self.writer.rows {
-            Some(tx) if tx.send(Batch::Rows(rows, self.run)).is_ok() => self.writer.in_flight += 1,
+            Some(tx) if tx.send(batch).is_ok() => self.writer.in_flight += 1,
             _ => self.fail(writer_gone()),
         }
-        self.collect(false);
     }
 
     /// Takes in what the writer says of the batches it wrote (waiting for all of them if
