@@ -155,18 +155,18 @@ fn window(algos: &[Algo]) -> usize {
     }
 }
 
-/// Hashes through memory maps, a window at a time, without copying out of the page cache.
-/// Returns false where a map cannot be made or filled, to go on reading from where it stopped. A
-/// window that lost pages to a truncation ends the read short, which the caller reports as
-/// a change.
+/// Hashes through memory maps, a window of at most `most` bytes at a time, without copying
+/// out of the page cache. Returns false where a map cannot be made or filled, to go on
+/// reading from where it stopped. A window that lost pages to a truncation ends the read
+/// short, which the caller reports as a change.
 fn mapped(
     reader: &mut ChunkReader<'_, '_>,
-    window: usize,
+    most: usize,
     feed: &mut impl FnMut(&[u8]),
 ) -> Result<bool, HashError> {
     let (file, size, gated) = (reader.file, reader.size, reader.opts.gate.is_some());
     let watch = reader.opts.cold.is_some();
-    let window = |offset: u64| (size - offset).min(window as u64) as usize;
+    let window = |offset: u64| (size - offset).min(most as u64) as usize;
     // The next window is mapped and populated by a helper thread while this one is hashed:
     // filling page tables is one thread's work, which would otherwise leave the hashing
     // cores idle between windows.
