@@ -34,10 +34,12 @@ pub struct Options {
     pub threads: u32,
     /// Archive files found damaged too, marked as such, instead of leaving them out.
     pub include_damaged: bool,
+    /// mtimes closer than this count as equal, when judging a file the engine left unread.
+    pub mtime_window_ns: u64,
 }
 
 /// What went into an archive.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Stats {
     /// Members written.
     pub members: u64,

@@ -4,14 +4,14 @@
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufWriter, Seek, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::{DAMAGED_MARK, FRAME_BYTES, FRAME_MARK, FRAME_MEMBERS, Options, Stats};
-use crate::core::classify::Status;
-use crate::core::digest::{Digest, Hasher};
+use crate::core::classify::{self, Status};
+use crate::core::digest::{Digest, Hasher, digest_bytes};
 use crate::core::pax::{MAX_RUNS, Pax, encode_key, pax_time, sparse_map};
 use crate::core::tag::{self, Timestamp, names};
 use crate::engine::{Action, FileError, FileReport};
@@ -171,8 +171,46 @@ impl Writer {
             changed(report, "size changed between verifying and archiving");
             return Ok(());
         }
+        // A file the engine left unread (its tag describes it, nothing was to be written) is
+        // verified here, from the bytes archived: each file is read and hashed once.
+        let unread = match (report.status, &report.tag) {
+            (Status::AlreadyTagged, Some(tag)) => Some(tag.clone()),
+            _ => None,
+        };
+        let algo = unread.as_ref().map(|t| t.digest.algo);
+        let algo = algo.or(report.digest.as_ref().map(|d| d.algo));
+        // One that fits the buffer is read and judged before anything of it is written; a
+        // larger one goes in speculatively, in frames of its own that are cut off again if
+        // it turns out damaged.
+        let mut whole = None;
+        if let Some(tag) = &unread
+            && before.len() <= crate::fs::read::BUF_SIZE as u64
+        {
+            let len = before.len() as usize;
+            let digest = match read_whole(&file, &mut self.buf.as_mut_slice()[..len]) {
+                Ok(true) => algo.map(|a| digest_bytes(a, &self.buf.as_mut_slice()[..len])),
+                Ok(false) => {
+                    changed(report, "shrank while it was archived");
+                    return Ok(());
+                }
+                Err(e) => {
+                    report.fail(FileError::Read(e));
+                    return Ok(());
+                }
+            };
+            let digest = digest.expect("a tag has an algorithm");
+            if !self.judge(report, tag, &digest, &before) && !self.opts.include_damaged {
+                return Ok(());
+            }
+            whole = Some(digest);
+        }
+        let mark = match (&unread, whole) {
+            (Some(_), None) => Some(self.mark()?),
+            _ => None,
+        };
         let damaged = report.status.is_damage();
-        let attrs = member_attrs(attrs, report.digest.as_ref(), before.len(), damaged);
+        let digest = unread.as_ref().map(|t| t.digest).or(report.digest);
+        let attrs = member_attrs(attrs, digest.as_ref(), before.len(), damaged);
         let mut segments = data_segments(&file, &before);
         if segments.len() >= MAX_RUNS {
             segments = vec![(0, before.len())];
@@ -216,41 +254,76 @@ impl Writer {
         if let Some(map) = &map {
             out.write_all(map)?;
         }
-        let algo = report.digest.as_ref().map(|d| d.algo);
-        let copied = copy_data(
-            &file,
-            &segments,
-            before.len(),
-            algo.map(Hasher::new),
-            self.buf.as_mut_slice(),
-            out,
-        )?;
+        let copied = match whole {
+            Some(digest) => {
+                let buf = &self.buf.as_mut_slice()[..before.len() as usize];
+                for &(offset, len) in &segments {
+                    out.write_all(&buf[offset as usize..(offset + len) as usize])?;
+                }
+                Copied {
+                    digest: Some(digest),
+                    error: Ok(()),
+                }
+            }
+            None => copy_data(
+                &file,
+                &segments,
+                before.len(),
+                algo.map(Hasher::new),
+                self.buf.as_mut_slice(),
+                out,
+            )?,
+        };
         pad(out, body)?;
         self.stats.members += 1;
         self.stats.bytes += before.len();
         self.frame_bytes += body;
         if let Err(e) = copied.error {
             report.fail(FileError::Read(e));
-            report.detail = Some("the archived copy is incomplete and fails verify".into());
+            report.detail = Some(match mark {
+                Some(mark) => {
+                    self.rewind(mark)?;
+                    "not archived".into()
+                }
+                None => "the archived copy is incomplete and fails verify".into(),
+            });
             return Ok(());
         }
-        // The bytes archived are the bytes verified if they hash the same; without a digest
-        // to compare (an untagged file), the file must at least look untouched.
-        let same = match (&copied.digest, &report.digest) {
-            (Some(now), Some(verified)) => now == verified,
-            _ => file.metadata().is_ok_and(|a| {
+        if let (Some(mark), Some(tag), Some(now)) = (mark, &unread, &copied.digest)
+            && !self.judge(report, tag, now, &before)
+        {
+            self.rewind(mark)?;
+            // Asked to keep the damaged too: once more, now marked as such.
+            return match report.status.is_damage() && self.opts.include_damaged {
+                true => self.add_file(report, root, name),
+                false => Ok(()),
+            };
+        }
+        // The bytes archived are the bytes verified if they hash the same; what was verified
+        // here, and an untagged file (no digest to compare), must also look untouched.
+        let untouched = || {
+            file.metadata().is_ok_and(|a| {
                 a.len() == before.len()
                     && a.mtime() == before.mtime()
                     && a.mtime_nsec() == before.mtime_nsec()
                     && a.ctime() == before.ctime()
                     && a.ctime_nsec() == before.ctime_nsec()
-            }),
+            })
+        };
+        let same = match (&copied.digest, &report.digest) {
+            _ if unread.is_some() => untouched(),
+            (Some(now), Some(verified)) => now == verified,
+            _ => untouched(),
         };
         if !same {
-            changed(
-                report,
-                "changed between verifying and archiving: the archived copy fails verify",
-            );
+            let what = match mark {
+                Some(mark) => {
+                    self.rewind(mark)?;
+                    "changed while it was archived: not archived"
+                }
+                None => "changed between verifying and archiving: the archived copy fails verify",
+            };
+            changed(report, what);
             return Ok(());
         }
         // Only a copy proven good is worth linking other names to.
@@ -260,6 +333,69 @@ impl Writer {
         }
         report.action = Some(Action::Archived);
         Ok(())
+    }
+
+    /// Classifies a file the engine left unread against its `tag`, with the digest of the
+    /// bytes just read; whether its data is as the tag says. A damaged one keeps its tag (the
+    /// evidence), and goes in only if asked for, marked.
+    fn judge(
+        &self,
+        report: &mut FileReport,
+        tag: &tag::Tag,
+        digest: &Digest,
+        before: &std::fs::Metadata,
+    ) -> bool {
+        let mtime = Timestamp {
+            sec: before.mtime(),
+            nsec: before.mtime_nsec() as u32,
+        };
+        report.digest = Some(*digest);
+        report.bytes_read = before.len();
+        report.status =
+            classify::classify(tag, before.len(), mtime, digest, self.opts.mtime_window_ns);
+        if !report.status.is_damage() {
+            return true;
+        }
+        report.action = Some(Action::Kept);
+        if !self.opts.include_damaged {
+            report.detail = Some("not archived: its data no longer matches its tag".into());
+        }
+        false
+    }
+
+    /// Ends the frame being written, so that what follows can be cut off again by
+    /// [`Writer::rewind`].
+    fn mark(&mut self) -> io::Result<Mark> {
+        let out = self.out.as_mut().expect("open until finished");
+        out.flush()?;
+        let enc = out.get_mut();
+        enc.end_frame()?;
+        let file = enc.inner();
+        file.flush()?;
+        let at = file.get_mut().stream_position()?;
+        self.frame += 1;
+        self.start_frame()?;
+        Ok(Mark {
+            at,
+            frame: self.frame,
+            stats: self.stats,
+        })
+    }
+
+    /// Cuts off everything written since `mark`.
+    fn rewind(&mut self, mark: Mark) -> io::Result<()> {
+        let out = self.out.as_mut().expect("open until finished");
+        out.flush()?;
+        let enc = out.get_mut();
+        enc.end_frame()?;
+        let file = enc.inner();
+        file.flush()?;
+        let file = file.get_mut();
+        file.set_len(mark.at)?;
+        file.seek(io::SeekFrom::Start(mark.at))?;
+        self.frame = mark.frame;
+        self.stats = mark.stats;
+        self.start_frame()
     }
 
     fn add_symlink(&mut self, report: &mut FileReport, root: usize, name: &[u8]) -> io::Result<()> {
@@ -586,6 +722,11 @@ impl<W: Write> FrameEncoder<W> {
         self.raw.reinit()
     }
 
+    /// The writer of the compressed stream.
+    fn inner(&mut self) -> &mut W {
+        &mut self.out
+    }
+
     /// Ends the last frame and hands back the writer.
     fn finish(mut self) -> io::Result<W> {
         self.end_frame()?;
@@ -619,6 +760,26 @@ fn pad(out: &mut impl Write, len: u64) -> io::Result<()> {
         out.write_all(&[0u8; 512][..512 - rem])?;
     }
     Ok(())
+}
+
+/// Where the archive stood before a member written speculatively.
+#[derive(Clone, Copy)]
+struct Mark {
+    /// The end of the last frame in the file.
+    at: u64,
+    /// The number of the frame begun there.
+    frame: u64,
+    stats: Stats,
+}
+
+/// Fills `buf` from the start of `file`; `false` if the file ended first.
+fn read_whole(file: &File, buf: &mut [u8]) -> io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    match file.read_exact_at(buf, 0) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// What copying a file's data found.

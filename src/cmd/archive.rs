@@ -19,12 +19,14 @@ pub fn create(a: CreateArgs) -> anyhow::Result<Exit> {
     // --untagged: the files are left untouched, tags and leftovers alike.
     s.config.write = !a.untagged;
     s.config.remove_leftovers = !a.untagged;
+    s.config.sink_verifies = true;
     s.exit_at_once = false;
     s.record(&a.state);
     let opts = archive::Options {
         level: a.level,
         threads: a.compress_threads.unwrap_or(s.config.threads as u32),
         include_damaged: a.include_damaged,
+        mtime_window_ns: s.config.mtime_window_ns,
     };
     let mut writer = archive::Writer::create(&a.dest, &s.roots, opts)
         .with_context(|| format!("creating {}", a.dest.display()))?;

@@ -104,6 +104,11 @@ pub struct Config {
     /// Whether temp files left by killed runs are removed where the walk meets them (the
     /// verbs that change files do; check, show and dry runs only report them).
     pub remove_leftovers: bool,
+    /// `update` leaves unread a file whose one tag, intact's, already describes its size and
+    /// mtime (there is nothing to write), reporting it `already-tagged` with that tag: for a
+    /// sink that reads every file anyway (`archive create`) and verifies it as it does, so
+    /// that each file is read and hashed once.
+    pub sink_verifies: bool,
     /// No file is started after this (a scrub's time budget); files already started finish,
     /// the others get no report.
     pub deadline: Option<Instant>,
@@ -126,6 +131,7 @@ impl Config {
             manifest: None,
             write: true,
             remove_leftovers: false,
+            sink_verifies: false,
             deadline: None,
         }
     }

@@ -527,7 +527,7 @@ impl Worker<'_> {
         Ok(self.write(report, s, &d, algo, Action::Tagged))
     }
 
-    fn update(&mut self, report: FileReport, s: &Subject) -> Outcome {
+    fn update(&mut self, mut report: FileReport, s: &Subject) -> Outcome {
         let Some(tag) = s.stored.best() else {
             let algo = self.config.new_algo();
             let (mut report, d) = self.read(report, s, [algo])?;
@@ -536,6 +536,10 @@ impl Worker<'_> {
         };
         // A re-tag keeps the tag's algorithm unless one was asked for; one pass computes all.
         let algo = self.config.algo.unwrap_or(tag.digest.algo);
+        if self.config.sink_verifies && self.unchanged(tag, s) && algo == tag.digest.algo {
+            report.status = Status::AlreadyTagged;
+            return Ok(report);
+        }
         let all = s.stored.tags.iter().map(|t| t.digest.algo);
         let (mut report, d) =
             self.read(report, s, [tag.digest.algo, algo].into_iter().chain(all))?;
@@ -582,6 +586,20 @@ impl Worker<'_> {
             }
         }
         Ok(report)
+    }
+
+    /// Whether `tag`, the file's only one, describes it as it is, so that if its data still
+    /// matches, an update has nothing to write; and it last changed long enough ago that a
+    /// write after this would show in its ctime.
+    fn unchanged(&self, tag: &Tag, s: &Subject) -> bool {
+        let window = self.config.mtime_window_ns;
+        s.stored.tags.len() == 1
+            && tag.format == Format::Intact
+            && !s.stored.repairing
+            && self.config.compat.is_empty()
+            && self.config.manifest.is_none()
+            && classify::expect(tag, s.meta.size, s.meta.mtime, window) == Status::Ok
+            && Timestamp::now().nanos() - s.meta.ctime.nanos() >= racy_window(s.meta.ctime)
     }
 
     /// Tags files whose data matches the manifest.

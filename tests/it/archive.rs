@@ -216,46 +216,63 @@ fn an_archive_made_by_tar_in_frames_cut_anywhere_verifies() {
 
 #[test]
 fn damaged_files_stay_out_unless_asked_and_then_are_marked() {
-    let t = Tree::new();
-    let good = t.write("src/good", data(10_000, 3));
-    let bad = t.write("src/bad", data(10_000, 4));
-    intact!("tag", t.path("src")).expect_code(0);
-    flip_byte(&bad, 5000);
-    let archive = t.path("a.tar.zst");
-    let r = intact!("archive", "create", archive, t.path("src")).expect_code(1);
-    assert!(
-        r.stdout.contains("corrupt  ") && r.stdout.contains("src/bad: not archived"),
-        "{}",
-        r.stdout
-    );
-    // The damaged file kept its tag: the evidence.
-    let list = intact!("archive", "list", archive).expect_code(0);
-    assert!(
-        list.stdout.contains("src/good") && !list.stdout.contains("src/bad"),
-        "{}",
-        list.stdout
-    );
+    // A small file is judged before it is written; a large one is written as it is verified,
+    // and cut off the archive again once found damaged, before what follows it.
+    for size in [10_000, 3 << 20] {
+        let t = Tree::new();
+        t.write("src/a-before", data(size, 2));
+        let bad = t.write("src/bad", data(size, 4));
+        t.write("src/good", data(size, 3));
+        intact!("tag", t.path("src")).expect_code(0);
+        flip_byte(&bad, size as u64 / 2);
+        let archive = t.path("a.tar.zst");
+        let r = intact!("archive", "create", archive, t.path("src")).expect_code(1);
+        assert!(
+            r.stdout.contains("corrupt  ") && r.stdout.contains("src/bad: not archived"),
+            "{}",
+            r.stdout
+        );
+        // The damaged file kept its tag: the evidence.
+        let list = intact!("archive", "list", archive).expect_code(0);
+        assert!(
+            list.stdout.contains("src/good")
+                && list.stdout.contains("src/a-before")
+                && !list.stdout.contains("src/bad"),
+            "{}",
+            list.stdout
+        );
+        let v = intact!("archive", "verify", "--json", archive)
+            .expect_code(0)
+            .json();
+        assert_eq!(v.count("ok"), 2);
+        let out = t.path("out");
+        tar_extract(&archive, &out);
+        for name in ["a-before", "good"] {
+            same_file(&t.path("src").join(name), &out.join("src").join(name));
+        }
+        assert!(!out.join("src/bad").exists());
 
-    intact!(
-        "archive",
-        "create",
-        "--include-damaged",
-        archive,
-        t.path("src")
-    )
-    .expect_code(1);
-    let list = intact!("archive", "list", archive).expect_code(0);
-    assert!(
-        list.stdout.contains("src/bad  [archived although corrupt]"),
-        "{}",
-        list.stdout
-    );
-    let v = intact!("archive", "verify", "--json", archive)
-        .expect_code(1)
-        .json();
-    assert_eq!(v.status("bad"), "corrupt");
-    assert_eq!(v.status("good"), "ok");
-    let _ = good;
+        intact!(
+            "archive",
+            "create",
+            "--include-damaged",
+            archive,
+            t.path("src")
+        )
+        .expect_code(1);
+        let list = intact!("archive", "list", archive).expect_code(0);
+        assert!(
+            list.stdout.contains("src/bad  [archived although corrupt]"),
+            "{}",
+            list.stdout
+        );
+        let v = intact!("archive", "verify", "--json", archive)
+            .expect_code(1)
+            .json();
+        assert_eq!(v.status("bad"), "corrupt");
+        assert_eq!(v.status("good"), "ok");
+        assert_eq!(v.status("a-before"), "ok");
+    }
 }
 
 #[test]
@@ -421,4 +438,40 @@ fn a_repair_done_early_leaves_no_thread_waiting() {
     )
     .expect_code(0);
     assert_eq!(fs::read(&first).unwrap(), 0u32.to_le_bytes());
+}
+
+#[test]
+fn archiving_is_a_verification_recorded_as_one() {
+    // Files whose tags describe them are verified from the very bytes archived (small ones
+    // before they are written, large ones as they are): each is reported ok, and the state
+    // database knows them verified.
+    let t = Tree::new();
+    t.write("src/small", data(10_000, 1));
+    t.write("src/large", data(3 << 20, 2));
+    let db = t.path("state.db");
+    intact!("tag", t.path("src")).expect_code(0);
+    let never = || {
+        let out = intact!("status", "--json", "--state", &db, t.path("src"))
+            .expect_code(0)
+            .stdout;
+        serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()["never_verified"].clone()
+    };
+    assert_eq!(never(), 2);
+    let archive = t.path("a.tar.zst");
+    let j = intact!(
+        "archive",
+        "create",
+        "--json",
+        "--state",
+        &db,
+        &archive,
+        t.path("src")
+    )
+    .expect_code(0)
+    .json();
+    for name in ["small", "large"] {
+        assert_eq!(j.status(name), "ok");
+        assert_eq!(j.file(name)["action"], "archived");
+    }
+    assert_eq!(never(), 0);
 }
