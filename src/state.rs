@@ -155,7 +155,22 @@ impl State {
         let conn = Connection::open(path)?;
         // Another run writing: wait for it rather than fail.
         conn.busy_timeout(Duration::from_secs(600))?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
+        // Turning a new database to WAL takes a lock whose holder SQLite does not wait for
+        // (seen with two scrubs started at once): try again a while.
+        for tries in 1.. {
+            match conn.pragma_update(None, "journal_mode", "WAL") {
+                Err(e)
+                    if tries < 200
+                        && e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) =>
+                {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                done => {
+                    done?;
+                    break;
+                }
+            }
+        }
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
         if version > VERSION {
