@@ -240,16 +240,20 @@ def bench_archive(name, desc, files, dir, intact, runs, level=3):
     }
     print(f"\n({name}) {desc}: {len(files):,} files, {total / 1e9:.2f} GB: archive create")
     print(f"  {'tool':36} {'median s':>9} {'GB/s':>7} {'files/s':>10} {'RSS MiB':>8} {'MB out':>8}")
-    secs = {}
-    for tool, cmd in cmds.items():
-        samples = []
-        for _ in range(runs):
+    # The tools take turns, so that a slow spell of this machine's disk falls on all of them.
+    samples = {tool: [] for tool in cmds}
+    size = {}
+    for _ in range(runs):
+        for tool, cmd in cmds.items():
             warm(dir)
-            samples.append(timed(cmd, shell=isinstance(cmd, str)))
-        secs[tool] = statistics.median(x for x, _ in samples)
-        rss = max(r for _, r in samples)
+            samples[tool].append(timed(cmd, shell=isinstance(cmd, str)))
+            size[tool] = os.path.getsize(out)
+    secs = {}
+    for tool in cmds:
+        secs[tool] = statistics.median(x for x, _ in samples[tool])
+        rss = max(r for _, r in samples[tool])
         print(f"  {tool:36} {secs[tool]:9.3f} {total / secs[tool] / 1e9:7.2f} {len(files) / secs[tool]:10,.0f}"
-              f" {rss:8.1f} {os.path.getsize(out) / 1e6:8.1f}")
+              f" {rss:8.1f} {size[tool] / 1e6:8.1f}")
     tar, durable, mine, bare = (secs[t] for t in cmds)
     print(f"  intact archive create takes x{mine / tar:.2f} the time of tar (while verifying every file),"
           f" x{bare / tar:.2f} without recording verdicts; x{mine / durable:.2f} the time of a durable tar")
