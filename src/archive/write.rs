@@ -1,4 +1,4 @@
-//! Writing an archive: each verified file, hashed again on its way in, with its tag and
+//! Writing an archive: each file, verified from the very bytes archived, with its tag and
 //! xattrs, into zstd frames cut at member boundaries, in a temp file put in place at the end.
 
 use std::collections::HashMap;
@@ -186,19 +186,16 @@ impl Writer {
         if let Some(tag) = &unread
             && before.len() <= crate::fs::read::BUF_SIZE as u64
         {
-            let len = before.len() as usize;
-            let digest = match read_whole(&file, &mut self.buf.as_mut_slice()[..len]) {
-                Ok(true) => algo.map(|a| digest_bytes(a, &self.buf.as_mut_slice()[..len])),
-                Ok(false) => {
-                    changed(report, "shrank while it was archived");
-                    return Ok(());
-                }
-                Err(e) => {
-                    report.fail(FileError::Read(e));
-                    return Ok(());
-                }
-            };
-            let digest = digest.expect("a tag has an algorithm");
+            let data = &mut self.buf.as_mut_slice()[..before.len() as usize];
+            if let Err(e) = read_whole(&file, data) {
+                report.fail(FileError::Read(e));
+                return Ok(());
+            }
+            let digest = digest_bytes(tag.digest.algo, data);
+            if !untouched(&file, &before) {
+                changed(report, "changed while it was archived: not archived");
+                return Ok(());
+            }
             if !self.judge(report, tag, &digest, &before) && !self.opts.include_damaged {
                 return Ok(());
             }
@@ -289,41 +286,35 @@ impl Writer {
             });
             return Ok(());
         }
-        if let (Some(mark), Some(tag), Some(now)) = (mark, &unread, &copied.digest)
-            && !self.judge(report, tag, now, &before)
-        {
-            self.rewind(mark)?;
-            // Asked to keep the damaged too: once more, now marked as such.
-            return match report.status.is_damage() && self.opts.include_damaged {
-                true => self.add_file(report, root, name),
-                false => Ok(()),
-            };
+        if let (Some(mark), Some(tag), Some(now)) = (mark, &unread, &copied.digest) {
+            // Data that differs from its tag is damage only if the file did not change
+            // while it was read.
+            if !untouched(&file, &before) {
+                self.rewind(mark)?;
+                changed(report, "changed while it was archived: not archived");
+                return Ok(());
+            }
+            if !self.judge(report, tag, now, &before) {
+                self.rewind(mark)?;
+                // Asked to keep the damaged too: once more, now marked as such.
+                return match report.status.is_damage() && self.opts.include_damaged {
+                    true => self.add_file(report, root, name),
+                    false => Ok(()),
+                };
+            }
         }
-        // The bytes archived are the bytes verified if they hash the same; what was verified
-        // here, and an untagged file (no digest to compare), must also look untouched.
-        let untouched = || {
-            file.metadata().is_ok_and(|a| {
-                a.len() == before.len()
-                    && a.mtime() == before.mtime()
-                    && a.mtime_nsec() == before.mtime_nsec()
-                    && a.ctime() == before.ctime()
-                    && a.ctime_nsec() == before.ctime_nsec()
-            })
-        };
+        // The bytes archived are the bytes verified if they hash the same (those verified
+        // here did); an untagged file, with no digest to compare, must look untouched.
         let same = match (&copied.digest, &report.digest) {
-            _ if unread.is_some() => untouched(),
+            _ if unread.is_some() => true,
             (Some(now), Some(verified)) => now == verified,
-            _ => untouched(),
+            _ => untouched(&file, &before),
         };
         if !same {
-            let what = match mark {
-                Some(mark) => {
-                    self.rewind(mark)?;
-                    "changed while it was archived: not archived"
-                }
-                None => "changed between verifying and archiving: the archived copy fails verify",
-            };
-            changed(report, what);
+            changed(
+                report,
+                "changed between verifying and archiving: the archived copy fails verify",
+            );
             return Ok(());
         }
         // Only a copy proven good is worth linking other names to.
@@ -772,14 +763,35 @@ struct Mark {
     stats: Stats,
 }
 
-/// Fills `buf` from the start of `file`; `false` if the file ended first.
-fn read_whole(file: &File, buf: &mut [u8]) -> io::Result<bool> {
+/// Fills `buf` from the start of `file`; a file that ended first is filled with zeros (its
+/// size, checked after, tells the change).
+fn read_whole(file: &File, buf: &mut [u8]) -> io::Result<()> {
     use std::os::unix::fs::FileExt;
-    match file.read_exact_at(buf, 0) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(false),
-        Err(e) => Err(e),
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], done as u64) {
+            Ok(0) => {
+                buf[done..].fill(0);
+                break;
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
+    Ok(())
+}
+
+/// Whether `file` is still as `before` said: same size, mtime and ctime (which no program
+/// can set back).
+fn untouched(file: &File, before: &std::fs::Metadata) -> bool {
+    file.metadata().is_ok_and(|a| {
+        a.len() == before.len()
+            && a.mtime() == before.mtime()
+            && a.mtime_nsec() == before.mtime_nsec()
+            && a.ctime() == before.ctime()
+            && a.ctime_nsec() == before.ctime_nsec()
+    })
 }
 
 /// What copying a file's data found.
