@@ -21,6 +21,7 @@ pub fn run(a: ProtectArgs) -> anyhow::Result<Exit> {
         a.store.as_deref(),
         a.redundancy,
         s.config.threads,
+        s.config.mtime_window_ns,
         &super::STOP,
     )
     .map_err(|e| match e.kind() {
@@ -31,5 +32,6 @@ pub fn run(a: ProtectArgs) -> anyhow::Result<Exit> {
     for stale in removed {
         super::removed(&stale);
     }
+    s.config.sink_verifies = Some(protector.reads());
     super::drive(s, &mut protector)
 }

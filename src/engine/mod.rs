@@ -105,10 +105,10 @@ pub struct Config {
     /// verbs that change files do; check, show and dry runs only report them).
     pub remove_leftovers: bool,
     /// `update` leaves unread a file whose one tag, intact's, already describes its size and
-    /// mtime (there is nothing to write), reporting it `already-tagged` with that tag: for a
-    /// sink that reads every file anyway (`archive create`) and verifies it as it does, so
-    /// that each file is read and hashed once.
-    pub sink_verifies: bool,
+    /// mtime (there is nothing to write), reporting it `already-tagged` with that tag, where
+    /// the sink says it reads that content anyway (`archive create` every file, `protect`
+    /// what has no parity yet) and verifies it as it does: each file is read and hashed once.
+    pub sink_verifies: Option<SinkReads>,
     /// No file is started after this (a scrub's time budget); files already started finish,
     /// the others get no report.
     pub deadline: Option<Instant>,
@@ -131,7 +131,7 @@ impl Config {
             manifest: None,
             write: true,
             remove_leftovers: false,
-            sink_verifies: false,
+            sink_verifies: None,
             deadline: None,
         }
     }
@@ -143,6 +143,20 @@ impl Config {
     /// Whether the deadline has passed: no more files are started.
     pub(crate) fn past_deadline(&self) -> bool {
         self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+}
+
+/// Whether a sink reads, and so can verify, a file of the root it was found under (its
+/// index) whose tag says it holds this content.
+#[derive(Clone)]
+pub struct SinkReads(pub Arc<ReadsFn>);
+
+/// See [`SinkReads`].
+pub type ReadsFn = dyn Fn(usize, &crate::core::digest::Digest) -> bool + Send + Sync;
+
+impl std::fmt::Debug for SinkReads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SinkReads")
     }
 }
 

@@ -154,6 +154,8 @@ impl NoDigest {
 
 /// One open regular file and what was known of it before its data was read.
 struct Subject<'f> {
+    /// The index of the root it was found under.
+    root: usize,
     file: &'f File,
     meta: Meta,
     stored: Stored,
@@ -284,7 +286,7 @@ impl Worker<'_> {
                 stat,
                 ..
             } => {
-                let report = self.examine(path, stat, opened, &anchors[root])?;
+                let report = self.examine(path, stat, opened, anchors, root)?;
                 Some(FileReport {
                     root,
                     inode,
@@ -313,8 +315,10 @@ impl Worker<'_> {
         path: PathBuf,
         walked: Option<Meta>,
         opened: Option<io::Result<Opened>>,
-        anchor: &Anchor,
+        anchors: &[Anchor],
+        root: usize,
     ) -> Option<FileReport> {
+        let anchor = &anchors[root];
         if let Some(pid) = path.file_name().and_then(atomic::temp_pid) {
             return Some(self.temp_file(path, pid, anchor));
         }
@@ -362,6 +366,7 @@ impl Worker<'_> {
             ..FileReport::new(path, Status::New)
         };
         let s = &Subject {
+            root,
             file: &file,
             meta,
             stored,
@@ -536,7 +541,11 @@ impl Worker<'_> {
         };
         // A re-tag keeps the tag's algorithm unless one was asked for; one pass computes all.
         let algo = self.config.algo.unwrap_or(tag.digest.algo);
-        if self.config.sink_verifies && self.unchanged(tag, s) && algo == tag.digest.algo {
+        if algo == tag.digest.algo
+            && self.unchanged(tag, s)
+            && let Some(reads) = &self.config.sink_verifies
+            && reads.0(s.root, &tag.digest)
+        {
             report.status = Status::AlreadyTagged;
             return Ok(report);
         }
@@ -610,6 +619,7 @@ impl Worker<'_> {
         // The file's own tags: compat tags already right need no write, and an intact tag that
         // finds the data damaged must survive a manifest made after the damage.
         let own = Subject {
+            root: s.root,
             file: s.file,
             meta: s.meta,
             stored: xattr::read(s.file).unwrap_or_default(),

@@ -99,6 +99,8 @@ pub enum Outcome {
     Durable,
     /// It changed between its check and its parity: it has none.
     Changed,
+    /// Reading it for its parity failed (the error's code, and its words): it has none.
+    Unreadable(Option<i32>, String),
     /// Its set could not be written (the error's code, and its words).
     Failed(Option<i32>, String),
 }
@@ -111,8 +113,12 @@ impl Outcome {
     /// The error of a failed outcome, as it was.
     pub fn error(&self) -> Option<io::Error> {
         match self {
-            Outcome::Failed(Some(code), _) => Some(io::Error::from_raw_os_error(*code)),
-            Outcome::Failed(None, words) => Some(io::Error::other(words.clone())),
+            Outcome::Failed(Some(code), _) | Outcome::Unreadable(Some(code), _) => {
+                Some(io::Error::from_raw_os_error(*code))
+            }
+            Outcome::Failed(None, words) | Outcome::Unreadable(None, words) => {
+                Some(io::Error::other(words.clone()))
+            }
             _ => None,
         }
     }
@@ -148,9 +154,19 @@ struct Staged {
     bytes: u64,
 }
 
-/// Files left without parity because they changed after they were verified: the digest they
-/// were verified with, and where they are.
-type Changed = Vec<(Digest, PathBuf)>;
+/// Files left without parity because they changed after they were verified (or could not be
+/// read).
+type Changed = Vec<Left>;
+
+/// A file left out of its set.
+#[derive(Debug)]
+struct Left {
+    /// The digest it was verified with (or its tag claims).
+    digest: Digest,
+    path: PathBuf,
+    /// Why, if reading it failed (else its data did not hash to the digest).
+    unreadable: Option<io::Error>,
+}
 
 impl Store {
     /// Opens (creating it if need be) the store at `dir` for files under `root`.
@@ -296,8 +312,12 @@ impl Store {
         let mut outcomes = lock(&self.outcomes);
         match result {
             Ok(changed) => {
-                for (d, _) in changed {
-                    outcomes.insert(d, Outcome::Changed);
+                for left in changed {
+                    let outcome = match left.unreadable {
+                        Some(e) => Outcome::Unreadable(e.raw_os_error(), e.to_string()),
+                        None => Outcome::Changed,
+                    };
+                    outcomes.insert(left.digest, outcome);
                 }
             }
             Err(e) => {
@@ -346,7 +366,7 @@ impl Store {
                             return Ok(changed);
                         }
                         Err(ProtectError::Changed(paths)) => {
-                            files.retain(|f| !paths.iter().any(|(_, p)| p == &f.path));
+                            files.retain(|f| !paths.iter().any(|l| l.path == f.path));
                             changed.extend(paths);
                         }
                         Err(ProtectError::Io(e)) => return Err(e),
@@ -457,6 +477,7 @@ impl Store {
         let mut set_files = SetFiles {
             files,
             seen: RefCell::new(vec![None; files.len()]),
+            unreadable: RefCell::new((0..files.len()).map(|_| None).collect()),
             at: (0..files.len()).map(|_| None).collect(),
         };
         if let Some(dir) = base.parent() {
@@ -477,9 +498,7 @@ impl Store {
         let created = par2::create(&inputs, &mut set_files, &plan, &mut temp.file()).map_err(
             |e| match e {
                 par2::Error::Io(e) => ProtectError::Io(e),
-                par2::Error::Changed(i) => {
-                    ProtectError::Changed(vec![(files[i].digest, files[i].path.clone())])
-                }
+                par2::Error::Changed(i) => ProtectError::Changed(vec![set_files.left(i)]),
                 other => ProtectError::Io(io::Error::other(other.to_string())),
             },
         )?;
@@ -490,10 +509,7 @@ impl Store {
             .collect();
         if !changed.is_empty() {
             return Err(ProtectError::Changed(
-                changed
-                    .into_iter()
-                    .map(|i| (files[i].digest, files[i].path.clone()))
-                    .collect(),
+                changed.into_iter().map(|i| set_files.left(i)).collect(),
             ));
         }
         let mut index = created.index.clone();
@@ -598,7 +614,7 @@ enum ProtectError {
     Io(#[from] io::Error),
     /// These files changed between verifying and computing parity.
     #[error("changed while its parity was computed")]
-    Changed(Vec<(Digest, PathBuf)>),
+    Changed(Vec<Left>),
 }
 
 /// A set's files, as [`par2::create`] reads them: through once while hashing them, then
@@ -607,18 +623,35 @@ struct SetFiles<'a> {
     files: &'a [Protectee],
     /// Each file's digest as the read through found it; `None` if it could not be read.
     seen: RefCell<Vec<Option<Digest>>>,
+    /// Why a file could not be opened or read, if that was it.
+    unreadable: RefCell<Vec<Option<io::Error>>>,
     /// Files opened for reading in ranges.
     at: Vec<Option<File>>,
 }
 
+impl SetFiles<'_> {
+    /// File `i`, left out of the set.
+    fn left(&self, i: usize) -> Left {
+        Left {
+            digest: self.files[i].digest,
+            path: self.files[i].path.clone(),
+            unreadable: self.unreadable.borrow_mut()[i].take(),
+        }
+    }
+}
+
 impl par2::Files for SetFiles<'_> {
     fn open(&mut self, i: usize) -> io::Result<Box<dyn par2::Through + '_>> {
+        let file = crate::fs::sys::open_nofollow(&self.files[i].path)
+            .map_err(|e| self.unreadable.borrow_mut()[i] = Some(e))
+            .ok();
         Ok(Box::new(Hashing {
-            file: crate::fs::sys::open_nofollow(&self.files[i].path).ok(),
+            file,
             left: self.files[i].size,
             hasher: Some(Hasher::new(self.files[i].digest.algo)),
             pending: Vec::new(),
             seen: &self.seen,
+            unreadable: &self.unreadable,
             index: i,
         }))
     }
@@ -644,6 +677,7 @@ struct Hashing<'s> {
     /// BLAKE3 is fed in larger pieces: a block at a time it would not use its SIMD lanes.
     pending: Vec<u8>,
     seen: &'s RefCell<Vec<Option<Digest>>>,
+    unreadable: &'s RefCell<Vec<Option<io::Error>>>,
     index: usize,
 }
 
@@ -675,7 +709,10 @@ impl Read for Hashing<'_> {
         let n = match self.file.as_mut().map(|f| f.read(&mut buf[..want])) {
             Some(Ok(n)) if n > 0 => n,
             Some(Err(e)) if e.kind() == io::ErrorKind::Interrupted => return Err(e),
-            _ => {
+            other => {
+                if let Some(Err(e)) = other {
+                    self.unreadable.borrow_mut()[self.index] = Some(e);
+                }
                 self.file = None;
                 self.hasher = None;
                 buf[..want].fill(0);

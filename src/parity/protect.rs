@@ -18,9 +18,10 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Receiver, Sender};
 
 use super::{Added, DEFAULT_DIR, Job, Outcome, Protectee, Store};
-use crate::core::classify::Status;
-use crate::core::digest::Digest;
-use crate::engine::{Action, FileError, FileReport};
+use crate::core::classify::{self, Status};
+use crate::core::digest::{Digest, Hasher};
+use crate::engine::{Action, FileError, FileReport, SinkReads};
+use crate::fs::walk::Stat;
 use crate::sink::{Failure, Out, Sink};
 
 /// Where a tree's parity store is by default: in the tree (beside a file given as PATH).
@@ -44,6 +45,8 @@ pub struct Protector {
     workers: Vec<JoinHandle<()>>,
     /// Reports in walk order, each with the content it waits for (store, digest), if any.
     held: VecDeque<Held>,
+    /// mtimes closer than this count as equal, judging a file the engine left unread.
+    window: u64,
 }
 
 /// Reports held before pending parity is forced out.
@@ -56,6 +59,15 @@ struct Held {
     already: bool,
 }
 
+/// A file the engine left unread (`already-tagged`: its tag describes it), for its set's
+/// first pass to verify: the content its tag claims.
+fn unread(report: &FileReport) -> Option<Digest> {
+    match (report.status, &report.tag) {
+        (Status::AlreadyTagged, Some(tag)) => Some(tag.digest),
+        _ => None,
+    }
+}
+
 impl Protector {
     /// Opens (creating them if need be) the store given, or each root's own, and starts
     /// `threads` workers; they stop early once `cancel` is set. Returns the temp files
@@ -65,6 +77,7 @@ impl Protector {
         given: Option<&Path>,
         redundancy: f64,
         threads: usize,
+        window: u64,
         cancel: &'static AtomicBool,
     ) -> io::Result<(Protector, Vec<PathBuf>)> {
         let mut stores = Vec::new();
@@ -111,14 +124,26 @@ impl Protector {
             running: 0,
             workers,
             held: VecDeque::new(),
+            window,
         };
         Ok((protector, removed))
     }
 
+    /// What the engine is to leave unread: files whose content has no parity yet, which
+    /// their set's first pass reads (and verifies) anyway.
+    pub fn reads(&self) -> SinkReads {
+        let stores = self.stores.clone();
+        SinkReads(Arc::new(move |root, digest| !stores[root].has(digest)))
+    }
+
     /// Hands a verified file to its root's store; damaged, unreadable and skipped files get
     /// none. Returns what the report must wait for, and whether its content had parity.
-    fn give(&mut self, report: &FileReport) -> Result<(Option<(usize, Digest)>, bool), Failure> {
-        let (Some(digest), Some(size)) = (report.digest, report.size) else {
+    fn give(
+        &mut self,
+        report: &mut FileReport,
+    ) -> Result<(Option<(usize, Digest)>, bool), Failure> {
+        let digest = unread(report).or(report.digest);
+        let (Some(digest), Some(size)) = (digest, report.size) else {
             return Ok((None, false));
         };
         if report.status.is_damage() || matches!(report.status, Status::Error | Status::Changed) {
@@ -137,6 +162,15 @@ impl Protector {
                 false
             }
             Added::Waiting => false,
+            // Left unread for a set that another file of the same content took first: verified
+            // here.
+            Added::Already if unread(report).is_some() => {
+                self.verify(report);
+                if report.status != Status::Ok {
+                    return Ok((None, false));
+                }
+                self.stores[i].outcome(&digest) == Outcome::Durable
+            }
             Added::Already => self.stores[i].outcome(&digest) == Outcome::Durable,
         };
         Ok((Some((i, digest)), already))
@@ -190,8 +224,17 @@ impl Protector {
                 already,
                 ..
             } = self.held.pop_front().expect("a head");
+            // Read for the first time by its set: what that read found is the verdict.
+            if unread(&report).is_some() {
+                match outcome {
+                    Some(Outcome::Durable) => verified(&mut report),
+                    Some(Outcome::Changed) => damaged_or_changed(&mut report),
+                    _ => {}
+                }
+            }
             match outcome {
                 None | Some(Outcome::Pending) => {}
+                Some(Outcome::Changed) if report.status.is_damage() => {}
                 Some(Outcome::Durable) => {
                     report.action = Some(Action::Protected);
                     if already {
@@ -203,6 +246,10 @@ impl Protector {
                     report.action = None;
                     report.detail = Some("changed while its parity was computed: no parity".into());
                 }
+                Some(unreadable @ Outcome::Unreadable(..)) => {
+                    let e = unreadable.error().expect("an unreadable outcome");
+                    report.fail(FileError::Read(e));
+                }
                 Some(failed @ Outcome::Failed(..)) => {
                     let e = failed.error().expect("a failed outcome");
                     report.fail(FileError::Protect(e));
@@ -213,9 +260,76 @@ impl Protector {
     }
 }
 
+impl Protector {
+    /// Reads and hashes a file the engine left unread, and judges it against its tag.
+    fn verify(&self, report: &mut FileReport) {
+        let Some(tag) = report.tag.clone() else {
+            return;
+        };
+        let anchor = crate::fs::anchor::Anchor::new(&self.roots[report.root]);
+        let read = || -> io::Result<(Stat, Digest, Stat)> {
+            let file = anchor.open(&report.path, false)?;
+            let (before, _) = Stat::of(&file)?;
+            let mut hasher = Hasher::new(tag.digest.algo);
+            let mut buf = vec![0u8; crate::fs::read::BUF_SIZE];
+            loop {
+                match io::Read::read(&mut &file, &mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => hasher.update(&buf[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let (after, _) = Stat::of(&file)?;
+            Ok((before, hasher.finalize(), after))
+        };
+        match read() {
+            Err(e) => report.fail(FileError::Read(e)),
+            Ok((before, _, after)) if after.changes_since(&before, before.size).is_some() => {
+                report.status = Status::Changed;
+                report.detail = Some("changed while it was read".into());
+            }
+            Ok((before, digest, _)) => {
+                report.bytes_read = before.size;
+                report.digest = Some(digest);
+                report.status =
+                    classify::classify(&tag, before.size, before.mtime, &digest, self.window);
+                if report.status.is_damage() {
+                    report.action = Some(Action::Kept);
+                }
+            }
+        }
+    }
+}
+
+/// A file left unread whose set's first pass found the content its tag claims.
+fn verified(report: &mut FileReport) {
+    report.status = Status::Ok;
+    report.digest = report.tag.as_ref().map(|t| t.digest);
+    report.bytes_read = report.size.unwrap_or(0);
+}
+
+/// A file left unread whose set's first pass found other content than its tag claims:
+/// damage if it is still as the engine saw it (same size and mtime), else changed.
+fn damaged_or_changed(report: &mut FileReport) {
+    let now = std::fs::symlink_metadata(&report.path).ok().map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        (m.len(), m.mtime(), m.mtime_nsec())
+    });
+    let then = report
+        .size
+        .zip(report.mtime)
+        .map(|(size, t)| (size, t.sec, i64::from(t.nsec)));
+    if now.is_some() && now == then {
+        report.status = Status::Corrupt;
+        report.action = Some(Action::Kept);
+        report.detail = Some("its data no longer matches its tag: no parity".into());
+    }
+}
+
 impl Sink for Protector {
-    fn take(&mut self, report: FileReport, out: &mut dyn Out) -> Result<(), Failure> {
-        let given = self.give(&report);
+    fn take(&mut self, mut report: FileReport, out: &mut dyn Out) -> Result<(), Failure> {
+        let given = self.give(&mut report);
         let (wait, already) = given.as_ref().map_or((None, false), |g| *g);
         self.held.push_back(Held {
             report,

@@ -392,3 +392,39 @@ fn damaged_members_of_a_pack_are_rebuilt_together_and_twins_in_turns() {
         );
     }
 }
+
+#[test]
+fn damage_met_by_the_parity_read_is_reported_and_gets_no_parity() {
+    // Files whose tags describe them are read once, by their set's first pass, which is then
+    // their verification: damage found there is corrupt (not a file that changed), its
+    // content gets no parity, and the rest is protected and recorded as verified.
+    let t = Tree::new();
+    let src = tree(&t);
+    t.write("src/small/twin-a", data(5000, 77));
+    t.write("src/small/twin-b", data(5000, 77));
+    intact!("tag", &src).expect_code(0);
+    for name in ["big.bin", "small/s05", "small/twin-b"] {
+        flip_byte(&src.join(name), 50);
+    }
+    // Past the moments after a change in which the engine reads a file itself.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let db = t.path("state.db");
+    let j = intact!("protect", "--json", "--state", &db, &src)
+        .expect_code(1)
+        .json();
+    for name in ["big.bin", "s05", "twin-b"] {
+        assert_eq!(j.status(name), "corrupt", "{}", j.file(name));
+        assert_eq!(j.file(name)["action"], "kept");
+    }
+    for name in ["s00", "s29", "twin-a"] {
+        assert_eq!(j.status(name), "ok", "{}", j.file(name));
+        assert_eq!(j.file(name)["action"], "protected");
+    }
+    // One pack for the small files; none for the damaged big one.
+    assert_eq!(index_files(&src.join(".intact-parity")).len(), 1);
+    let status = intact!("status", "--json", "--state", &db, &src)
+        .expect_code(1)
+        .stdout;
+    let v: serde_json::Value = serde_json::from_str(status.trim()).unwrap();
+    assert_eq!(v["never_verified"], 3, "{v}");
+}
