@@ -357,13 +357,7 @@ impl Writer {
     /// Ends the frame being written, so that what follows can be cut off again by
     /// [`Writer::rewind`].
     fn mark(&mut self) -> io::Result<Mark> {
-        let out = self.out.as_mut().expect("open until finished");
-        out.flush()?;
-        let enc = out.get_mut();
-        enc.end_frame()?;
-        let file = enc.inner();
-        file.flush()?;
-        let at = file.get_mut().stream_position()?;
+        let at = self.flush_frame()?.stream_position()?;
         self.frame += 1;
         self.start_frame()?;
         Ok(Mark {
@@ -375,18 +369,23 @@ impl Writer {
 
     /// Cuts off everything written since `mark`.
     fn rewind(&mut self, mark: Mark) -> io::Result<()> {
+        let file = self.flush_frame()?;
+        file.set_len(mark.at)?;
+        file.seek(io::SeekFrom::Start(mark.at))?;
+        self.frame = mark.frame;
+        self.stats = mark.stats;
+        self.start_frame()
+    }
+
+    /// Ends the frame being written and passes all of it to the file, which it hands back.
+    fn flush_frame(&mut self) -> io::Result<&mut File> {
         let out = self.out.as_mut().expect("open until finished");
         out.flush()?;
         let enc = out.get_mut();
         enc.end_frame()?;
         let file = enc.inner();
         file.flush()?;
-        let file = file.get_mut();
-        file.set_len(mark.at)?;
-        file.seek(io::SeekFrom::Start(mark.at))?;
-        self.frame = mark.frame;
-        self.stats = mark.stats;
-        self.start_frame()
+        Ok(file.get_mut())
     }
 
     fn add_symlink(&mut self, report: &mut FileReport, root: usize, name: &[u8]) -> io::Result<()> {
