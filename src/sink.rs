@@ -4,6 +4,10 @@
 //! sink acts on each report in walk order and hands on, through [`Out`], the reports it is
 //! done with, in the same order.
 //!
+//! A sink that reads files anyway says which (`engine::Config::sink_verifies`): those whose
+//! tag already describes them come unread, `already-tagged` with that tag, and the sink
+//! verifies them from what it reads, so that each file is read and hashed once.
+//!
 //! A report says a file was archived or protected only once that is durable: a sink holds
 //! such reports until its work is committed ([`Out::hold`] and [`Out::settle`], or its own
 //! queue), and a failure of the work itself is a [`Failure`] of the run (exit 3), never a
