@@ -32,6 +32,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Mutex;
 
 use crate::core::digest::{Algo, Digest, Hasher};
+use crate::fs::anchor::Anchor;
 use crate::fs::atomic::{Batch, Temp};
 
 /// The marker file that makes a directory a parity store.
@@ -474,8 +475,12 @@ impl Store {
             .collect();
         let slices: u64 = files.iter().map(|f| f.size.div_ceil(slice)).sum();
         let recovery = ((slices as f64 * self.redundancy).ceil() as u32).clamp(1, 65535);
+        // Opened beneath the root, never through a symlink: for a file the engine left unread,
+        // this read is its verification.
+        let anchor = Anchor::new(&self.root);
         let mut set_files = SetFiles {
             files,
+            anchor: &anchor,
             seen: RefCell::new(vec![None; files.len()]),
             unreadable: RefCell::new((0..files.len()).map(|_| None).collect()),
             at: (0..files.len()).map(|_| None).collect(),
@@ -621,6 +626,7 @@ enum ProtectError {
 /// (a set larger than its memory) in ranges.
 struct SetFiles<'a> {
     files: &'a [Protectee],
+    anchor: &'a Anchor,
     /// Each file's digest as the read through found it; `None` if it could not be read.
     seen: RefCell<Vec<Option<Digest>>>,
     /// Why a file could not be opened or read, if that was it.
@@ -642,7 +648,7 @@ impl SetFiles<'_> {
 
 impl par2::Files for SetFiles<'_> {
     fn open(&mut self, i: usize) -> io::Result<Box<dyn par2::Through + '_>> {
-        let file = crate::fs::sys::open_nofollow(&self.files[i].path)
+        let file = (self.anchor.open(&self.files[i].path, false))
             .map_err(|e| self.unreadable.borrow_mut()[i] = Some(e))
             .ok();
         Ok(Box::new(Hashing {
@@ -659,7 +665,7 @@ impl par2::Files for SetFiles<'_> {
     fn read_at(&mut self, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
         use std::os::unix::fs::FileExt;
         if self.at[i].is_none() {
-            self.at[i] = Some(crate::fs::sys::open_nofollow(&self.files[i].path)?);
+            self.at[i] = Some(self.anchor.open(&self.files[i].path, false)?);
         }
         self.at[i].as_ref().expect("opened").read_at(buf, offset)
     }
