@@ -18,7 +18,7 @@ use crate::engine::{Action, FileError, FileReport};
 use crate::fs::anchor::Anchor;
 use crate::fs::atomic::Temp;
 use crate::fs::read::AlignedBuf;
-use crate::fs::walk::SkipReason;
+use crate::fs::walk::{Inode, SkipReason};
 use crate::fs::xattr;
 use crate::sink::{Failure, Out, Sink};
 
@@ -34,6 +34,8 @@ pub struct Writer {
     anchors: Vec<Anchor>,
     /// Inodes with several links already archived, and the member name they went in under.
     links: HashMap<(u64, u64), Vec<u8>>,
+    /// Inodes with several links found damaged, and the first name.
+    damaged: HashMap<Inode, (Status, PathBuf)>,
     buf: AlignedBuf,
     opts: Options,
     /// The zstd frame being written, and the file data in it so far.
@@ -63,6 +65,7 @@ impl Writer {
             roots: roots.iter().map(|r| (r.clone(), root_name(r))).collect(),
             anchors: roots.iter().map(|r| Anchor::new(r)).collect(),
             links: HashMap::new(),
+            damaged: HashMap::new(),
             buf: AlignedBuf::new(crate::fs::read::BUF_SIZE),
             opts,
             frame: 0,
@@ -107,6 +110,15 @@ impl Writer {
     /// Archives the file `report` is about, if its verdict allows, noting in the report what
     /// was done. An `Err` is a failure to write the archive itself, which ends the run.
     pub fn add(&mut self, report: &mut FileReport) -> io::Result<()> {
+        let added = self.add_member_of(report);
+        // Damage found here, in a file the engine left unread, is said under its other names.
+        if let Some(inode) = report.inode {
+            crate::engine::name_damage(report, inode, &mut self.damaged);
+        }
+        added
+    }
+
+    fn add_member_of(&mut self, report: &mut FileReport) -> io::Result<()> {
         self.next_frame_if_full()?;
         self.frame_members += 1;
         let root = report.root;

@@ -469,8 +469,9 @@ fn walk_in_batches(
 }
 
 /// The damage found in a file with several names, said under each of them: the first name
-/// met was read (once), and the others are reported as carrying the same bytes.
-fn name_damage(
+/// met was read (once), and the others are reported as carrying the same bytes. (A sink that
+/// verifies files itself says it again, for the damage it finds.)
+pub(crate) fn name_damage(
     report: &mut FileReport,
     inode: Inode,
     damaged: &mut HashMap<Inode, (Status, PathBuf)>,

@@ -7,7 +7,7 @@
 //! [`HOLD`] reports (many small files not yet filling a pack), what is pending is computed and
 //! committed at once, so memory stays bounded whatever the tree.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -21,7 +21,7 @@ use super::{Added, DEFAULT_DIR, Job, Outcome, Protectee, Store};
 use crate::core::classify::{self, Status};
 use crate::core::digest::{Digest, Hasher};
 use crate::engine::{Action, FileError, FileReport, SinkReads};
-use crate::fs::walk::Stat;
+use crate::fs::walk::{Inode, Stat};
 use crate::sink::{Failure, Out, Sink};
 
 /// Where a tree's parity store is by default: in the tree (beside a file given as PATH).
@@ -47,6 +47,8 @@ pub struct Protector {
     held: VecDeque<Held>,
     /// mtimes closer than this count as equal, judging a file the engine left unread.
     window: u64,
+    /// Files with several names found damaged, and the first name.
+    damaged: HashMap<Inode, (Status, PathBuf)>,
 }
 
 /// Reports held before pending parity is forced out.
@@ -125,6 +127,7 @@ impl Protector {
             workers,
             held: VecDeque::new(),
             window,
+            damaged: HashMap::new(),
         };
         Ok((protector, removed))
     }
@@ -254,6 +257,10 @@ impl Protector {
                     let e = failed.error().expect("a failed outcome");
                     report.fail(FileError::Protect(e));
                 }
+            }
+            // Damage found by a set's first pass is said under the file's other names too.
+            if let Some(inode) = report.inode {
+                crate::engine::name_damage(&mut report, inode, &mut self.damaged);
             }
             out.send(report);
         }

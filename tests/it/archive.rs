@@ -223,6 +223,7 @@ fn damaged_files_stay_out_unless_asked_and_then_are_marked() {
         t.write("src/a-before", data(size, 2));
         let bad = t.write("src/bad", data(size, 4));
         t.write("src/good", data(size, 3));
+        fs::hard_link(&bad, t.path("src/bad-link")).unwrap();
         intact!("tag", t.path("src")).expect_code(0);
         flip_byte(&bad, size as u64 / 2);
         // Past the moments after a change in which the engine reads a file itself.
@@ -231,6 +232,12 @@ fn damaged_files_stay_out_unless_asked_and_then_are_marked() {
         let r = intact!("archive", "create", archive, t.path("src")).expect_code(1);
         assert!(
             r.stdout.contains("corrupt  ") && r.stdout.contains("src/bad: not archived"),
+            "{}",
+            r.stdout
+        );
+        // Its other name carries the same damage.
+        assert!(
+            r.stdout.contains("src/bad-link: another name of"),
             "{}",
             r.stdout
         );

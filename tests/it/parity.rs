@@ -402,6 +402,7 @@ fn damage_met_by_the_parity_read_is_reported_and_gets_no_parity() {
     let src = tree(&t);
     t.write("src/small/twin-a", data(5000, 77));
     t.write("src/small/twin-b", data(5000, 77));
+    fs::hard_link(src.join("big.bin"), src.join("other-name.bin")).unwrap();
     intact!("tag", &src).expect_code(0);
     for name in ["big.bin", "small/s05", "small/twin-b"] {
         flip_byte(&src.join(name), 50);
@@ -416,6 +417,13 @@ fn damage_met_by_the_parity_read_is_reported_and_gets_no_parity() {
         assert_eq!(j.status(name), "corrupt", "{}", j.file(name));
         assert_eq!(j.file(name)["action"], "kept");
     }
+    // Its other name carries the same damage.
+    assert_eq!(
+        j.status("other-name.bin"),
+        "corrupt",
+        "{}",
+        j.file("other-name.bin")
+    );
     for name in ["s00", "s29", "twin-a"] {
         assert_eq!(j.status(name), "ok", "{}", j.file(name));
         assert_eq!(j.file(name)["action"], "protected");
