@@ -10,7 +10,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::{DAMAGED_MARK, FRAME_BYTES, FRAME_MARK, FRAME_MEMBERS, Options, Stats};
-use crate::core::classify::{self, Status};
+use crate::core::classify::Status;
 use crate::core::digest::{Digest, Hasher, digest_bytes};
 use crate::core::pax::{MAX_RUNS, Pax, encode_key, pax_time, sparse_map};
 use crate::core::tag::{self, Timestamp, names};
@@ -185,10 +185,7 @@ impl Writer {
         }
         // A file the engine left unread (its tag describes it, nothing was to be written) is
         // verified here, from the bytes archived: each file is read and hashed once.
-        let unread = match (report.status, &report.tag) {
-            (Status::AlreadyTagged, Some(tag)) => Some(tag.clone()),
-            _ => None,
-        };
+        let unread = report.unread().cloned();
         let algo = unread.as_ref().map(|t| t.digest.algo);
         let algo = algo.or(report.digest.as_ref().map(|d| d.algo));
         // One that fits the buffer is read and judged before anything of it is written; a
@@ -352,14 +349,11 @@ impl Writer {
             sec: before.mtime(),
             nsec: before.mtime_nsec() as u32,
         };
-        report.digest = Some(*digest);
-        report.bytes_read = before.len();
-        report.status =
-            classify::classify(tag, before.len(), mtime, digest, self.opts.mtime_window_ns);
+        let window = self.opts.mtime_window_ns;
+        report.judge(tag, before.len(), mtime, *digest, window);
         if !report.status.is_damage() {
             return true;
         }
-        report.action = Some(Action::Kept);
         if !self.opts.include_damaged {
             report.detail = Some("not archived: its data no longer matches its tag".into());
         }

@@ -3,7 +3,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::core::classify::Status;
+use crate::core::classify::{self, Status};
 use crate::core::digest::{Algo, Digest};
 use crate::core::tag::{self, Tag, Timestamp};
 use crate::fs::walk::{Inode, SkipReason};
@@ -225,6 +225,26 @@ impl FileReport {
 }
 
 impl FileReport {
+    /// The tag of a file the engine left unread for its sink to verify as it reads it
+    /// (`already-tagged`: see `Config::sink_verifies`).
+    pub fn unread(&self) -> Option<&Tag> {
+        match (self.status, &self.tag) {
+            (Status::AlreadyTagged, Some(tag)) => Some(tag),
+            _ => None,
+        }
+    }
+
+    /// The verdict on such a file, from the `digest` of the `size` bytes its sink read under
+    /// `mtime`: as a check's. A damaged one keeps its tag (the evidence).
+    pub fn judge(&mut self, tag: &Tag, size: u64, mtime: Timestamp, digest: Digest, window: u64) {
+        self.digest = Some(digest);
+        self.bytes_read = size;
+        self.status = classify::classify(tag, size, mtime, &digest, window);
+        if self.status.is_damage() {
+            self.action = Some(Action::Kept);
+        }
+    }
+
     /// The path relative to the root it was found under (`roots[self.root]`); for a root
     /// that is a file, its name.
     pub fn relative<'a>(&'a self, roots: &[PathBuf]) -> &'a Path {

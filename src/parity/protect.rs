@@ -12,15 +12,16 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender};
 
 use super::{Added, DEFAULT_DIR, Job, Outcome, Protectee, Store};
-use crate::core::classify::{self, Status};
-use crate::core::digest::{Digest, Hasher};
+use crate::core::classify::Status;
+use crate::core::digest::Digest;
 use crate::engine::{Action, FileError, FileReport, SinkReads};
+use crate::fs::read::{AlignedBuf, BUF_SIZE, HashError, ReadOptions, hash_file};
 use crate::fs::walk::{Inode, Stat};
 use crate::sink::{Failure, Out, Sink};
 
@@ -49,6 +50,7 @@ pub struct Protector {
     window: u64,
     /// Files with several names found damaged, and the first name.
     damaged: HashMap<Inode, (Status, PathBuf)>,
+    cancel: &'static AtomicBool,
 }
 
 /// Reports held before pending parity is forced out.
@@ -59,15 +61,6 @@ struct Held {
     wait: Option<(usize, Digest)>,
     /// Its content had parity before (under this or another name).
     already: bool,
-}
-
-/// A file the engine left unread (`already-tagged`: its tag describes it), for its set's
-/// first pass to verify: the content its tag claims.
-fn unread(report: &FileReport) -> Option<Digest> {
-    match (report.status, &report.tag) {
-        (Status::AlreadyTagged, Some(tag)) => Some(tag.digest),
-        _ => None,
-    }
 }
 
 impl Protector {
@@ -128,6 +121,7 @@ impl Protector {
             held: VecDeque::new(),
             window,
             damaged: HashMap::new(),
+            cancel,
         };
         Ok((protector, removed))
     }
@@ -145,7 +139,7 @@ impl Protector {
         &mut self,
         report: &mut FileReport,
     ) -> Result<(Option<(usize, Digest)>, bool), Failure> {
-        let digest = unread(report).or(report.digest);
+        let digest = report.unread().map(|t| t.digest).or(report.digest);
         let (Some(digest), Some(size)) = (digest, report.size) else {
             return Ok((None, false));
         };
@@ -167,7 +161,7 @@ impl Protector {
             Added::Waiting => false,
             // Left unread for a set that another file of the same content took first: verified
             // here.
-            Added::Already if unread(report).is_some() => {
+            Added::Already if report.unread().is_some() => {
                 self.verify(report);
                 if report.status != Status::Ok {
                     return Ok((None, false));
@@ -228,7 +222,7 @@ impl Protector {
                 ..
             } = self.held.pop_front().expect("a head");
             // Read for the first time by its set: what that read found is the verdict.
-            if unread(&report).is_some() {
+            if report.unread().is_some() {
                 match outcome {
                     Some(Outcome::Durable) => verified(&mut report),
                     Some(Outcome::Changed) => damaged_or_changed(&mut report),
@@ -270,40 +264,40 @@ impl Protector {
 impl Protector {
     /// Reads and hashes a file the engine left unread, and judges it against its tag.
     fn verify(&self, report: &mut FileReport) {
-        let Some(tag) = report.tag.clone() else {
+        let Some(tag) = report.unread().cloned() else {
             return;
         };
         let anchor = crate::fs::anchor::Anchor::new(&self.roots[report.root]);
-        let read = || -> io::Result<(Stat, Digest, Stat)> {
+        let read = || -> io::Result<(Stat, Digest, u64, Stat)> {
             let file = anchor.open(&report.path, false)?;
             let (before, _) = Stat::of(&file)?;
-            let mut hasher = Hasher::new(tag.digest.algo);
-            let mut buf = vec![0u8; crate::fs::read::BUF_SIZE];
-            loop {
-                match io::Read::read(&mut &file, &mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => hasher.update(&buf[..n]),
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
-                }
-            }
+            let mut bufs = [BUF_SIZE, BUF_SIZE].map(AlignedBuf::new);
+            let (digests, n) = hash_file(
+                &file,
+                &[tag.digest.algo],
+                &mut bufs,
+                before.size,
+                ReadOptions::default(),
+                self.cancel,
+                &AtomicU64::new(0),
+            )
+            .map_err(|e| match e {
+                HashError::Io(e) => e,
+                HashError::Interrupted => io::Error::from(io::ErrorKind::Interrupted),
+            })?;
             let (after, _) = Stat::of(&file)?;
-            Ok((before, hasher.finalize(), after))
+            Ok((before, digests[0], n, after))
         };
         match read() {
+            // Stopped by Ctrl-C: left as it was, unverified.
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => report.fail(FileError::Read(e)),
-            Ok((before, _, after)) if after.changes_since(&before, before.size).is_some() => {
+            Ok((before, _, n, after)) if after.changes_since(&before, n).is_some() => {
                 report.status = Status::Changed;
                 report.detail = Some("changed while it was read".into());
             }
-            Ok((before, digest, _)) => {
-                report.bytes_read = before.size;
-                report.digest = Some(digest);
-                report.status =
-                    classify::classify(&tag, before.size, before.mtime, &digest, self.window);
-                if report.status.is_damage() {
-                    report.action = Some(Action::Kept);
-                }
+            Ok((before, digest, _, _)) => {
+                report.judge(&tag, before.size, before.mtime, digest, self.window);
             }
         }
     }
