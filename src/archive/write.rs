@@ -161,7 +161,11 @@ impl Writer {
     }
 
     fn add_file(&mut self, report: &mut FileReport, root: usize, name: &[u8]) -> io::Result<()> {
-        let file = match self.anchors[root].open(&report.path, false) {
+        let opened = match report.open.take() {
+            Some(open) => Ok(open.into_file()),
+            None => self.anchors[root].open(&report.path, false),
+        };
+        let file = match opened {
             Ok(f) => f,
             Err(e) => {
                 report.fail(FileError::Open(e));

@@ -175,6 +175,8 @@ pub struct FileReport {
     pub malformed: Vec<(&'static str, tag::Malformed)>,
     /// Bytes of data read.
     pub bytes_read: u64,
+    /// The file itself, left open for the sink to verify (see `Config::sink_verifies`).
+    pub open: Option<super::OpenFile>,
 }
 
 impl FileReport {
@@ -196,6 +198,7 @@ impl FileReport {
             detail: None,
             malformed: Vec::new(),
             bytes_read: 0,
+            open: None,
         }
     }
 

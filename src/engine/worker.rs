@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use super::report::{Action, FileError, FileReport};
-use super::{Config, Progress, Work};
+use super::{Config, Held, OpenAhead, OpenFile, Progress, Work};
 use crate::core::classify::{self, Status};
 use crate::core::digest::{Algo, Digest};
 use crate::core::tag::{self, Format, Tag, Timestamp};
@@ -128,6 +128,8 @@ pub(super) struct Worker<'a> {
     holding: Option<u64>,
     cold: &'a Cold,
     bufs: [AlignedBuf; 2],
+    /// Counts the files left open for the sink.
+    open_files: Arc<OpenAhead>,
 }
 
 /// Why reading a file gave no digest.
@@ -187,6 +189,7 @@ impl<'a> Worker<'a> {
         progress: &'a Progress,
         gates: &'a Gates,
         cold: &'a Cold,
+        open_files: Arc<OpenAhead>,
     ) -> Self {
         Worker {
             config,
@@ -200,6 +203,7 @@ impl<'a> Worker<'a> {
                 AlignedBuf::new(read::BUF_SIZE),
                 AlignedBuf::new(read::BUF_SIZE),
             ],
+            open_files,
         }
     }
 }
@@ -381,7 +385,17 @@ impl Worker<'_> {
             Work::Update => self.update(report, s),
             Work::Import => self.import(report, s),
         };
-        outcome.map_or_else(|stopped| stopped, Some)
+        let mut report = outcome.map_or_else(|stopped| stopped, Some)?;
+        // The sink reads what was left unread from the same open file (not one opened with
+        // O_DIRECT, which wants aligned reads), while descriptors last.
+        if self.config.sink_verifies.is_some()
+            && report.unread().is_some()
+            && !self.config.drop_cache
+            && let Some(held) = Held::take(&self.open_files)
+        {
+            report.open = Some(OpenFile::new(file, held));
+        }
+        Some(report)
     }
 
     /// A file named as intact names its temp files: never read or tagged. Left by a run that

@@ -20,7 +20,7 @@ use crossbeam_channel::{Receiver, Sender};
 use super::{Added, DEFAULT_DIR, Job, Outcome, Protectee, Store};
 use crate::core::classify::Status;
 use crate::core::digest::Digest;
-use crate::engine::{Action, FileError, FileReport, SinkReads};
+use crate::engine::{Action, FileError, FileReport, OpenFile, SinkReads};
 use crate::fs::read::{AlignedBuf, BUF_SIZE, HashError, ReadOptions, hash_file};
 use crate::fs::walk::{Inode, Stat};
 use crate::sink::{Failure, Out, Sink};
@@ -139,6 +139,8 @@ impl Protector {
         &mut self,
         report: &mut FileReport,
     ) -> Result<(Option<(usize, Digest)>, bool), Failure> {
+        // The set opens its files itself, beneath the root, when it reads them.
+        let open = report.open.take().map(OpenFile::into_file);
         let digest = report.unread().map(|t| t.digest).or(report.digest);
         let (Some(digest), Some(size)) = (digest, report.size) else {
             return Ok((None, false));
@@ -162,7 +164,7 @@ impl Protector {
             // Left unread for a set that another file of the same content took first: verified
             // here.
             Added::Already if report.unread().is_some() => {
-                self.verify(report);
+                self.verify(report, open);
                 if report.status != Status::Ok {
                     return Ok((None, false));
                 }
@@ -262,14 +264,18 @@ impl Protector {
 }
 
 impl Protector {
-    /// Reads and hashes a file the engine left unread, and judges it against its tag.
-    fn verify(&self, report: &mut FileReport) {
+    /// Reads and hashes a file the engine left unread (`open` if the engine left it open),
+    /// and judges it against its tag.
+    fn verify(&self, report: &mut FileReport, open: Option<std::fs::File>) {
         let Some(tag) = report.unread().cloned() else {
             return;
         };
         let anchor = crate::fs::anchor::Anchor::new(&self.roots[report.root]);
         let read = || -> io::Result<(Stat, Digest, u64, Stat)> {
-            let file = anchor.open(&report.path, false)?;
+            let file = match open {
+                Some(file) => file,
+                None => anchor.open(&report.path, false)?,
+            };
             let (before, _) = Stat::of(&file)?;
             let mut bufs = [BUF_SIZE, BUF_SIZE].map(AlignedBuf::new);
             let (digests, n) = hash_file(

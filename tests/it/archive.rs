@@ -484,3 +484,41 @@ fn archiving_is_a_verification_recorded_as_one() {
     }
     assert_eq!(never(), 0);
 }
+
+#[test]
+fn files_left_open_for_the_archive_never_exhaust_descriptors() {
+    // The engine hands the archive writer the files it left unread, still open; thousands
+    // of them wait in its queues at once on a tree of small files, yet a process allowed 64
+    // descriptors archives every one.
+    let t = Tree::new();
+    for i in 0..2_000 {
+        t.write(format!("src/d{}/{i}", i % 10), data(4_096, i));
+    }
+    intact!("tag", t.path("src")).expect_code(0);
+    // Past the racy window, the engine leaves them unread for the writer.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let archive = t.path("a.tar.zst");
+    let j = cmd!(
+        "archive",
+        "create",
+        "--json",
+        "--no-state",
+        &archive,
+        t.path("src")
+    )
+    .open_files(64)
+    .run()
+    .expect_code(0)
+    .json();
+    assert_eq!(j.count("ok"), 2_000);
+    let into = t.path("out");
+    fs::create_dir(&into).unwrap();
+    tar_extract(&archive, &into);
+    for i in [0, 999, 1_999] {
+        let name = format!("d{}/{i}", i % 10);
+        same_file(
+            &t.path(format!("src/{name}")),
+            &into.join("src").join(&name),
+        );
+    }
+}
