@@ -516,6 +516,7 @@ impl Sink for Writer {
             out.settle(false);
             return Ok(());
         }
+        out.settling();
         match self.commit() {
             Ok(stats) => {
                 out.settle(true);

@@ -290,6 +290,12 @@ impl Out for Front<'_> {
         self.print(prints, |f| f.reporter.hold(&report, fallback));
     }
 
+    fn settling(&mut self) {
+        if let Some(state) = &mut self.state {
+            state.settling();
+        }
+    }
+
     fn settle(&mut self, durable: bool) {
         if let Some(state) = &mut self.state {
             state.settle(durable);
