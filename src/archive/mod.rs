@@ -105,14 +105,7 @@ pub struct Member {
 impl Member {
     /// The tags the member carries.
     pub fn stored(&self) -> Stored {
-        Stored::from_attrs(|name| {
-            Ok(self
-                .xattrs
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.clone()))
-        })
-        .unwrap_or_default()
+        Stored::from_list(&self.xattrs)
     }
 
     /// The name, for paths in reports.

@@ -6,7 +6,6 @@ use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, BufWriter, Seek, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::{DAMAGED_MARK, FRAME_BYTES, FRAME_MARK, FRAME_MEMBERS, Options, Stats};
@@ -18,8 +17,11 @@ use crate::engine::{Action, FileError, FileReport};
 use crate::fs::anchor::Anchor;
 use crate::fs::atomic::Temp;
 use crate::fs::read::AlignedBuf;
-use crate::fs::walk::{Inode, SkipReason};
+use crate::fs::walk::{Inode, SkipReason, Stat};
 use crate::fs::xattr;
+
+/// A file's own extended attributes, names and values.
+type Attrs = Vec<(String, Vec<u8>)>;
 use crate::sink::{Failure, Out, Sink};
 
 /// An archive being written: to a temp file beside the destination, renamed over it by
@@ -160,30 +162,30 @@ impl Writer {
         name
     }
 
+    /// Opens `path` beneath root `root`: the file, its state and its attributes.
+    fn open(&self, root: usize, path: &Path) -> Result<(File, Stat, Attrs), FileError> {
+        let file = self.anchors[root]
+            .open(path, false)
+            .map_err(FileError::Open)?;
+        let (stat, _) = Stat::of(&file).map_err(FileError::Read)?;
+        let attrs = xattr::read_all(&file).map_err(FileError::ReadTags)?;
+        Ok((file, stat, attrs))
+    }
+
     fn add_file(&mut self, report: &mut FileReport, root: usize, name: &[u8]) -> io::Result<()> {
+        // A file the engine left open comes with its state and attributes, read then.
         let opened = match report.open.take() {
-            Some(open) => Ok(open.into_file()),
-            None => self.anchors[root].open(&report.path, false),
+            Some(open) => Ok(open.into_parts()),
+            None => self.open(root, &report.path),
         };
-        let file = match opened {
-            Ok(f) => f,
+        let (file, before, attrs) = match opened {
+            Ok(opened) => opened,
             Err(e) => {
-                report.fail(FileError::Open(e));
+                report.fail(e);
                 return Ok(());
             }
         };
-        let (before, attrs) = match (file.metadata(), xattr::read_all(&file)) {
-            (Ok(m), Ok(a)) => (m, a),
-            (Err(e), _) => {
-                report.fail(FileError::Read(e));
-                return Ok(());
-            }
-            (_, Err(e)) => {
-                report.fail(FileError::ReadTags(e));
-                return Ok(());
-            }
-        };
-        if Some(before.len()) != report.size {
+        if Some(before.size) != report.size {
             changed(report, "size changed between verifying and archiving");
             return Ok(());
         }
@@ -197,9 +199,9 @@ impl Writer {
         // it turns out damaged.
         let mut whole = None;
         if let Some(tag) = &unread
-            && before.len() <= crate::fs::read::BUF_SIZE as u64
+            && before.size <= crate::fs::read::BUF_SIZE as u64
         {
-            let data = &mut self.buf.as_mut_slice()[..before.len() as usize];
+            let data = &mut self.buf.as_mut_slice()[..before.size as usize];
             if let Err(e) = read_whole(&file, data) {
                 report.fail(FileError::Read(e));
                 return Ok(());
@@ -220,25 +222,25 @@ impl Writer {
         };
         let damaged = report.status.is_damage();
         let digest = unread.as_ref().map(|t| t.digest).or(report.digest);
-        let attrs = member_attrs(attrs, digest.as_ref(), before.len(), damaged);
+        let attrs = member_attrs(attrs, digest.as_ref(), before.size, damaged);
         let mut segments = data_segments(&file, &before);
         if segments.len() >= MAX_RUNS {
-            segments = vec![(0, before.len())];
+            segments = vec![(0, before.size)];
         }
         let mut pax = Pax::default();
         let mut header = tar::Header::new_ustar();
         set_meta(&mut header, &mut pax, &before);
         let data_len: u64 = segments.iter().map(|s| s.1).sum();
         let map = match &segments {
-            s if s.len() == 1 && s[0] == (0, before.len()) => None,
-            _ => Some(sparse_map(&segments, before.len())),
+            s if s.len() == 1 && s[0] == (0, before.size) => None,
+            _ => Some(sparse_map(&segments, before.size)),
         };
         let body = match &map {
             Some(map) => {
                 pax.add("GNU.sparse.major", b"1");
                 pax.add("GNU.sparse.minor", b"0");
                 pax.add("GNU.sparse.name", name);
-                pax.add("GNU.sparse.realsize", before.len().to_string().as_bytes());
+                pax.add("GNU.sparse.realsize", before.size.to_string().as_bytes());
                 set_name(&mut header, &sparse_header_name(name));
                 map.len() as u64 + data_len
             }
@@ -266,7 +268,7 @@ impl Writer {
         }
         let copied = match whole {
             Some(digest) => {
-                let buf = &self.buf.as_mut_slice()[..before.len() as usize];
+                let buf = &self.buf.as_mut_slice()[..before.size as usize];
                 for &(offset, len) in &segments {
                     out.write_all(&buf[offset as usize..(offset + len) as usize])?;
                 }
@@ -278,7 +280,7 @@ impl Writer {
             None => copy_data(
                 &file,
                 &segments,
-                before.len(),
+                before.size,
                 algo.map(Hasher::new),
                 self.buf.as_mut_slice(),
                 out,
@@ -286,7 +288,7 @@ impl Writer {
         };
         pad(out, body)?;
         self.stats.members += 1;
-        self.stats.bytes += before.len();
+        self.stats.bytes += before.size;
         self.frame_bytes += body;
         if let Err(e) = copied.error {
             report.fail(FileError::Read(e));
@@ -331,9 +333,8 @@ impl Writer {
             return Ok(());
         }
         // Only a copy proven good is worth linking other names to.
-        if before.nlink() > 1 {
-            self.links
-                .insert((before.dev(), before.ino()), name.to_vec());
+        if before.nlink > 1 {
+            self.links.insert((before.dev, before.ino), name.to_vec());
         }
         report.action = Some(Action::Archived);
         Ok(())
@@ -347,14 +348,10 @@ impl Writer {
         report: &mut FileReport,
         tag: &tag::Tag,
         digest: &Digest,
-        before: &std::fs::Metadata,
+        before: &Stat,
     ) -> bool {
-        let mtime = Timestamp {
-            sec: before.mtime(),
-            nsec: before.mtime_nsec() as u32,
-        };
         let window = self.opts.mtime_window_ns;
-        report.judge(tag, before.len(), mtime, *digest, window);
+        report.judge(tag, before.size, before.mtime, *digest, window);
         if !report.status.is_damage() {
             return true;
         }
@@ -574,10 +571,10 @@ fn member_attrs(
 
 /// The file's data as (offset, length) runs: one run covering it all, or, for a file with
 /// holes, only the runs with data (found with SEEK_DATA/SEEK_HOLE).
-fn data_segments(file: &File, meta: &std::fs::Metadata) -> Vec<(u64, u64)> {
-    let size = meta.len();
+fn data_segments(file: &File, stat: &Stat) -> Vec<(u64, u64)> {
+    let size = stat.size;
     let whole = vec![(0, size)];
-    if size == 0 || meta.blocks() * 512 >= size {
+    if size == 0 || stat.blocks * 512 >= size {
         return whole;
     }
     let mut segments = Vec::new();
@@ -630,16 +627,13 @@ struct MemberMeta {
     mtime: Timestamp,
 }
 
-impl From<&std::fs::Metadata> for MemberMeta {
-    fn from(m: &std::fs::Metadata) -> Self {
+impl From<&Stat> for MemberMeta {
+    fn from(st: &Stat) -> Self {
         MemberMeta {
-            mode: m.mode(),
-            uid: m.uid(),
-            gid: m.gid(),
-            mtime: Timestamp {
-                sec: m.mtime(),
-                nsec: m.mtime_nsec() as u32,
-            },
+            mode: st.mode,
+            uid: st.uid,
+            gid: st.gid,
+            mtime: st.mtime,
         }
     }
 }
@@ -794,14 +788,8 @@ fn read_whole(file: &File, buf: &mut [u8]) -> io::Result<()> {
 
 /// Whether `file` is still as `before` said: same size, mtime and ctime (which no program
 /// can set back).
-fn untouched(file: &File, before: &std::fs::Metadata) -> bool {
-    file.metadata().is_ok_and(|a| {
-        a.len() == before.len()
-            && a.mtime() == before.mtime()
-            && a.mtime_nsec() == before.mtime_nsec()
-            && a.ctime() == before.ctime()
-            && a.ctime_nsec() == before.ctime_nsec()
-    })
+fn untouched(file: &File, before: &Stat) -> bool {
+    Stat::of(file).is_ok_and(|(now, _)| now.changes_since(before, before.size).is_none())
 }
 
 /// What copying a file's data found.

@@ -223,19 +223,39 @@ impl OpenAhead {
 #[derive(Debug)]
 pub struct OpenFile {
     file: std::fs::File,
+    /// What `fstat` said of it before anything was read.
+    stat: walk::Stat,
+    /// Its own extended attributes (`xattr::read_all`), which the sink copies.
+    attrs: Vec<(String, Vec<u8>)>,
     held: Held,
 }
 
 impl OpenFile {
-    pub(crate) fn new(file: std::fs::File, held: Held) -> Self {
-        OpenFile { file, held }
+    pub(crate) fn new(
+        file: std::fs::File,
+        stat: walk::Stat,
+        attrs: Vec<(String, Vec<u8>)>,
+        held: Held,
+    ) -> Self {
+        OpenFile {
+            file,
+            stat,
+            attrs,
+            held,
+        }
     }
 
-    /// The file, no longer counted among those held open.
-    pub fn into_file(self) -> std::fs::File {
-        let OpenFile { file, held } = self;
+    /// The file, its state before any read and its attributes; no longer counted among the
+    /// files held open.
+    pub fn into_parts(self) -> (std::fs::File, walk::Stat, Vec<(String, Vec<u8>)>) {
+        let OpenFile {
+            file,
+            stat,
+            attrs,
+            held,
+        } = self;
         drop(held);
-        file
+        (file, stat, attrs)
     }
 }
 

@@ -344,16 +344,24 @@ impl Worker<'_> {
             }
             Err(e) => return Some(FileReport::error(path, FileError::Open(e))),
         };
-        // With a manifest, it alone says what the data should be.
-        let stored = match &self.config.manifest {
-            Some(m) => Stored {
-                tags: m.tag(&path).into_iter().collect(),
-                ..Stored::default()
-            },
-            None => match xattr::read(&file) {
-                Ok(s) => s,
-                Err(e) => return Some(FileReport::error(path, FileError::ReadTags(e))),
-            },
+        // With a manifest, it alone says what the data should be. A sink that reads files
+        // copies their attributes too: all of them are read once, here.
+        let read = match &self.config.manifest {
+            Some(m) => Ok((
+                Stored {
+                    tags: m.tag(&path).into_iter().collect(),
+                    ..Stored::default()
+                },
+                None,
+            )),
+            None if self.config.sink_verifies.is_some() => {
+                xattr::read_all(&file).map(|all| (Stored::from_list(&all), Some(all)))
+            }
+            None => xattr::read(&file).map(|s| (s, None)),
+        };
+        let (stored, attrs) = match read {
+            Ok(read) => read,
+            Err(e) => return Some(FileReport::error(path, FileError::ReadTags(e))),
         };
         if stored.kept_damaged {
             return Some(FileReport {
@@ -388,12 +396,12 @@ impl Worker<'_> {
         let mut report = outcome.map_or_else(|stopped| stopped, Some)?;
         // The sink reads what was left unread from the same open file (not one opened with
         // O_DIRECT, which wants aligned reads), while descriptors last.
-        if self.config.sink_verifies.is_some()
-            && report.unread().is_some()
+        if report.unread().is_some()
             && !self.config.drop_cache
+            && let Some(attrs) = attrs
             && let Some(held) = Held::take(&self.open_files)
         {
-            report.open = Some(OpenFile::new(file, held));
+            report.open = Some(OpenFile::new(file, meta, attrs, held));
         }
         Some(report)
     }

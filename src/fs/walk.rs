@@ -125,6 +125,16 @@ pub struct Stat {
     pub mtime: Timestamp,
     /// Last change of the data or the metadata (no program can set it).
     pub ctime: Timestamp,
+    /// Type and permissions.
+    pub mode: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Names the inode has.
+    pub nlink: u64,
+    /// 512-byte blocks allocated: fewer than the size needs means holes.
+    pub blocks: u64,
 }
 
 impl Stat {
@@ -151,6 +161,11 @@ impl Stat {
                 sec: st.st_ctime as i64,
                 nsec: st.st_ctime_nsec as u32,
             },
+            mode: st.st_mode as u32,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            nlink: st.st_nlink as u64,
+            blocks: st.st_blocks as u64,
         }
     }
 
@@ -167,6 +182,11 @@ impl Stat {
                 sec: m.ctime(),
                 nsec: m.ctime_nsec() as u32,
             },
+            mode: m.mode(),
+            uid: m.uid(),
+            gid: m.gid(),
+            nlink: m.nlink(),
+            blocks: m.blocks(),
         }
     }
 

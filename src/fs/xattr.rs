@@ -129,6 +129,18 @@ pub fn read(file: &File) -> io::Result<Stored> {
 }
 
 impl Stored {
+    /// Parses every known tag out of attributes already read (names and values, as
+    /// [`read_all`] gives them or an archive member carries them).
+    pub fn from_list(attrs: &[(String, Vec<u8>)]) -> Stored {
+        Stored::from_attrs(|name| {
+            Ok(attrs
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone()))
+        })
+        .unwrap_or_default()
+    }
+
     /// Parses every known tag out of a file's attributes, as `lookup` gives them (`None` for
     /// an absent one): from the file system, or from an archive member's records.
     pub fn from_attrs(

@@ -20,7 +20,7 @@ use crossbeam_channel::{Receiver, Sender};
 use super::{Added, DEFAULT_DIR, Job, Outcome, Protectee, Store};
 use crate::core::classify::Status;
 use crate::core::digest::Digest;
-use crate::engine::{Action, FileError, FileReport, OpenFile, SinkReads};
+use crate::engine::{Action, FileError, FileReport, SinkReads};
 use crate::fs::read::{AlignedBuf, BUF_SIZE, HashError, ReadOptions, hash_file};
 use crate::fs::walk::{Inode, Stat};
 use crate::sink::{Failure, Out, Sink};
@@ -140,7 +140,7 @@ impl Protector {
         report: &mut FileReport,
     ) -> Result<(Option<(usize, Digest)>, bool), Failure> {
         // The set opens its files itself, beneath the root, when it reads them.
-        let open = report.open.take().map(OpenFile::into_file);
+        let open = report.open.take().map(|f| f.into_parts().0);
         let digest = report.unread().map(|t| t.digest).or(report.digest);
         let (Some(digest), Some(size)) = (digest, report.size) else {
             return Ok((None, false));
