@@ -344,8 +344,8 @@ impl Worker<'_> {
             }
             Err(e) => return Some(FileReport::error(path, FileError::Open(e))),
         };
-        // With a manifest, it alone says what the data should be. A sink that reads files
-        // copies their attributes too: all of them are read once, here.
+        // With a manifest, it alone says what the data should be. For a sink that reads
+        // files (the archive writer copies their attributes too), all are read once, here.
         let read = match &self.config.manifest {
             Some(m) => Ok((
                 Stored {
