@@ -106,7 +106,7 @@ impl Multiplier {
     pub fn new(c: u16) -> Self {
         Multiplier {
             c,
-            affine: affine_matrices(c),
+            affine: affine(c),
         }
     }
 
@@ -201,7 +201,7 @@ pub fn mul_add(dst: &mut [u8], src: &[u8], c: u16) {
     {
         if x86::has_gfni256() {
             // SAFETY: AVX2 and GFNI are present (checked just above).
-            let done = unsafe { x86::gfni256(dst, src, affine_matrices(c)) };
+            let done = unsafe { x86::gfni256(dst, src, affine(c)) };
             return portable(&mut dst[done..], &src[done..], c);
         }
         if std::arch::is_x86_feature_detected!("avx2") {
@@ -275,6 +275,14 @@ fn nibble_tables(c: u16) -> [[u8; 16]; 8] {
 /// four 8x8 bit matrices (low to low, high to low, low to high, high to high), in the layout
 /// of GF2P8AFFINEQB (the row for output bit i in byte 7 - i).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+/// The matrices of `c`, from a table of every constant's built once (2 MiB): a set's
+/// multiplication prepares every coefficient of every batch in every pass (millions for a
+/// large file), and building them took a twentieth of protect's time.
+fn affine(c: u16) -> [i64; 4] {
+    static TABLE: OnceLock<Box<[[i64; 4]]>> = OnceLock::new();
+    TABLE.get_or_init(|| (0..=u16::MAX).map(affine_matrices).collect())[c as usize]
+}
+
 fn affine_matrices(c: u16) -> [i64; 4] {
     // Column j of each matrix is the image of bit j: c times x^j, by doubling.
     let mut cols = [0u16; 16];
@@ -287,9 +295,7 @@ fn affine_matrices(c: u16) -> [i64; 4] {
         }
     }
     // A matrix with column j in byte j, transposed (bit b of byte a <-> bit a of byte b),
-    // holds row i in byte i; GF2P8AFFINEQB wants row i in byte 7 - i. This runs for every
-    // coefficient of every batch: the bit by bit loop it replaced was a tenth of protect's
-    // time with narrow passes.
+    // holds row i in byte i; GF2P8AFFINEQB wants row i in byte 7 - i.
     let matrix = |cols: &[u16], shift: u32| {
         let mut x = cols.iter().enumerate().fold(0u64, |q, (j, &col)| {
             q | (((col >> shift) as u8 as u64) << (8 * j))
