@@ -406,7 +406,8 @@ impl Plan {
         columns.push("min(verified)".into());
         let sql = format!(
             "SELECT {} FROM (SELECT {bucket} AS b, p.size AS size, f.verified AS verified, \
-             f.protected AS protected, f.archived AS archived, f.checked AS checked FROM {JOIN} \
+             f.protected AS protected, coalesce(f.archived, (SELECT copied FROM state.runs \
+             WHERE id = f.archived_in)) AS archived, f.checked AS checked FROM {JOIN} \
              WHERE p.tagged)",
             columns.join(", ")
         );

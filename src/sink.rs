@@ -26,9 +26,6 @@ pub trait Out {
     /// `fallback` otherwise. Held reports go out, in order, at [`Out::settle`]; nothing may
     /// be sent while reports are held.
     fn hold(&mut self, report: FileReport, fallback: Option<Action>);
-    /// The held reports' work is about to be made durable; [`Out::settle`] follows, and
-    /// what hangs on it may be prepared meanwhile. Nothing may be sent in between.
-    fn settling(&mut self);
     /// Lets the held reports out: with their action if the work is `durable`.
     fn settle(&mut self, durable: bool);
     /// A line for people, printed with the summary (e.g. what was written where).

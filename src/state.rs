@@ -7,9 +7,9 @@
 //! history, a replaced or re-tagged one starts afresh. The path is kept for reports only.
 //! SQLite in WAL mode: other runs and `sqlite3` can read while a run writes; writes are
 //! committed at least every second, so an interrupted run keeps what it recorded, and a
-//! second writer waits for the first rather than failing. (Facts that stand only once an
-//! archive is durable, and the verifications that come with them, are held to its end: a
-//! run killed outright loses those, as a schedule's loss.)
+//! second writer waits for the first rather than failing. A file archived is recorded with
+//! the run that archived it, and counts as archived once that run's archive is durable
+//! (`runs.copied`): an archive that failed or was killed claims nothing.
 
 use std::collections::HashMap;
 use std::io;
@@ -45,7 +45,9 @@ CREATE TABLE IF NOT EXISTS {s}files (
     status TEXT,                -- the last verdict
     damaged INTEGER,            -- when damage was found, until repaired or accepted
     protected INTEGER,          -- when parity was written for it
-    archived INTEGER,           -- when it was copied into an archive
+    archived INTEGER,           -- when it was copied into an archive (one known durable) ...
+    archived_in INTEGER,        -- ... or the last run that archived it, once runs.copied says
+                                -- that archive is durable
     seen INTEGER,               -- the run that last saw it
     PRIMARY KEY (fs, ino, digest)
 ) WITHOUT ROWID;
@@ -59,14 +61,15 @@ CREATE TABLE IF NOT EXISTS {s}runs (
     files INTEGER,
     bytes INTEGER,              -- bytes of data read
     seconds REAL,
-    exit_code INTEGER
+    exit_code INTEGER,
+    copied INTEGER              -- when the copies it made (an archive) became durable
 );
 CREATE TABLE IF NOT EXISTS {s}cycles (
     root BLOB PRIMARY KEY,      -- a scrubbed root, absolute
     started INTEGER NOT NULL    -- when its current cycle began
 );
 ";
-const VERSION: i64 = 1;
+const VERSION: i64 = 2;
 
 /// Recorded rows are written at least this often ...
 const COMMIT_EVERY: Duration = Duration::from_secs(1);
@@ -107,10 +110,6 @@ pub struct State {
     /// Where they go.
     writer: Writer,
     pending_since: Option<Instant>,
-    /// Rows were held (in the writer's `temp.held`).
-    holding: bool,
-    /// They are being applied, in a transaction that [`State::settle`] ends.
-    settling: bool,
     /// This run's row in `runs`.
     run: Option<i64>,
     /// The first error met while recording; recording stops there.
@@ -186,6 +185,10 @@ impl State {
         // Reading every table proves the file is a database and its schema is whole.
         conn.execute_batch(&schema(""))?;
         conn.query_row("SELECT count(*) FROM runs", [], |_| Ok(()))?;
+        if version < VERSION {
+            // In one write transaction, so that two runs never both add a column.
+            transaction(&conn, migrate)?;
+        }
         if version != VERSION {
             conn.pragma_update(None, "user_version", VERSION)?;
         }
@@ -202,8 +205,6 @@ impl State {
             cwd: std::env::current_dir().unwrap_or_default(),
             pending: Vec::new(),
             pending_since: None,
-            holding: false,
-            settling: false,
             run: None,
             failed: None,
             broken: false,
@@ -249,12 +250,13 @@ impl State {
     }
 
     /// Records what a report says of its file: a verdict (verified, damaged, modified,
-    /// unreadable), a new tag, a repair, a parity set or an archived copy. Reports that say
+    /// unreadable), a new tag, a repair, a parity set or an archived copy (which counts once
+    /// [`State::settle`] says the run's archive is durable). Reports that say
     /// none of these (new, skipped files) are not recorded. Rows are written in batches, each
     /// in a short transaction: other runs never wait long for this one.
     pub fn record(&mut self, report: &FileReport) {
         for (fact, key) in facts(report) {
-            self.add(report, fact, key, None);
+            self.add(report, fact, key);
         }
         self.send_when_due();
     }
@@ -271,67 +273,29 @@ impl State {
         }
     }
 
-    /// As [`State::record`], for a report whose action (archived) stands only once its work
-    /// is durable: that fact is applied at [`State::settle`], if the work was.
-    pub fn hold(&mut self, report: &FileReport) {
-        let facts = facts(report);
-        // A verification and a copy of the same content travel as one held row: half the
-        // writes (on 20,000 archived files the database cost a quarter of the run's CPU).
-        // The verification stands even if the copy does not (see `settle`); only a run
-        // killed outright loses it, a schedule's loss.
-        let copied = |key: &Vec<u8>| facts.iter().any(|(f, k)| *f == Fact::Archived && k == key);
-        let proven = |key: &Vec<u8>| facts.iter().any(|(f, k)| *f == Fact::Verified && k == key);
-        for (fact, key) in facts.iter().cloned() {
-            let hold = match fact {
-                Fact::Verified if copied(&key) => continue,
-                Fact::Archived => Some(proven(&key)),
-                _ => None,
-            };
-            self.add(report, fact, key, hold);
-        }
-        // Held rows wait in the writer's temporary table, not here: 200,000 archived files
-        // kept 77 MiB of rows in this queue until the end.
-        self.send_when_due();
-    }
-
-    /// The held records' work is about to be made durable: they are applied meanwhile, in a
-    /// transaction that [`State::settle`] commits, or rolls back if the work was not (an
-    /// archive of 20,000 files took 50 ms to apply, as long as its fsync). Nothing may be
-    /// recorded in between.
-    pub fn settling(&mut self) {
-        self.commit();
-        if self.failed.is_some() || !self.holding || self.settling {
-            return;
-        }
-        self.settling = true;
-        self.hand(Batch::Apply {
-            t: now(),
-            seen: self.run,
-        });
-    }
-
-    /// Applies the held records if their work is `durable`, and forgets them.
+    /// The copies this run made (an archive) are durable, or will never be: the files
+    /// recorded as archived by it count as such from now on, or never. One row, whatever the
+    /// number of files (applying 20,000 rows at the end took longer than the archive's own
+    /// fsync).
     pub fn settle(&mut self, durable: bool) {
-        match durable {
-            true => self.settling(),
-            false => self.commit(),
-        }
-        if self.failed.is_some() || !self.holding {
+        self.commit();
+        let (Some(run), true) = (self.run, durable) else {
+            return;
+        };
+        if self.failed.is_some() {
             return;
         }
-        self.settling = false;
-        self.holding = false;
-        self.hand(Batch::Settle {
-            durable,
-            seen: self.run,
-        });
-        self.collect(true);
+        let result = self.conn.execute(
+            "UPDATE runs SET copied = ?2 WHERE id = ?1",
+            params![run, now()],
+        );
+        if let Err(e) = result {
+            self.fail(e);
+        }
     }
 
-    /// Queues the row for `fact` about the file of `report`, or, with `hold`, keeps it aside
-    /// in a temporary table, which takes no lock on the database (`Some(true)`: the row also
-    /// says the data was verified).
-    fn add(&mut self, report: &FileReport, fact: Fact, key: Vec<u8>, hold: Option<bool>) {
+    /// Queues the row for `fact` about the file of `report`.
+    fn add(&mut self, report: &FileReport, fact: Fact, key: Vec<u8>) {
         if self.failed.is_some() {
             return;
         }
@@ -357,11 +321,7 @@ impl State {
             size: size as i64,
             t: now(),
             status: report.status.name(),
-            held: hold.is_some(),
-            verified: hold == Some(true),
         };
-        // Held rows go to the writer's own temporary table, off this thread.
-        self.holding |= hold.is_some();
         self.pending_since.get_or_insert_with(Instant::now);
         self.pending.push(row);
     }
@@ -380,7 +340,7 @@ impl State {
             return;
         }
         let rows = std::mem::take(&mut self.pending);
-        self.hand(Batch::Rows(rows, self.run));
+        self.hand((rows, self.run));
         self.collect(false);
     }
 
@@ -499,6 +459,22 @@ fn writer_gone() -> rusqlite::Error {
     )
 }
 
+/// Brings a database of an older schema to this one. Schema 1 (before the columns existed)
+/// recorded an archived copy only at the end of its run.
+fn migrate(conn: &Connection) -> rusqlite::Result<()> {
+    for (table, column) in [("files", "archived_in"), ("runs", "copied")] {
+        let has: i64 = conn.query_row(
+            "SELECT count(*) FROM pragma_table_info(?1) WHERE name = ?2",
+            [table, column],
+            |r| r.get(0),
+        )?;
+        if has == 0 {
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} INTEGER"))?;
+        }
+    }
+    Ok(())
+}
+
 /// Runs `f` on `conn` in a transaction of its own.
 fn transaction(
     conn: &Connection,
@@ -531,18 +507,11 @@ impl Writer {
         let conn = Connection::open(path)?;
         conn.busy_timeout(Duration::from_secs(600))?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
-        // The held rows' table goes to a temp file beyond SQLite's page cache: in memory (how
-        // the bundled SQLite keeps temporary tables) it grows with the tree.
-        conn.pragma_update(None, "temp_store", "FILE")?;
         let (rows, batches) = bounded::<Batch>(2);
         let (said, results) = unbounded();
         let thread = std::thread::spawn(move || {
-            for batch in batches {
-                let _ = said.send(match batch {
-                    Batch::Rows(rows, seen) => write_rows(&conn, &rows, seen),
-                    Batch::Apply { t, seen } => apply(&conn, t, seen),
-                    Batch::Settle { durable, seen } => settle(&conn, durable, seen),
-                });
+            for (rows, seen) in batches {
+                let _ = said.send(write_rows(&conn, &rows, seen));
             }
         });
         Ok(Writer {
@@ -563,104 +532,19 @@ impl Drop for Writer {
     }
 }
 
-/// What the writer is given to do.
-enum Batch {
-    /// Rows to write, of the run `.1`.
-    Rows(Vec<Row>, Option<i64>),
-    /// Apply the held rows (at time `t`, of the run `seen`) in a transaction left open ...
-    Apply { t: i64, seen: Option<i64> },
-    /// ... and commit it if their work is durable, or else roll it back and apply only the
-    /// verifications; then forget them.
-    Settle { durable: bool, seen: Option<i64> },
-}
+/// Rows for the writer to write, of the run `.1`.
+type Batch = (Vec<Row>, Option<i64>);
 
-/// Applies the held rows in a transaction that [`settle`] ends.
-fn apply(conn: &Connection, t: i64, seen: Option<i64>) -> rusqlite::Result<()> {
-    conn.execute_batch("BEGIN IMMEDIATE")?;
-    if let Err(e) = apply_held(conn, Some(t), seen) {
-        let _ = conn.execute_batch("ROLLBACK");
-        return Err(e);
-    }
-    Ok(())
-}
-
-/// Commits the held rows applied if their work is `durable`; else rolls them back, and
-/// applies only what they say of verifications. Either way forgets them.
-fn settle(conn: &Connection, durable: bool, seen: Option<i64>) -> rusqlite::Result<()> {
-    if !conn.is_autocommit() {
-        conn.execute_batch(if durable { "COMMIT" } else { "ROLLBACK" })?;
-    }
-    if !durable {
-        transaction(conn, |conn| apply_held(conn, None, seen))?;
-    }
-    conn.execute("DELETE FROM temp.held", []).map(drop)
-}
-
-/// Writes the held rows into `files`: copies made at `copied` (`None`: not made), and
-/// the verifications they carry.
-fn apply_held(conn: &Connection, copied: Option<i64>, seen: Option<i64>) -> rusqlite::Result<()> {
-    // Files still under the path of their row first, which leaves the path index alone (the
-    // upsert rewrites it for every row: 20,000 archived files took 0.15 s at the end of the
-    // run); then the rest, if any.
-    let updated = conn.execute(
-        "UPDATE files SET size = h.size, seen = ?2, archived = coalesce(?1, files.archived), \
-         verified = coalesce(h.verified, files.verified), \
-         checked = coalesce(h.verified, files.checked), status = coalesce(h.status, files.status), \
-         damaged = CASE WHEN h.verified IS NULL THEN files.damaged END \
-         FROM temp.held AS h WHERE files.fs = h.fs AND files.ino = h.ino \
-         AND files.digest = h.digest AND files.path = h.path \
-         AND (?1 IS NOT NULL OR h.verified IS NOT NULL)",
-        params![copied, seen],
-    )?;
-    let held: i64 = conn.query_row(
-        "SELECT count(*) FROM temp.held WHERE ?1 IS NOT NULL OR verified IS NOT NULL",
-        [copied],
-        |r| r.get(0),
-    )?;
-    if updated as i64 == held {
-        return Ok(());
-    }
-    conn.execute(
-        "INSERT INTO files (fs, ino, digest, path, size, seen, archived, verified, checked, status) \
-         SELECT fs, ino, digest, path, size, ?2, ?1, verified, verified, status \
-         FROM temp.held AS h WHERE (?1 IS NOT NULL OR h.verified IS NOT NULL) AND NOT EXISTS \
-         (SELECT 1 FROM files AS f WHERE f.fs = h.fs AND f.ino = h.ino \
-         AND f.digest = h.digest AND f.path = h.path) \
-         ON CONFLICT DO UPDATE SET path = excluded.path, size = excluded.size, \
-         seen = excluded.seen, archived = coalesce(excluded.archived, files.archived), \
-         verified = coalesce(excluded.verified, files.verified), \
-         checked = coalesce(excluded.checked, files.checked), \
-         status = coalesce(excluded.status, files.status), \
-         damaged = CASE WHEN excluded.verified IS NULL THEN files.damaged END",
-        params![copied, seen],
-    )?;
-    Ok(())
-}
-
-/// Writes `rows` (of the run `seen`) in one short transaction; held rows go to the
-/// connection's temporary table `held`, which takes no lock on the database.
+/// Writes `rows` (of the run `seen`) in one short transaction.
 fn write_rows(conn: &Connection, rows: &[Row], seen: Option<i64>) -> rusqlite::Result<()> {
-    if rows.iter().any(|r| r.held) {
-        conn.execute_batch(
-            "CREATE TEMP TABLE IF NOT EXISTS held (fs INTEGER, ino INTEGER, \
-             digest BLOB, path BLOB, size INTEGER, verified INTEGER, status TEXT)",
-        )?;
-    }
     transaction(conn, |conn| {
         for row in rows {
-            if row.held {
-                let (verified, status) = match row.verified {
-                    true => (Some(row.t), Some(row.status)),
-                    false => (None, None),
-                };
-                conn.prepare_cached("INSERT INTO temp.held VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")?
-                    .execute(params![
-                        row.fs, row.ino, row.key, row.path, row.size, verified, status
-                    ])?;
-                continue;
-            }
-            let base = params![row.fs, row.ino, row.key, row.path, row.size, seen, row.t];
+            let base = params![row.fs, row.ino, row.key, row.path, row.size, seen];
             let mut all = base.to_vec();
+            // An archived copy's time is its run's (see `State::settle`).
+            if row.fact != Fact::Archived {
+                all.push(&row.t);
+            }
             if row.fact.has_status() {
                 all.push(&row.status);
             }
@@ -683,10 +567,6 @@ struct Row {
     size: i64,
     t: i64,
     status: &'static str,
-    /// Kept aside until [`State::settle`] ...
-    held: bool,
-    /// ... saying too that the data was verified (at `t`, as `status`).
-    verified: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -702,20 +582,23 @@ enum Fact {
     Repaired,
     /// Parity was written.
     Protected,
-    /// Copied into an archive.
+    /// Copied into an archive by this run: a copy once the run's copies are durable
+    /// ([`State::settle`]).
     Archived,
+    /// Both `Verified` and `Archived`.
+    VerifiedArchived,
 }
 
 impl Fact {
     /// The statements that record it: one that updates the row of a file still under the
     /// same path (the common case, which leaves the path index alone), and one that creates
-    /// the row or updates it, path included. Parameters: fs, ino, digest, path, size, seen,
-    /// time[, status].
+    /// the row or updates it, path included. Parameters: fs, ino, digest, path, size, seen
+    /// (the run)[, time (but for `Archived`)][, status].
     fn statements(self) -> [&'static str; 2] {
         // The columns a new row sets beyond the key, path, size and seen; their values; and
         // what an existing row gets.
         macro_rules! sql {
-            ($cols:literal, $values:literal, $set:literal) => {
+            ($cols:literal, $values:literal, $set:expr) => {
                 [
                     concat!(
                         "UPDATE files SET size = ?5, seen = ?6, ",
@@ -731,6 +614,14 @@ impl Fact {
                         $set
                     ),
                 ]
+            };
+        }
+        // The archive of this run (`?6`) stands once the run's copies are durable; the one the
+        // file was last archived in before, if that one's are, is its latest copy till then.
+        macro_rules! archived {
+            () => {
+                "archived = coalesce((SELECT copied FROM runs WHERE id = files.archived_in), \
+                 files.archived), archived_in = ?6"
             };
         }
         match self {
@@ -751,12 +642,23 @@ impl Fact {
                 "verified = ?7, checked = ?7, status = 'repaired', damaged = NULL"
             ),
             Fact::Protected => sql!("protected", "?7", "protected = ?7"),
-            Fact::Archived => sql!("archived", "?7", "archived = ?7"),
+            Fact::Archived => sql!("archived_in", "?6", archived!()),
+            Fact::VerifiedArchived => sql!(
+                "verified, checked, status, archived_in",
+                "?7, ?7, ?8, ?6",
+                concat!(
+                    "verified = ?7, checked = ?7, status = ?8, damaged = NULL, ",
+                    archived!()
+                )
+            ),
         }
     }
 
     fn has_status(self) -> bool {
-        matches!(self, Fact::Verified | Fact::Damaged | Fact::Judged)
+        matches!(
+            self,
+            Fact::Verified | Fact::Damaged | Fact::Judged | Fact::VerifiedArchived
+        )
     }
 }
 
@@ -792,9 +694,16 @@ fn facts(r: &FileReport) -> Vec<(Fact, Vec<u8>)> {
         Some(Action::Archived) => r.digest.or(tagged).map(|d| (Fact::Archived, d)),
         _ => None,
     };
-    verdict
+    // A verification and an archived copy of the same content are one row: half the
+    // writes of an archive run.
+    let facts: Vec<(Fact, Digest)> = match (verdict, copy) {
+        (Some((Fact::Verified, v)), Some((Fact::Archived, c))) if v == c => {
+            vec![(Fact::VerifiedArchived, v)]
+        }
+        (verdict, copy) => verdict.into_iter().chain(copy).collect(),
+    };
+    facts
         .into_iter()
-        .chain(copy)
         .map(|(fact, d)| (fact, digest_key(&d)))
         .collect()
 }
@@ -870,7 +779,8 @@ mod tests {
     use crate::core::tag::{Format, Tag};
     use crate::engine::Action;
 
-    fn hold_archived(state: &mut State, dir: &Path, files: u64) {
+    /// Records `files` files of `dir` as verified and archived by `state`'s run.
+    fn archived(state: &mut State, dir: &Path, files: u64) {
         let digest = digest_bytes(Algo::Sha256, b"x");
         for i in 0..files {
             let mut r = FileReport::new(dir.join(format!("f{i}")), Status::Ok);
@@ -886,63 +796,99 @@ mod tests {
                 mtime_slack_ns: 0,
                 tagged: None,
             });
-            state.hold(&r);
+            state.record(&r);
+            // Written as they come, not kept until the archive is durable (a tree of 200,000
+            // files once kept 77 MiB of rows here).
             assert!(
-                state.pending.len() <= 2 * BATCH,
+                state.pending.len() <= BATCH,
                 "{} rows queued",
                 state.pending.len()
             );
         }
+        state.commit();
     }
 
     fn count(state: &State, sql: &str) -> i64 {
         state.conn.query_row(sql, [], |row| row.get(0)).unwrap()
     }
 
-    /// Held rows are applied while the work is made durable, in a transaction that only a
-    /// durable end commits: an archive that failed at its fsync or rename claims no copy.
-    #[test]
-    fn held_rows_applied_early_stand_only_if_the_work_was_durable() {
-        let dir = tempfile::tempdir().unwrap();
-        let (mut state, _) = State::open(&dir.path().join("state.db")).unwrap();
-        state.begin_run("archive", &[dir.path().to_path_buf()]);
-        let archived = "SELECT count(*) FROM files WHERE archived IS NOT NULL";
-        let verified = "SELECT count(*) FROM files WHERE verified IS NOT NULL";
-        hold_archived(&mut state, dir.path(), 100);
-        state.settling();
-        state.settle(false);
-        assert_eq!(state.failed, None);
-        assert_eq!(count(&state, archived), 0);
-        // What the files were found to be stands: they were read, whatever became of the copy.
-        assert_eq!(count(&state, verified), 100);
-        // Nothing of the failed run is left to apply later, and the connection is free.
-        hold_archived(&mut state, dir.path(), 10);
-        state.settling();
-        state.settle(true);
-        assert_eq!(state.failed, None);
-        assert_eq!(count(&state, archived), 10);
-        // Recording goes on after.
-        hold_archived(&mut state, dir.path(), 20);
-        state.settle(true);
-        assert_eq!(count(&state, archived), 20);
+    /// What status counts as archived.
+    const ARCHIVED: &str = "SELECT count(*) FROM files AS f WHERE coalesce(f.archived, \
+         (SELECT copied FROM runs WHERE id = f.archived_in)) IS NOT NULL";
+    const VERIFIED: &str = "SELECT count(*) FROM files WHERE verified IS NOT NULL";
+
+    fn run(path: &Path) -> State {
+        let (mut state, _) = State::open(path).unwrap();
+        state.begin_run("archive", &[path.to_path_buf()]);
+        state
     }
 
-    /// Archived rows are held until the archive is durable, but not in this process's queue:
-    /// they go to the writer's temporary table as they come (a tree of 200,000 files kept
-    /// 77 MiB of them here; [`hold_archived`] checks), and all are applied at the settling.
+    /// A run's archived copies count once its archive is durable, and never if it failed or
+    /// the run was killed; what the files were found to be stands either way, and a failed
+    /// archive leaves the copy an earlier one made.
     #[test]
-    fn held_rows_are_handed_on_as_they_come_and_all_settle() {
+    fn archived_copies_count_once_their_archive_is_durable() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut state, _) = State::open(&dir.path().join("state.db")).unwrap();
-        state.begin_run("archive", &[dir.path().to_path_buf()]);
-        let files = 3 * BATCH + 7;
-        hold_archived(&mut state, dir.path(), files as u64);
+        let db = dir.path().join("state.db");
+        let mut failed = run(&db);
+        archived(&mut failed, dir.path(), 100);
+        failed.settle(false);
+        assert_eq!(failed.failed, None);
+        assert_eq!(count(&failed, ARCHIVED), 0);
+        assert_eq!(count(&failed, VERIFIED), 100);
+        drop(failed);
+        let mut durable = run(&db);
+        archived(&mut durable, dir.path(), 10);
+        assert_eq!(
+            count(&durable, ARCHIVED),
+            0,
+            "claimed before the archive was durable"
+        );
+        durable.settle(true);
+        assert_eq!(durable.failed, None);
+        assert_eq!(count(&durable, ARCHIVED), 10);
+        drop(durable);
+        // Never settled (killed after its rows were written), then failed: the 10 keep
+        // their copy.
+        let mut killed = run(&db);
+        archived(&mut killed, dir.path(), 20);
+        drop(killed);
+        let mut failed = run(&db);
+        archived(&mut failed, dir.path(), 30);
+        failed.settle(false);
+        assert_eq!(count(&failed, ARCHIVED), 10);
+    }
+
+    /// A database of schema 1 (archived copies applied at the end of their run) opens with
+    /// what it knew, and takes this schema's records.
+    #[test]
+    fn a_schema_1_database_is_brought_up_to_date() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let old = Connection::open(&db).unwrap();
+        old.execute_batch(
+            "CREATE TABLE files (fs INTEGER NOT NULL, ino INTEGER NOT NULL, \
+             digest BLOB NOT NULL, path BLOB NOT NULL, size INTEGER NOT NULL, verified INTEGER, \
+             checked INTEGER, status TEXT, damaged INTEGER, protected INTEGER, \
+             archived INTEGER, seen INTEGER, PRIMARY KEY (fs, ino, digest)) WITHOUT ROWID;
+             CREATE INDEX files_path ON files (path);
+             CREATE TABLE runs (id INTEGER PRIMARY KEY, verb TEXT NOT NULL, roots BLOB NOT NULL, \
+             started INTEGER NOT NULL, ended INTEGER, files INTEGER, bytes INTEGER, \
+             seconds REAL, exit_code INTEGER);
+             CREATE TABLE cycles (root BLOB PRIMARY KEY, started INTEGER NOT NULL);
+             INSERT INTO files (fs, ino, digest, path, size, archived) \
+             VALUES (1, 999, x'00', x'2f61', 1, 5);
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+        drop(old);
+        let mut state = run(&db);
+        assert_eq!(state.failed, None);
+        assert_eq!(count(&state, ARCHIVED), 1);
+        archived(&mut state, dir.path(), 3);
         state.settle(true);
         assert_eq!(state.failed, None);
-        let all = files as i64;
-        let archived = "SELECT count(*) FROM files WHERE archived IS NOT NULL";
-        assert_eq!(count(&state, archived), all);
-        let verified = "SELECT count(*) FROM files WHERE verified IS NOT NULL";
-        assert_eq!(count(&state, verified), all);
+        assert_eq!(count(&state, ARCHIVED), 4);
+        assert_eq!(count(&state, "PRAGMA user_version"), VERSION);
     }
 }

@@ -513,7 +513,6 @@ impl Sink for Writer {
             out.settle(false);
             return Ok(());
         }
-        out.settling();
         match self.commit() {
             Ok(stats) => {
                 out.settle(true);

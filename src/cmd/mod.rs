@@ -283,17 +283,12 @@ impl Out for Front<'_> {
     }
 
     fn hold(&mut self, report: FileReport, fallback: Option<Action>) {
+        // The state database records the copy now; it counts once `settle` says durable.
         if let Some(state) = &mut self.state {
-            state.hold(&report);
+            state.record(&report);
         }
         let prints = !report.malformed.is_empty();
         self.print(prints, |f| f.reporter.hold(&report, fallback));
-    }
-
-    fn settling(&mut self) {
-        if let Some(state) = &mut self.state {
-            state.settling();
-        }
     }
 
     fn settle(&mut self, durable: bool) {
