@@ -95,7 +95,7 @@ pub struct Member {
     /// Modification time.
     pub mtime: Timestamp,
     /// The file's extended attributes.
-    pub xattrs: Vec<(String, Vec<u8>)>,
+    pub xattrs: crate::fs::xattr::Attrs,
     /// The damage verdict it was archived under, if it was archived although damaged.
     pub damaged: Option<String>,
     /// The data runs of a sparse file (offset, length).

@@ -18,10 +18,7 @@ use crate::fs::anchor::Anchor;
 use crate::fs::atomic::Temp;
 use crate::fs::read::AlignedBuf;
 use crate::fs::walk::{Inode, SkipReason, Stat};
-use crate::fs::xattr;
-
-/// A file's own extended attributes, names and values.
-type Attrs = Vec<(String, Vec<u8>)>;
+use crate::fs::xattr::{self, Attrs};
 use crate::sink::{Failure, Out, Sink};
 
 /// An archive being written: to a temp file beside the destination, renamed over it by
@@ -552,12 +549,7 @@ fn root_name(root: &Path) -> Vec<u8> {
 /// The member's attributes: the file's own, with intact's tag kept only if it describes the
 /// data archived (a stale or malformed one would make a good copy look damaged). A file
 /// archived as damaged keeps its tag: the evidence of what it should be.
-fn member_attrs(
-    mut attrs: Vec<(String, Vec<u8>)>,
-    digest: Option<&Digest>,
-    size: u64,
-    damaged: bool,
-) -> Vec<(String, Vec<u8>)> {
+fn member_attrs(mut attrs: Attrs, digest: Option<&Digest>, size: u64, damaged: bool) -> Attrs {
     if !damaged {
         attrs.retain(|(name, value)| {
             name != names::INTACT

@@ -23,6 +23,7 @@ use crate::fs::anchor::Anchor;
 use crate::fs::device::{Cold, Gates};
 use crate::fs::read::AlignedBuf;
 use crate::fs::walk::{self, Entry, Inode, SkipReason, WalkOptions};
+use crate::fs::xattr::Attrs;
 
 mod report;
 mod worker;
@@ -189,15 +190,15 @@ const READERS: usize = 16;
 /// and sinks open them again; without it, readers far ahead could leave a worker without a
 /// descriptor.
 #[derive(Debug)]
-pub(crate) struct OpenAhead {
+pub(crate) struct OpenFiles {
     held: AtomicUsize,
     most: usize,
 }
 
-impl OpenAhead {
+impl OpenFiles {
     fn new() -> Self {
         let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
-        OpenAhead {
+        OpenFiles {
             held: AtomicUsize::new(0),
             most: limit.map_or(usize::MAX, |n| (n / 2) as usize),
         }
@@ -226,17 +227,12 @@ pub struct OpenFile {
     /// What `fstat` said of it before anything was read.
     stat: walk::Stat,
     /// Its own extended attributes (`xattr::read_all`), which the sink copies.
-    attrs: Vec<(String, Vec<u8>)>,
+    attrs: Attrs,
     held: Held,
 }
 
 impl OpenFile {
-    pub(crate) fn new(
-        file: std::fs::File,
-        stat: walk::Stat,
-        attrs: Vec<(String, Vec<u8>)>,
-        held: Held,
-    ) -> Self {
+    pub(crate) fn new(file: std::fs::File, stat: walk::Stat, attrs: Attrs, held: Held) -> Self {
         OpenFile {
             file,
             stat,
@@ -247,7 +243,7 @@ impl OpenFile {
 
     /// The file, its state before any read and its attributes; no longer counted among the
     /// files held open.
-    pub fn into_parts(self) -> (std::fs::File, walk::Stat, Vec<(String, Vec<u8>)>) {
+    pub fn into_parts(self) -> (std::fs::File, walk::Stat, Attrs) {
         let OpenFile {
             file,
             stat,
@@ -259,13 +255,13 @@ impl OpenFile {
     }
 }
 
-/// One of the files counted by [`OpenAhead`], given back when dropped.
+/// One of the files counted by [`OpenFiles`], given back when dropped.
 #[derive(Debug)]
-pub(crate) struct Held(Arc<OpenAhead>);
+pub(crate) struct Held(Arc<OpenFiles>);
 
 impl Held {
     /// A place among the files held open, if there is one.
-    pub(crate) fn take(open: &Arc<OpenAhead>) -> Option<Held> {
+    pub(crate) fn take(open: &Arc<OpenFiles>) -> Option<Held> {
         open.take().then(|| Held(open.clone()))
     }
 }
@@ -314,7 +310,7 @@ pub fn run_from(
     let anchors = &roots.iter().map(|r| Anchor::new(r)).collect::<Vec<_>>();
     let (cold, woken) = Cold::new();
     let cold = &cold;
-    let open_files = Arc::new(OpenAhead::new());
+    let open_files = Arc::new(OpenFiles::new());
     let open_ahead = &*open_files;
     // Dropped when the walk ends (or its thread fails): readers still asleep then go home.
     let (walked_tx, walked_rx) = bounded::<()>(0);

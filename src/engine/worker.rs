@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use super::report::{Action, FileError, FileReport};
-use super::{Config, Held, OpenAhead, OpenFile, Progress, Work};
+use super::{Config, Held, OpenFile, OpenFiles, Progress, Work};
 use crate::core::classify::{self, Status};
 use crate::core::digest::{Algo, Digest};
 use crate::core::tag::{self, Format, Tag, Timestamp};
@@ -129,7 +129,7 @@ pub(super) struct Worker<'a> {
     cold: &'a Cold,
     bufs: [AlignedBuf; 2],
     /// Counts the files left open for the sink.
-    open_files: Arc<OpenAhead>,
+    open_files: Arc<OpenFiles>,
 }
 
 /// Why reading a file gave no digest.
@@ -189,7 +189,7 @@ impl<'a> Worker<'a> {
         progress: &'a Progress,
         gates: &'a Gates,
         cold: &'a Cold,
-        open_files: Arc<OpenAhead>,
+        open_files: Arc<OpenFiles>,
     ) -> Self {
         Worker {
             config,

@@ -175,9 +175,12 @@ impl Stored {
     }
 }
 
+/// Extended attributes, names and values.
+pub type Attrs = Vec<(String, Vec<u8>)>;
+
 /// A file's own extended attributes (the `user.` namespace on Linux; all on macOS), names
 /// and values, as a copy or an archive member should carry them.
-pub fn read_all(file: &File) -> io::Result<Vec<(String, Vec<u8>)>> {
+pub fn read_all(file: &File) -> io::Result<Attrs> {
     let mut list = vec![0u8; 1024];
     loop {
         match flistxattr(file, &mut list[..]) {
