@@ -20,7 +20,10 @@ pub fn create(a: CreateArgs) -> anyhow::Result<Exit> {
     s.config.write = !a.untagged;
     s.config.remove_leftovers = !a.untagged;
     // The archive reads every file.
-    s.config.sink_verifies = Some(intact::engine::SinkReads(std::sync::Arc::new(|_, _| true)));
+    s.config.sink_verifies = Some(intact::engine::SinkReads {
+        reads: std::sync::Arc::new(|_, _| true),
+        takes_open: true,
+    });
     s.exit_at_once = false;
     s.record(&a.state);
     let opts = archive::Options {

@@ -147,10 +147,17 @@ impl Config {
     }
 }
 
-/// Whether a sink reads, and so can verify, a file of the root it was found under (its
-/// index) whose tag says it holds this content.
+/// What a sink reads, and so can verify.
 #[derive(Clone)]
-pub struct SinkReads(pub Arc<ReadsFn>);
+pub struct SinkReads {
+    /// Whether it reads a file of the root it was found under (its index) whose tag says it
+    /// holds this content.
+    pub reads: Arc<ReadsFn>,
+    /// Whether it takes such a file as the worker opened it, with its stat and all its xattrs
+    /// (`FileReport::open`): the archive writer, which copies them, does; a parity set's
+    /// first pass opens its files when it comes to them.
+    pub takes_open: bool,
+}
 
 /// See [`SinkReads`].
 pub type ReadsFn = dyn Fn(usize, &crate::core::digest::Digest) -> bool + Send + Sync;

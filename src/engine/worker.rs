@@ -344,8 +344,8 @@ impl Worker<'_> {
             }
             Err(e) => return Some(FileReport::error(path, FileError::Open(e))),
         };
-        // With a manifest, it alone says what the data should be. For a sink that reads
-        // files (the archive writer copies their attributes too), all are read once, here.
+        // With a manifest, it alone says what the data should be. For a sink that takes the
+        // files open (the archive writer copies their attributes), all are read once, here.
         let read = match &self.config.manifest {
             Some(m) => Ok((
                 Stored {
@@ -354,7 +354,12 @@ impl Worker<'_> {
                 },
                 None,
             )),
-            None if self.config.sink_verifies.is_some() => {
+            None if self
+                .config
+                .sink_verifies
+                .as_ref()
+                .is_some_and(|r| r.takes_open) =>
+            {
                 xattr::read_all(&file).map(|all| (Stored::from_list(&all), Some(all)))
             }
             None => xattr::read(&file).map(|s| (s, None)),
@@ -566,7 +571,7 @@ impl Worker<'_> {
         if algo == tag.digest.algo
             && self.unchanged(tag, s)
             && let Some(reads) = &self.config.sink_verifies
-            && reads.0(s.root, &tag.digest)
+            && (reads.reads)(s.root, &tag.digest)
         {
             report.status = Status::AlreadyTagged;
             return Ok(report);

@@ -130,7 +130,10 @@ impl Protector {
     /// their set's first pass reads (and verifies) anyway.
     pub fn reads(&self) -> SinkReads {
         let stores = self.stores.clone();
-        SinkReads(Arc::new(move |root, digest| !stores[root].has(digest)))
+        SinkReads {
+            reads: Arc::new(move |root, digest| !stores[root].has(digest)),
+            takes_open: false,
+        }
     }
 
     /// Hands a verified file to its root's store; damaged, unreadable and skipped files get
@@ -139,8 +142,6 @@ impl Protector {
         &mut self,
         report: &mut FileReport,
     ) -> Result<(Option<(usize, Digest)>, bool), Failure> {
-        // The set opens its files itself, beneath the root, when it reads them.
-        let open = report.open.take().map(|f| f.into_parts().0);
         let digest = report.unread().map(|t| t.digest).or(report.digest);
         let (Some(digest), Some(size)) = (digest, report.size) else {
             return Ok((None, false));
@@ -164,7 +165,7 @@ impl Protector {
             // Left unread for a set that another file of the same content took first: verified
             // here.
             Added::Already if report.unread().is_some() => {
-                self.verify(report, open);
+                self.verify(report);
                 if report.status != Status::Ok {
                     return Ok((None, false));
                 }
@@ -264,18 +265,14 @@ impl Protector {
 }
 
 impl Protector {
-    /// Reads and hashes a file the engine left unread (`open` if the engine left it open),
-    /// and judges it against its tag.
-    fn verify(&self, report: &mut FileReport, open: Option<std::fs::File>) {
+    /// Reads and hashes a file the engine left unread, and judges it against its tag.
+    fn verify(&self, report: &mut FileReport) {
         let Some(tag) = report.unread().cloned() else {
             return;
         };
         let anchor = crate::fs::anchor::Anchor::new(&self.roots[report.root]);
         let read = || -> io::Result<(Stat, Digest, u64, Stat)> {
-            let file = match open {
-                Some(file) => file,
-                None => anchor.open(&report.path, false)?,
-            };
+            let file = anchor.open(&report.path, false)?;
             let (before, _) = Stat::of(&file)?;
             let mut bufs = [BUF_SIZE, BUF_SIZE].map(AlignedBuf::new);
             let (digests, n) = hash_file(
