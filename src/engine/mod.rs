@@ -216,12 +216,12 @@ impl OpenFiles {
         if self.held.fetch_add(1, Ordering::Relaxed) < self.most {
             return true;
         }
-        self.give(1);
+        self.give();
         false
     }
 
-    fn give(&self, n: usize) {
-        self.held.fetch_sub(n, Ordering::Relaxed);
+    fn give(&self) {
+        self.held.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -275,7 +275,7 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.0.give(1);
+        self.0.give();
     }
 }
 
@@ -317,8 +317,7 @@ pub fn run_from(
     let anchors = &roots.iter().map(|r| Anchor::new(r)).collect::<Vec<_>>();
     let (cold, woken) = Cold::new();
     let cold = &cold;
-    let open_files = Arc::new(OpenFiles::new());
-    let open_ahead = &*open_files;
+    let open_files = &Arc::new(OpenFiles::new());
     // Dropped when the walk ends (or its thread fails): readers still asleep then go home.
     let (walked_tx, walked_rx) = bounded::<()>(0);
 
@@ -350,13 +349,11 @@ pub fn run_from(
                     let batch = batch
                         .into_iter()
                         .map(|entry| {
-                            if cancel.load(Ordering::Relaxed) || !open_ahead.take() {
+                            if cancel.load(Ordering::Relaxed) {
                                 return (entry, None);
                             }
-                            let opened = Opened::ahead(config, &entry, anchors, gates, scratch);
-                            if !matches!(opened, Some(Ok(_))) {
-                                open_ahead.give(1);
-                            }
+                            let opened =
+                                Opened::ahead(config, &entry, anchors, gates, scratch, open_files);
                             (entry, opened)
                         })
                         .collect();
@@ -377,13 +374,7 @@ pub fn run_from(
             s.spawn(move || {
                 let mut worker = Worker::new(config, cancel, progress, gates, cold, open_files);
                 while let Some((seq, batch)) = inbox.next() {
-                    let held = batch
-                        .iter()
-                        .filter(|(_, opened)| matches!(opened, Some(Ok(_))))
-                        .count();
                     let reports = worker.batch(batch, anchors);
-                    // The batch's files are closed.
-                    open_ahead.give(held);
                     if done_tx.send((seq, reports)).is_err() {
                         break;
                     }

@@ -20,10 +20,12 @@ use crate::fs::walk::{Entry, SkipReason, Stat as Meta};
 use crate::fs::xattr::{self, Stored};
 
 /// A file opened (beneath its root, never through a symlink) with what `fstat` said of it:
-/// its state before any read, and whether it is a regular file.
+/// its state before any read, and whether it is a regular file; and, opened ahead of its
+/// worker, its place among the files held open.
 pub(super) struct Opened {
     file: File,
     meta: io::Result<(Meta, bool)>,
+    held: Option<Held>,
 }
 
 /// Read-ahead reads this much of a file at most: the kernel's own read-ahead (on the same open
@@ -46,7 +48,11 @@ impl Opened {
             Some(meta) => Ok((meta, true)),
             None => Meta::of(&file),
         };
-        Ok(Opened { file, meta })
+        Ok(Opened {
+            file,
+            meta,
+            held: None,
+        })
     }
 
     /// Opens the file of `entry` ahead of its worker and, on a device that wants many reads
@@ -62,6 +68,7 @@ impl Opened {
         anchors: &[Anchor],
         gates: &Gates,
         scratch: &mut AlignedBuf,
+        open_files: &Arc<OpenFiles>,
     ) -> Option<io::Result<Opened>> {
         let Entry::File {
             path, root, stat, ..
@@ -72,15 +79,20 @@ impl Opened {
         if config.past_deadline() || path.file_name().and_then(atomic::temp_pid).is_some() {
             return None;
         }
+        let held = Held::take(open_files)?;
         let opened = match Opened::open(config, &anchors[*root], path, *stat) {
             Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
                 return None;
             }
-            other => other,
+            other => other.map(|o| Opened {
+                held: Some(held),
+                ..o
+            }),
         };
         if let Ok(Opened {
             file,
             meta: Ok((meta, true)),
+            ..
         }) = &opened
             && config.work.reads_data()
             // A background scrub reads one request at a time.
@@ -327,11 +339,12 @@ impl Worker<'_> {
             return Some(self.temp_file(path, pid, anchor));
         }
         let opened = opened.unwrap_or_else(|| Opened::open(self.config, anchor, &path, walked));
-        let (file, meta) = match opened {
+        let (file, meta, held) = match opened {
             Ok(Opened {
                 file,
                 meta: Ok((meta, true)),
-            }) => (file, meta),
+                held,
+            }) => (file, meta, held),
             Ok(Opened {
                 meta: Ok((_, false)),
                 ..
@@ -404,7 +417,7 @@ impl Worker<'_> {
         if report.unread().is_some()
             && !self.config.drop_cache
             && let Some(attrs) = attrs
-            && let Some(held) = Held::take(&self.open_files)
+            && let Some(held) = held.or_else(|| Held::take(&self.open_files))
         {
             report.open = Some(OpenFile::new(file, meta, attrs, held));
         }
