@@ -5,8 +5,14 @@
 use intact_par2::gf;
 fn main() {
     let size = 409_600usize;
-    let slices: Vec<Vec<u8>> = (0..80).map(|i| vec![i as u8 + 3; size]).collect();
-    let mut rows: Vec<Vec<u8>> = (0..100).map(|_| vec![0u8; size]).collect();
+    let slices: Vec<gf::Buffer> = (0..80)
+        .map(|i| {
+            let mut b = gf::Buffer::zeroed(size);
+            b.fill(i as u8 + 3);
+            b
+        })
+        .collect();
+    let mut rows: Vec<gf::Buffer> = (0..100).map(|_| gf::Buffer::zeroed(size)).collect();
     let coefs: Vec<Vec<gf::Multiplier>> = (0..100u64)
         .map(|r| {
             (0..80u64)

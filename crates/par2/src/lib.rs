@@ -355,7 +355,7 @@ pub fn create(
         )?;
         for (e, mut data) in recovery.into_iter().enumerate() {
             gf::from_native(&mut data);
-            hashes[e].update(&data);
+            hashes[e].update(&*data);
             volume.seek(io::SeekFrom::Start(
                 e as u64 * packet_len + 68 + range.start as u64,
             ))?;
@@ -455,7 +455,7 @@ struct Strip {
 
 /// A batch's recovery slices back from the arithmetic, the index of its first slice, and
 /// (first pass) its slices' checksums and the CRC32 of each one's strips.
-type Done = (Vec<Vec<u8>>, usize, Vec<(Id, u32)>, Vec<u32>);
+type Done = (Vec<gf::Buffer>, usize, Vec<(Id, u32)>, Vec<u32>);
 
 impl Making<'_> {
     /// One pass: every slice's bytes in the strip multiplied into the recovery slices,
@@ -469,10 +469,11 @@ impl Making<'_> {
         strip: Strip,
         mut describe: Option<Description<'_>>,
         pieces: &mut [u32],
-    ) -> Result<Vec<Vec<u8>>, Error> {
+    ) -> Result<Vec<gf::Buffer>, Error> {
         let first = describe.is_some();
         let (size, strips) = (self.size, self.strips);
-        let mut recovery = vec![vec![0u8; strip.range.len()]; self.recovery_count as usize];
+        let mut recovery =
+            vec![gf::Buffer::zeroed(strip.range.len()); self.recovery_count as usize];
         // The first pass holds whole slices (for their checksums), later ones their strip.
         let held = if first { size } else { strip.range.len() };
         let batch = if first {
@@ -629,22 +630,21 @@ struct Batching<'a> {
     threads: usize,
     /// Where the buffers go back to, for the next batches.
     spare: &'a Mutex<Vec<Vec<u8>>>,
-    spare_native: &'a Mutex<Vec<Vec<u8>>>,
+    spare_native: &'a Mutex<Vec<gf::Buffer>>,
 }
 
 impl Batching<'_> {
     /// Multiplies the batch (whose first slice is number `at`) into the recovery strips
     /// `rec`; in the first pass, takes its slices' MD5s and CRC32s (and each strip's CRC32)
     /// beside, where the work is large enough to share.
-    fn run(&self, batch: Vec<(Vec<u8>, u16)>, mut rec: Vec<Vec<u8>>, at: usize) -> Done {
+    fn run(&self, batch: Vec<(Vec<u8>, u16)>, mut rec: Vec<gf::Buffer>, at: usize) -> Done {
         // The checksums need the plain bytes and the multiplication a native copy of the
         // strip: both at once.
-        let native: Vec<(Vec<u8>, u16)> = batch
+        let native: Vec<(gf::Buffer, u16)> = batch
             .iter()
             .map(|(b, c)| {
-                let mut n: Vec<u8> = take_spare(self.spare_native);
-                n.clear();
-                n.extend_from_slice(&b[self.cut.clone()]);
+                let mut n = take_spare(self.spare_native);
+                n.copy_from(&b[self.cut.clone()]);
                 gf::to_native(&mut n);
                 (n, *c)
             })
@@ -696,13 +696,13 @@ impl Batching<'_> {
 const SHARED_WORK: usize = 64 << 20;
 
 /// How many of `threads` a multiplication of `batch` into `out` is worth sharing among.
-fn shared(out: &[Vec<u8>], batch: &[(Vec<u8>, u16)], threads: usize) -> usize {
+fn shared(out: &[gf::Buffer], batch: &[(gf::Buffer, u16)], threads: usize) -> usize {
     let work = out.len() * batch.iter().map(|(b, _)| b.len()).sum::<usize>();
     threads.min(work.div_ceil(SHARED_WORK)).max(1)
 }
 
 /// A buffer given back by a finished batch, or a new one.
-fn take_spare(spare: &Mutex<Vec<Vec<u8>>>) -> Vec<u8> {
+fn take_spare<T: Default>(spare: &Mutex<Vec<T>>) -> T {
     lock(spare).pop().unwrap_or_default()
 }
 
@@ -733,25 +733,32 @@ fn read_full_at(files: &mut dyn Files, i: usize, offset: u64, buf: &mut [u8]) ->
 
 /// Adds each slice of `batch` (with its constant) into every recovery slice, the recovery
 /// slices shared out among `threads`.
-fn accumulate(recovery: &mut [Vec<u8>], batch: &[(Vec<u8>, u16)], threads: usize) {
+fn accumulate(recovery: &mut [gf::Buffer], batch: &[(gf::Buffer, u16)], threads: usize) {
     let exponents: Vec<u64> = (0..recovery.len() as u64).collect();
     multiply_into(recovery, &exponents, batch, threads);
 }
 
 /// Bytes of each slice worked on at a time: a recovery slice's piece stays in the L1 cache
-/// while every input slice of the batch is added into it, four at a time. Measured on Zen 4
-/// (`examples/gfspeed.rs`): 16 KiB 93 GB/s, 8 KiB 116, 4 KiB 101.
-const CHUNK: usize = 8 << 10;
+/// while every input slice of the batch is added into it, four at a time, and the batch's
+/// pieces stay in L2 (a batch of 100 slices of 8 KiB pieces nearly fills 1 MiB). Measured
+/// on Zen 4 with buffers on cache lines (`examples/gfspeed.rs`, a slow day): 16 KiB 58 GB/s,
+/// 8 KiB 63, 4 KiB 68.
+const CHUNK: usize = 4 << 10;
 
 /// `out[r] ^= sum over the batch of c^exponents[r] * slice`, the rows of `out` shared out
 /// among `threads`, cache-blocked by [`CHUNK`]. Rows and slices are in the native layout
 /// ([`gf::to_native`]).
-fn multiply_into(out: &mut [Vec<u8>], exponents: &[u64], batch: &[(Vec<u8>, u16)], threads: usize) {
+fn multiply_into(
+    out: &mut [gf::Buffer],
+    exponents: &[u64],
+    batch: &[(gf::Buffer, u16)],
+    threads: usize,
+) {
     if batch.is_empty() || out.is_empty() {
         return;
     }
     let per = out.len().div_ceil(shared(out, batch, threads));
-    let multiply = |rows: &mut [Vec<u8>], exps: &[u64]| {
+    let multiply = |rows: &mut [gf::Buffer], exps: &[u64]| {
         let coefs: Vec<Vec<gf::Multiplier>> = exps
             .iter()
             .map(|&e| {
@@ -1024,21 +1031,25 @@ impl Set {
             })
             .ok_or_else(|| Error::Malformed("recovery slices are not independent".into()))?;
         // Second pass: each used recovery slice minus the contributions of the good slices.
-        let mut rhs: Vec<Vec<u8>> = exps
+        let mut rhs: Vec<gf::Buffer> = exps
             .iter()
-            .map(|&e| self.recovery_data(e))
+            .map(|&e| {
+                let mut b = gf::Buffer::default();
+                b.copy_from(&self.recovery_data(e)?);
+                Ok(b)
+            })
             .collect::<io::Result<_>>()?;
         for r in &mut rhs {
             gf::to_native(r);
         }
         let is_damaged: std::collections::HashSet<usize> = damaged.iter().copied().collect();
         let batch_slices = (32usize << 20).div_ceil(size).max(1);
-        let mut batch: Vec<(Vec<u8>, u16)> = Vec::new();
+        let mut batch: Vec<(gf::Buffer, u16)> = Vec::new();
         for (f, entry) in self.files.iter().enumerate() {
             let base = self.first_slice(f);
             let Some(mut r) = open(f)? else { continue };
             for k in 0..entry.slices.len() {
-                let mut buf = vec![0u8; size];
+                let mut buf = gf::Buffer::zeroed(size);
                 let want = (entry.len - k as u64 * self.slice_size).min(self.slice_size);
                 let n = read_full(&mut *r, &mut buf[..want as usize])?;
                 buf[n..].fill(0);
@@ -1172,7 +1183,7 @@ pub struct Recovered {
 }
 
 /// Takes the good slices' share out of each recovery slice in use.
-fn subtract(rhs: &mut [Vec<u8>], exps: &[u32], batch: &[(Vec<u8>, u16)], threads: usize) {
+fn subtract(rhs: &mut [gf::Buffer], exps: &[u32], batch: &[(gf::Buffer, u16)], threads: usize) {
     let exponents: Vec<u64> = exps.iter().map(|&e| e as u64).collect();
     multiply_into(rhs, &exponents, batch, threads);
 }
