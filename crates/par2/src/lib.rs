@@ -324,14 +324,11 @@ pub fn create(
     };
     let first_width = width((2 * first_batch).max(3 * batch_bytes)) as usize;
     let later_width = width(3 * batch_bytes) as usize;
-    let mut strips = vec![0..first_width];
-    while let Some(end) = strips
-        .last()
-        .map(|s| s.end)
-        .filter(|&e| e < slice_size as usize)
-    {
-        strips.push(end..(end + later_width).min(slice_size as usize));
-    }
+    let size = slice_size as usize;
+    let strips = std::iter::successors(Some(0..first_width), |s| {
+        (s.end < size).then(|| s.end..(s.end + later_width).min(size))
+    })
+    .collect();
     let making = Making {
         inputs,
         ids: &ids,
