@@ -339,6 +339,8 @@ pub fn create(
         batch_bytes,
         first_batch,
         strips,
+        spare: Mutex::new(Vec::new()),
+        spare_native: Mutex::new(Vec::new()),
     };
     let mut entries: Vec<(FileEntry, std::ops::Range<usize>)> = Vec::with_capacity(ids.len());
     // Each slice's MD5 and CRC32, by global index: computed in the first pass, beside the
@@ -352,20 +354,31 @@ pub fn create(
             0
         }
     ];
+    let mut rows = Vec::new();
     for (strip, range) in making.strips.iter().enumerate() {
-        let recovery = making.pass(
+        let mut recovery = making.pass(
             files,
             strip,
             (strip == 0).then_some((&mut entries, &mut checksums)),
             &mut pieces,
+            std::mem::take(&mut rows),
         )?;
-        for (e, mut data) in recovery.into_iter().enumerate() {
-            gf::from_native(&mut data);
-            hashes[e].update(&*data);
+        for (e, data) in recovery.iter_mut().enumerate() {
+            gf::from_native(data);
+            hashes[e].update(&**data);
             volume.seek(io::SeekFrom::Start(
                 e as u64 * packet_len + 68 + range.start as u64,
             ))?;
-            volume.write_all(&data)?;
+            volume.write_all(data)?;
+        }
+        // Later passes use the same buffers: freed and taken again, each pass's would be
+        // fresh pages to the kernel (a set of 12 passes faulted in 0.7 GB). Not the first
+        // pass's: whole slices, and its strip is narrower.
+        if strip > 0 {
+            rows = recovery;
+        } else {
+            lock(&making.spare).clear();
+            lock(&making.spare_native).clear();
         }
     }
     // The headers, now that each packet's MD5 is known.
@@ -449,6 +462,10 @@ struct Making<'a> {
     first_batch: usize,
     /// Passes, each over one range of every slice (a strip).
     strips: Vec<std::ops::Range<usize>>,
+    /// Buffers of slices and of their native copies go back here once a batch is done: a
+    /// fresh buffer per slice cost page faults and clearing in the kernel.
+    spare: Mutex<Vec<Vec<u8>>>,
+    spare_native: Mutex<Vec<gf::Buffer>>,
 }
 
 /// A batch's recovery slices back from the arithmetic, the index of its first slice, and
@@ -467,10 +484,15 @@ impl Making<'_> {
         strip: usize,
         mut describe: Option<Description<'_>>,
         pieces: &mut [u32],
+        mut recovery: Vec<gf::Buffer>,
     ) -> Result<Vec<gf::Buffer>, Error> {
         let first = describe.is_some();
         let (size, strips, range) = (self.size, self.strips.len(), &self.strips[strip]);
-        let mut recovery = vec![gf::Buffer::zeroed(range.len()); self.recovery_count as usize];
+        recovery.resize_with(self.recovery_count as usize, Default::default);
+        for r in &mut recovery {
+            r.resize(range.len());
+            r.fill(0);
+        }
         // The first pass holds whole slices (for their checksums), later ones their strip.
         let held = if first { size } else { range.len() };
         let batch = if first {
@@ -482,9 +504,7 @@ impl Making<'_> {
         let cut = if first { range.clone() } else { 0..held };
         let mut batch: Vec<(Vec<u8>, u16)> = Vec::with_capacity(batch_slices);
         let mut slice_index = 0;
-        // Buffers of slices and of their native copies go back here once a batch is done:
-        // a fresh 400 KiB buffer per slice cost page faults and clearing in the kernel.
-        let (spare, spare_native) = (&Mutex::new(Vec::new()), &Mutex::new(Vec::new()));
+        let (spare, spare_native) = (&self.spare, &self.spare_native);
         let work = Batching {
             cut,
             first,
