@@ -22,6 +22,20 @@ pub fn drop_pages(file: &File, offset: u64, len: u64) {
     let _ = (file, offset, len);
 }
 
+/// Starts writing the file's dirty pages to the device, without waiting for them: a later
+/// fsync then waits only for what was written since.
+pub fn start_writeback(file: &File) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a plain system call on a descriptor `file` keeps open; the range (0, 0) is
+        // the whole file.
+        unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = file;
+}
+
 /// Reads at `offset` only what the page cache holds (`preadv2` with `RWF_NOWAIT`):
 /// `Some(n)` bytes, or `None` when that would wait for the device or is not supported.
 pub fn read_cached(file: &File, buf: &mut [u8], offset: u64) -> Option<io::Result<usize>> {
