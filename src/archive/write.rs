@@ -738,9 +738,11 @@ impl<W: Write> Write for FrameEncoder<W> {
 }
 
 /// The compressed stream's writes to the archive, on a thread of their own, in 1 MiB
-/// pieces: in an archive of 20,000 files of 4 KiB, copying the output into the page cache
-/// took a third of the thread that builds the members and feeds zstd, which every other
-/// thread waits on (tar leaves it to zstd's process).
+/// pieces, each sent on its way to the disk once written: the fsync that must come before
+/// any file is reported archived then waits for the last piece only (five 800 MiB files:
+/// 10-21 s before, 8.3-8.9 s after). The page-cache copies also leave the thread that builds
+/// the members and feeds zstd (a third of its time on 20,000 files of 4 KiB), which every
+/// other thread waits on.
 struct Spool {
     /// The bytes not yet handed over.
     buf: Vec<u8>,
