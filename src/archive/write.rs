@@ -762,6 +762,10 @@ enum Piece {
     Flush,
 }
 
+fn spool_gone() -> io::Error {
+    io::Error::other("the archive's writing thread stopped")
+}
+
 /// Bytes handed to the thread at a time.
 const SPOOL_PIECE: usize = 1 << 20;
 
@@ -805,12 +809,11 @@ impl Spool {
     }
 
     fn send(&mut self, piece: Piece) -> io::Result<()> {
-        let gone = || io::Error::other("the archive's writing thread stopped");
         self.pieces
             .as_ref()
-            .ok_or_else(gone)?
+            .ok_or_else(spool_gone)?
             .send(piece)
-            .map_err(|_| gone())
+            .map_err(|_| spool_gone())
     }
 
     /// Hands over what is buffered.
@@ -857,9 +860,7 @@ impl Write for Spool {
     fn flush(&mut self) -> io::Result<()> {
         self.hand_over()?;
         self.send(Piece::Flush)?;
-        self.flushed
-            .recv()
-            .map_err(|_| io::Error::other("the archive's writing thread stopped"))?
+        self.flushed.recv().map_err(|_| spool_gone())?
     }
 }
 

@@ -730,7 +730,7 @@ fn shared(out: &[gf::Buffer], batch: &[(gf::Buffer, u16)], threads: usize) -> us
 }
 
 /// A buffer given back by a finished batch, or a new one.
-fn take_spare<T: Default>(spare: &Mutex<Vec<T>>) -> T {
+fn take_spare(spare: &Mutex<Vec<gf::Buffer>>) -> gf::Buffer {
     lock(spare).pop().unwrap_or_default()
 }
 
