@@ -97,6 +97,11 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
         if let Some(bar) = &bar {
             bar.finish_and_clear();
         }
+        // The last rows are written while the sink finishes (an archive's compression and
+        // fsync), rather than after.
+        if let Some(state) = &mut front.state {
+            state.send();
+        }
         if let Err(f) = sink.finish(STOP.load(Ordering::SeqCst), &mut front) {
             failure.get_or_insert(f);
         }
