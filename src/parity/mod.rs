@@ -654,7 +654,10 @@ impl par2::Files for SetFiles<'_> {
         Ok(Box::new(Hashing {
             file,
             left: self.files[i].size,
-            hasher: Some(Hasher::new(self.files[i].digest.algo)),
+            hasher: Some(match self.files[i].digest.algo {
+                Algo::Sha256 => Taking::Sha256(par2::sha256::Sha256::new()),
+                algo => Taking::Along(Hasher::new(algo)),
+            }),
             pending: Vec::new(),
             seen: &self.seen,
             unreadable: &self.unreadable,
@@ -671,15 +674,14 @@ impl par2::Files for SetFiles<'_> {
     }
 }
 
-/// Reads a file, and hashes what the first pass hands along (beside its MD5, a block at a
-/// time). A file that vanished, shrank or cannot be read reads as zeros to its expected size
+/// Reads a file, and hashes what the first pass reads (with its MD5). A file that vanished, shrank or cannot be read reads as zeros to its expected size
 /// and leaves no digest: it is then reported as changed and left out, rather than costing
 /// the other files of its pack their parity. The digest is left when it is dropped: the
 /// last reader of a file counts (the first only reads the 16 KiB of its file ID).
 struct Hashing<'s> {
     file: Option<File>,
     left: u64,
-    hasher: Option<Hasher>,
+    hasher: Option<Taking>,
     /// BLAKE3 is fed in larger pieces: a block at a time it would not use its SIMD lanes.
     pending: Vec<u8>,
     seen: &'s RefCell<Vec<Option<Digest>>>,
@@ -687,21 +689,32 @@ struct Hashing<'s> {
     index: usize,
 }
 
+/// The hash a file's digest is taken with as it is read.
+enum Taking {
+    /// In one pass with the file's MD5.
+    Sha256(par2::sha256::Sha256),
+    /// Handed the blocks along (BLAKE3).
+    Along(Hasher),
+}
+
 /// How much BLAKE3 input [`Hashing`] gathers before hashing it.
 const GATHER: usize = 64 << 10;
 
 impl par2::Through for Hashing<'_> {
-    fn along(&mut self, piece: &[u8]) {
+    fn sha256(&mut self) -> Option<&mut par2::sha256::Sha256> {
         match self.hasher.as_mut() {
-            Some(h @ Hasher::Sha256(_)) => h.update(piece),
-            Some(h) => {
-                self.pending.extend_from_slice(piece);
-                if self.pending.len() >= GATHER {
-                    h.update(&self.pending);
-                    self.pending.clear();
-                }
+            Some(Taking::Sha256(sha)) => Some(sha),
+            _ => None,
+        }
+    }
+
+    fn along(&mut self, piece: &[u8]) {
+        if let Some(Taking::Along(h)) = self.hasher.as_mut() {
+            self.pending.extend_from_slice(piece);
+            if self.pending.len() >= GATHER {
+                h.update(&self.pending);
+                self.pending.clear();
             }
-            None => {}
         }
     }
 }
@@ -732,10 +745,18 @@ impl Read for Hashing<'_> {
 
 impl Drop for Hashing<'_> {
     fn drop(&mut self) {
-        if let Some(mut h) = self.hasher.take() {
-            h.update(&self.pending);
-            self.seen.borrow_mut()[self.index] = Some(h.finalize());
-        }
+        let digest = match self.hasher.take() {
+            Some(Taking::Sha256(sha)) => Digest {
+                algo: Algo::Sha256,
+                bytes: sha.finalize(),
+            },
+            Some(Taking::Along(mut h)) => {
+                h.update(&self.pending);
+                h.finalize()
+            }
+            None => return,
+        };
+        self.seen.borrow_mut()[self.index] = Some(digest);
     }
 }
 

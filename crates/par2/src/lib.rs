@@ -13,6 +13,7 @@
 pub mod gf;
 pub mod md5x;
 pub mod packet;
+pub mod sha256;
 
 /// Deterministic pseudo-random bytes for the unit tests.
 #[cfg(test)]
@@ -195,11 +196,17 @@ pub trait Files {
     fn read_at(&mut self, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
 }
 
-/// A file being read from its start.
+/// A file being read from its start. A caller that hashes what it hands over (to prove it
+/// is what it verified) does it with the first pass's MD5, on the same core: SHA-256 in one
+/// pass with it ([`Through::sha256`]), another hash block by block ([`Through::along`]).
 pub trait Through: Read {
-    /// Takes the file's bytes as the first pass hashes them with MD5: each once, in order,
-    /// in pieces of at most a block. A caller that hashes what it hands over (to prove it is
-    /// what it verified) does it here: the two hashes then run at once on one core.
+    /// The SHA-256 to compute with the file's MD5, if one is wanted.
+    fn sha256(&mut self) -> Option<&mut sha256::Sha256> {
+        None
+    }
+
+    /// Takes the file's bytes as the first pass hashes them with MD5 (when it computes no
+    /// SHA-256 for it): each once, in order, in pieces of at most a block.
     fn along(&mut self, piece: &[u8]) {
         let _ = piece;
     }
@@ -570,7 +577,11 @@ impl Making<'_> {
                             }
                             // The last slice of a file is padded with zeros.
                             buf[want..].fill(0);
-                            whole.update_along(&buf[..want], &mut |piece| reader.along(piece));
+                            match reader.sha256() {
+                                Some(sha) => whole.update_with_sha256(&buf[..want], sha),
+                                None => whole
+                                    .update_along(&buf[..want], &mut |piece| reader.along(piece)),
+                            }
                         }
                         Reading::At(files) => {
                             let at = offset + range.start as u64;

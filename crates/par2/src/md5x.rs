@@ -3,9 +3,8 @@
 //! its own MD5; one MD5 stream is a chain of dependent steps that leaves most of a core idle,
 //! and independent lanes fill it. A single message ([`Md5`]): scalar, with the part of each
 //! step that does not wait for the previous one computed ahead (0.79 GB/s on Zen 4 against
-//! 0.64 for the `md-5` crate, `examples/md5speed.rs`), and able to hand each block to another
-//! hash as it goes, so that a file's MD5 and its SHA-256 (on other execution units) are
-//! computed together.
+//! 0.64 for the `md-5` crate, `examples/md5speed.rs`), able to hand each block to another
+//! hash as it goes, or to compute a SHA-256 in the same pass ([`crate::sha256`]).
 
 use crate::packet::Id;
 
@@ -30,11 +29,11 @@ fn portable(msgs: &[&[u8]]) -> Vec<Id> {
 /// The MD5 of one message, fed piece by piece.
 #[derive(Clone)]
 pub struct Md5 {
-    state: [u32; 4],
+    pub(crate) state: [u32; 4],
     /// The start of a block not yet complete.
     pending: [u8; 64],
-    pending_len: usize,
-    len: u64,
+    pub(crate) pending_len: usize,
+    pub(crate) len: u64,
 }
 
 impl Default for Md5 {
@@ -107,50 +106,81 @@ impl Md5 {
 
 /// One block into the state.
 #[inline(always)]
-fn compress(state: &mut [u32; 4], block: &[u8; 64]) {
-    let m: [u32; 16] =
-        std::array::from_fn(|i| u32::from_le_bytes(block[4 * i..][..4].try_into().expect("4")));
-    let [mut a, mut b, mut c, mut d] = *state;
-    // `a + m + k` does not depend on the step before: computed first, and kept apart (the
-    // empty asm) so that the compiler does not fold the constant in after the round
-    // function, on the chain every step waits for.
-    macro_rules! step {
-        ($a:ident, $b:ident, $c:ident, $d:ident, $i:expr, $s:expr, $f:expr) => {
-            #[allow(unused_mut)]
-            let mut early = $a.wrapping_add(m[WORD[$i]]).wrapping_add(K[$i]);
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: an empty template: the value stays in its register, unchanged.
-            unsafe {
-                std::arch::asm!("/* {0:e} */", inout(reg) early, options(pure, nomem, nostack))
-            };
-            $a = $b.wrapping_add(early.wrapping_add($f).rotate_left($s));
-        };
+pub(crate) fn compress(state: &mut [u32; 4], block: &[u8; 64]) {
+    macro_rules! nothing {
+        ($quarter:literal, $latest:ident) => {};
     }
-    // The rotations as literals: a rotation by a variable is a slower instruction.
-    macro_rules! round {
-        ($r:expr, [$s0:expr, $s1:expr, $s2:expr, $s3:expr], $f:expr) => {
-            for j in 0..4 {
-                let i = 16 * $r + 4 * j;
-                step!(a, b, c, d, i, $s0, $f(b, c, d));
-                step!(d, a, b, c, i + 1, $s1, $f(a, b, c));
-                step!(c, d, a, b, i + 2, $s2, $f(d, a, b));
-                step!(b, c, d, a, i + 3, $s3, $f(c, d, a));
-            }
-        };
-    }
-    round!(0, [7, 12, 17, 22], |x: u32, y: u32, z: u32| z
-        ^ (x & (y ^ z)));
-    round!(1, [5, 9, 14, 20], |x: u32, y: u32, z: u32| (y & !z)
-        .wrapping_add(x & z));
-    round!(2, [4, 11, 16, 23], |x: u32, y: u32, z: u32| x ^ (y ^ z));
-    round!(3, [6, 10, 15, 21], |x: u32, y: u32, z: u32| y ^ (x | !z));
-    for (s, v) in state.iter_mut().zip([a, b, c, d]) {
-        *s = s.wrapping_add(v);
-    }
+    md5_block!(state, block, nothing);
 }
 
+/// One MD5 block (`$block`, 64 bytes) into `$state`, invoking the macro `$between` after
+/// each four of its 64 steps with their number (0 to 15) and the word the fourth made: another
+/// hash's instructions placed there run while MD5 waits on its chain of dependent steps (see
+/// [`crate::sha256`]).
+macro_rules! md5_block {
+    ($state:expr, $block:expr, $between:ident) => {{
+        let block: &[u8; 64] = $block;
+        let m: [u32; 16] = std::array::from_fn(|i| {
+            u32::from_le_bytes(block[4 * i..][..4].try_into().expect("4"))
+        });
+        let [mut a, mut b, mut c, mut d] = *$state;
+        // `a + m + k` does not depend on the step before: computed first, and kept apart
+        // (the empty asm) so that the compiler does not fold the constant in after the
+        // round function, on the chain every step waits for.
+        macro_rules! step {
+            ($a:ident, $b:ident, $c:ident, $d:ident, $i:expr, $s:expr, $f:expr) => {
+                #[allow(unused_mut)]
+                let mut early = $a
+                    .wrapping_add(m[$crate::md5x::WORD[$i]])
+                    .wrapping_add($crate::md5x::K[$i]);
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: an empty template: the value stays in its register, unchanged.
+                unsafe {
+                    std::arch::asm!("/* {0:e} */", inout(reg) early, options(pure, nomem, nostack))
+                };
+                $a = $b.wrapping_add(early.wrapping_add($f).rotate_left($s));
+            };
+        }
+        // Four steps from step `4 * $q`; the rotations as literals (a rotation by a variable
+        // is a slower instruction).
+        macro_rules! four {
+            ($q:literal, [$s0:expr, $s1:expr, $s2:expr, $s3:expr], $f:expr) => {
+                step!(a, b, c, d, 4 * $q, $s0, $f(b, c, d));
+                step!(d, a, b, c, 4 * $q + 1, $s1, $f(a, b, c));
+                step!(c, d, a, b, 4 * $q + 2, $s2, $f(d, a, b));
+                step!(b, c, d, a, 4 * $q + 3, $s3, $f(c, d, a));
+                $between!($q, b);
+            };
+        }
+        let f = |x: u32, y: u32, z: u32| z ^ (x & (y ^ z));
+        let g = |x: u32, y: u32, z: u32| (y & !z).wrapping_add(x & z);
+        let h = |x: u32, y: u32, z: u32| x ^ (y ^ z);
+        let i = |x: u32, y: u32, z: u32| y ^ (x | !z);
+        four!(0, [7, 12, 17, 22], f);
+        four!(1, [7, 12, 17, 22], f);
+        four!(2, [7, 12, 17, 22], f);
+        four!(3, [7, 12, 17, 22], f);
+        four!(4, [5, 9, 14, 20], g);
+        four!(5, [5, 9, 14, 20], g);
+        four!(6, [5, 9, 14, 20], g);
+        four!(7, [5, 9, 14, 20], g);
+        four!(8, [4, 11, 16, 23], h);
+        four!(9, [4, 11, 16, 23], h);
+        four!(10, [4, 11, 16, 23], h);
+        four!(11, [4, 11, 16, 23], h);
+        four!(12, [6, 10, 15, 21], i);
+        four!(13, [6, 10, 15, 21], i);
+        four!(14, [6, 10, 15, 21], i);
+        four!(15, [6, 10, 15, 21], i);
+        for (s, v) in $state.iter_mut().zip([a, b, c, d]) {
+            *s = s.wrapping_add(v);
+        }
+    }};
+}
+pub(crate) use md5_block;
+
 /// The additive constants, `floor(abs(sin(i + 1)) * 2^32)`.
-const K: [u32; 64] = [
+pub(crate) const K: [u32; 64] = [
     0xd76aa478, 0xe8c7b756, 0x242070db, 0xc1bdceee, 0xf57c0faf, 0x4787c62a, 0xa8304613, 0xfd469501,
     0x698098d8, 0x8b44f7af, 0xffff5bb1, 0x895cd7be, 0x6b901122, 0xfd987193, 0xa679438e, 0x49b40821,
     0xf61e2562, 0xc040b340, 0x265e5a51, 0xe9b6c7aa, 0xd62f105d, 0x02441453, 0xd8a1e681, 0xe7d3fbc8,
@@ -179,7 +209,7 @@ const S: [u32; 64] = {
 };
 
 /// Which message word each step adds.
-const WORD: [usize; 64] = {
+pub(crate) const WORD: [usize; 64] = {
     let mut w = [0; 64];
     let mut i = 0;
     while i < 64 {
@@ -194,7 +224,7 @@ const WORD: [usize; 64] = {
     w
 };
 
-const INIT: [u32; 4] = [0x67452301, 0xefcdab89, 0x98badcfe, 0x10325476];
+pub(crate) const INIT: [u32; 4] = [0x67452301, 0xefcdab89, 0x98badcfe, 0x10325476];
 
 /// The padding MD5 appends to a message of `len` bytes whose last `tail.len()` bytes do not
 /// fill a block: those bytes, 0x80, zeros, the length in bits; one or two blocks.
