@@ -1,10 +1,12 @@
 //! GF(2^16) with PAR2's generator polynomial 0x1100B, and the multiply-accumulate over whole
 //! slices that all of PAR2's work comes down to.
 //!
-//! A slice is a run of little-endian 16-bit words. `mul_add(dst, src, c)` computes
-//! `dst ^= c * src` word by word. On x86-64 it uses split nibble tables and byte shuffles
-//! (AVX2, else SSSE3): each word's product is the XOR of four table lookups, one per nibble,
-//! done 32 or 16 bytes at a time with `pshufb`. Elsewhere, two 256-entry tables per constant.
+//! A slice is a run of little-endian 16-bit words. [`Multiplier::mul_add_native`] computes
+//! `dst ^= c * src` word by word, on slices put in the kernels' layout first ([`to_native`]:
+//! low and high bytes apart, 64 words a block). On x86-64 the product is four GFNI affine
+//! transforms (AVX-512 or AVX2), else the XOR of four lookups in split nibble tables, one per
+//! nibble, 32 or 16 bytes at a time with `pshufb` (AVX2, SSSE3). Elsewhere, two 256-entry
+//! tables per constant.
 
 use std::sync::OnceLock;
 
@@ -92,68 +94,128 @@ pub fn input_constants(count: usize) -> Vec<u16> {
 /// The most input slices a set can have: the constants run out after this many.
 pub const MAX_INPUT_SLICES: usize = 32768;
 
-/// A constant prepared for [`Multiplier::mul_add_native`]: its matrices are built once, not
-/// per call.
+/// The multiply-accumulate kernels, the best this CPU has chosen once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernel {
+    /// GFNI's affine transforms on AVX-512, four sources at a time.
+    Gfni512,
+    /// GFNI on AVX2.
+    Gfni256,
+    /// Split nibble tables and `pshufb`, on AVX2.
+    Shuffle256,
+    /// The same on SSSE3.
+    Shuffle128,
+    /// Two 256-entry tables per constant, in the plain layout.
+    Portable,
+}
+
+fn kernel() -> Kernel {
+    static KERNEL: OnceLock<Kernel> = OnceLock::new();
+    *KERNEL.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("gfni") && has!("avx512f") && has!("avx512bw") {
+                return Kernel::Gfni512;
+            }
+            if has!("gfni") && has!("avx2") {
+                return Kernel::Gfni256;
+            }
+            if has!("avx2") {
+                return Kernel::Shuffle256;
+            }
+            if has!("ssse3") {
+                return Kernel::Shuffle128;
+            }
+        }
+        Kernel::Portable
+    })
+}
+
+/// A constant prepared for [`Multiplier::mul_add_native`]: what its kernel needs (GFNI's
+/// matrices, or the shuffles' nibble tables) is made once, not per call.
 #[derive(Clone, Copy, Debug)]
 pub struct Multiplier {
     c: u16,
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     affine: [i64; 4],
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    nibbles: [[u8; 16]; 8],
 }
 
 impl Multiplier {
     /// Prepares `c`.
     pub fn new(c: u16) -> Self {
-        Multiplier {
-            c,
-            affine: affine(c),
+        let (mut affine, mut nibbles) = ([0; 4], [[0; 16]; 8]);
+        // Only what this CPU's kernel reads is made.
+        match kernel() {
+            Kernel::Gfni512 | Kernel::Gfni256 => affine = self::affine(c),
+            Kernel::Shuffle256 | Kernel::Shuffle128 => nibbles = nibble_tables(c),
+            Kernel::Portable => {}
         }
+        Multiplier { c, affine, nibbles }
     }
 
     /// `dst ^= c * src` on buffers in the native layout (see [`to_native`]): what the
     /// multiply-accumulate of a whole set uses, so that no call packs or unpacks bytes.
     pub fn mul_add_native(&self, dst: &mut [u8], src: &[u8]) {
-        #[cfg(target_arch = "x86_64")]
-        if self.c > 1 {
-            assert_eq!(dst.len(), src.len());
-            assert!(dst.len().is_multiple_of(2), "slices are whole words");
-            // SAFETY: each kernel runs only where its features were detected.
-            let done = unsafe {
-                if x86::has_gfni512() {
-                    Some(x86::gfni512_native::<1>(dst, [src], [self.affine]))
-                } else if x86::has_gfni256() {
-                    Some(x86::gfni256(dst, src, self.affine))
-                } else {
-                    None
+        mul_add_native_many(dst, &[src], std::slice::from_ref(self))
+    }
+
+    /// As [`Multiplier::mul_add_native`], with `kernel` (not `Gfni512`'s many sources).
+    fn apply(&self, kernel: Kernel, dst: &mut [u8], src: &[u8]) {
+        match self.c {
+            0 => return,
+            1 => {
+                for (d, s) in dst.iter_mut().zip(src) {
+                    *d ^= s;
                 }
-            };
-            if let Some(done) = done {
-                return portable(&mut dst[done..], &src[done..], self.c);
+                return;
             }
+            _ => {}
         }
-        mul_add(dst, src, self.c)
+        // SAFETY: `kernel()` chose the kernel for features this CPU has.
+        #[cfg(target_arch = "x86_64")]
+        let done = unsafe {
+            match kernel {
+                Kernel::Gfni512 => x86::gfni512::<1>(dst, [src], [self.affine]),
+                Kernel::Gfni256 => x86::gfni256(dst, src, self.affine),
+                Kernel::Shuffle256 => x86::shuffle256(dst, src, &self.nibbles),
+                Kernel::Shuffle128 => x86::shuffle128(dst, src, &self.nibbles),
+                Kernel::Portable => 0,
+            }
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let done = {
+            let _ = kernel;
+            0
+        };
+        // What is left is shorter than a block, and in the plain layout.
+        portable(&mut dst[done..], &src[done..], self.c)
     }
 }
 
 /// `dst ^= sum of mults[k] * srcs[k]`, in the native layout: as [`Multiplier::mul_add_native`]
-/// for each source; where the CPU has GFNI and AVX-512, four at a time (more gained nothing
-/// measurable: the affine transforms bound the kernel), the last ones two or one.
+/// for each source, the kernel chosen once a call; where the CPU has GFNI and AVX-512, four
+/// at a time (more gained nothing measurable: the affine transforms bound the kernel), the
+/// last ones two or one.
 pub fn mul_add_native_many(dst: &mut [u8], srcs: &[&[u8]], mults: &[Multiplier]) {
     assert_eq!(srcs.len(), mults.len());
+    assert!(dst.len().is_multiple_of(2), "slices are whole words");
     assert!(srcs.iter().all(|s| s.len() == dst.len()));
+    let kernel = kernel();
     let mut k = 0;
-    #[cfg(target_arch = "x86_64")]
-    if x86::has_gfni512() {
-        while k < srcs.len() {
-            k += match srcs.len() - k {
-                n if n >= 4 => group::<4>(dst, &srcs[k..], &mults[k..]),
-                n if n >= 2 => group::<2>(dst, &srcs[k..], &mults[k..]),
-                _ => group::<1>(dst, &srcs[k..], &mults[k..]),
-            };
-        }
-    }
-    for (src, m) in srcs[k..].iter().zip(&mults[k..]) {
-        m.mul_add_native(dst, src);
+    while k < srcs.len() {
+        k += match (kernel, srcs.len() - k) {
+            #[cfg(target_arch = "x86_64")]
+            (Kernel::Gfni512, n) if n >= 4 => group::<4>(dst, &srcs[k..], &mults[k..]),
+            #[cfg(target_arch = "x86_64")]
+            (Kernel::Gfni512, n) if n >= 2 => group::<2>(dst, &srcs[k..], &mults[k..]),
+            _ => {
+                mults[k].apply(kernel, dst, srcs[k]);
+                1
+            }
+        };
     }
 }
 
@@ -163,7 +225,7 @@ fn group<const N: usize>(dst: &mut [u8], srcs: &[&[u8]], mults: &[Multiplier]) -
     let src: [&[u8]; N] = std::array::from_fn(|j| srcs[j]);
     let matrices = std::array::from_fn(|j| mults[j].affine);
     // SAFETY: the caller detected the features; every source is as long as dst.
-    let done = unsafe { x86::gfni512_native(dst, src, matrices) };
+    let done = unsafe { x86::gfni512(dst, src, matrices) };
     for j in 0..N {
         portable(&mut dst[done..], &src[j][done..], mults[j].c);
     }
@@ -226,15 +288,16 @@ impl std::ops::DerefMut for Buffer {
     }
 }
 
-/// Puts a slice in the layout the fastest kernel works in: with GFNI and AVX-512, each
-/// 128-byte block holds the low bytes of its 64 words, then their high bytes (a tail shorter
-/// than a block stays as it is); elsewhere the layout is the plain one. Multiplying is linear
-/// and this is a permutation of bytes, so slices can be added up in it and put back after.
+/// Puts a slice in the layout the kernels work in: on x86-64 (with SSSE3, as every kernel
+/// there needs), each 128-byte block holds the low bytes of its 64 words, then their high
+/// bytes, so that no kernel packs and unpacks bytes at every multiplication (on AVX2 alone
+/// that was a third of its work); a tail shorter than a block stays as it is. Elsewhere the
+/// layout is the plain one. Multiplying is linear and this is a permutation of bytes, so
+/// slices can be added up in it and put back after.
 pub fn to_native(buf: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
-    if x86::has_gfni512() {
-        // SAFETY: AVX-512 (F, BW) is present (checked just above).
-        unsafe { x86::split512(buf) }
+    if kernel() != Kernel::Portable {
+        x86::split(buf)
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = buf;
@@ -243,71 +306,33 @@ pub fn to_native(buf: &mut [u8]) {
 /// The inverse of [`to_native`].
 pub fn from_native(buf: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
-    if x86::has_gfni512() {
-        // SAFETY: AVX-512 (F, BW) is present (checked just above).
-        unsafe { x86::unsplit512(buf) }
+    if kernel() != Kernel::Portable {
+        x86::unsplit(buf)
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = buf;
 }
 
-/// `dst ^= c * src`, word by word; both the same length, a multiple of 2.
-pub fn mul_add(dst: &mut [u8], src: &[u8], c: u16) {
-    assert_eq!(dst.len(), src.len());
-    assert!(dst.len().is_multiple_of(2), "slices are whole words");
-    if c == 0 {
-        return;
-    }
-    if c == 1 {
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d ^= s;
-        }
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        if x86::has_gfni256() {
-            // SAFETY: AVX2 and GFNI are present (checked just above).
-            let done = unsafe { x86::gfni256(dst, src, affine(c)) };
-            return portable(&mut dst[done..], &src[done..], c);
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 is present (checked just above).
-            let done = unsafe { x86::mul_add_avx2(dst, src, c) };
-            return portable(&mut dst[done..], &src[done..], c);
-        }
-        if std::arch::is_x86_feature_detected!("ssse3") {
-            // SAFETY: SSSE3 is present (checked just above).
-            let done = unsafe { x86::mul_add_ssse3(dst, src, c) };
-            return portable(&mut dst[done..], &src[done..], c);
-        }
-    }
-    portable(dst, src, c)
-}
-
 /// Which multiply-accumulate this CPU runs.
 pub fn simd() -> &'static str {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if x86::has_gfni512() {
-            return "gfni-avx512";
-        }
-        if x86::has_gfni256() {
-            return "gfni-avx2";
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            return "avx2";
-        }
-        if std::arch::is_x86_feature_detected!("ssse3") {
-            return "ssse3";
-        }
+    match kernel() {
+        Kernel::Gfni512 => "gfni-avx512",
+        Kernel::Gfni256 => "gfni-avx2",
+        Kernel::Shuffle256 => "avx2",
+        Kernel::Shuffle128 => "ssse3",
+        Kernel::Portable => "portable",
     }
-    "portable"
 }
 
-/// Two lookups per word: the products of `c` with every low byte and every high byte.
+/// `dst ^= c * src` in the plain layout, word by word: a word at a time for a few words,
+/// else two lookups per word in the products of `c` with every low byte and every high byte.
 fn portable(dst: &mut [u8], src: &[u8], c: u16) {
-    if dst.is_empty() {
+    if dst.len() < 1024 {
+        for (d, s) in dst.chunks_exact_mut(2).zip(src.chunks_exact(2)) {
+            let p = mul(c, u16::from_le_bytes([s[0], s[1]]));
+            d[0] ^= p as u8;
+            d[1] ^= (p >> 8) as u8;
+        }
         return;
     }
     let mut lo = [0u16; 256];
@@ -324,15 +349,27 @@ fn portable(dst: &mut [u8], src: &[u8], c: u16) {
 }
 
 /// For each nibble position k of a word and each nibble value v, the low and high bytes of
-/// c * (v << 4k): eight 16-byte tables for `pshufb`.
+/// c * (v << 4k): eight 16-byte tables for `pshufb`. Multiplying is linear, so each entry is
+/// the XOR of the products of its bits, made by doubling (a table per constant is made for
+/// every coefficient of every pass: lookups of logarithms cost four times as much).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn nibble_tables(c: u16) -> [[u8; 16]; 8] {
     let mut t = [[0u8; 16]; 8];
+    let mut x = c as u32;
     for k in 0..4 {
-        for v in 0..16u16 {
-            let p = mul(c, v << (4 * k));
-            t[2 * k][v as usize] = p as u8;
-            t[2 * k + 1][v as usize] = (p >> 8) as u8;
+        let mut p = [0u16; 16];
+        for bit in [1, 2, 4, 8] {
+            for v in 0..bit {
+                p[bit + v] = x as u16 ^ p[v];
+            }
+            x <<= 1;
+            if x & 0x10000 != 0 {
+                x ^= POLY;
+            }
+        }
+        for (v, p) in p.iter().enumerate() {
+            t[2 * k][v] = *p as u8;
+            t[2 * k + 1][v] = (p >> 8) as u8;
         }
     }
     t
@@ -379,65 +416,56 @@ fn affine_matrices(c: u16) -> [i64; 4] {
     [matrix(lo, 0), matrix(hi, 0), matrix(lo, 8), matrix(hi, 8)]
 }
 
+/// The kernels, all on the split layout of [`to_native`]: byte j of a block's first half and
+/// byte j of its second are one word's low and high bytes. Each returns how many bytes (whole
+/// blocks) it did; the caller does the rest.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
-    pub fn has_gfni512() -> bool {
-        // Cached by std after the first call.
-        is_x86_feature_detected!("gfni")
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-    }
-
-    pub fn has_gfni256() -> bool {
-        is_x86_feature_detected!("gfni") && is_x86_feature_detected!("avx2")
-    }
-
-    /// Low bytes of each 128-byte block's words first, then the high bytes.
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub unsafe fn split512(buf: &mut [u8]) {
+    /// Low bytes of each 128-byte block's words first, then the high bytes (in an order of
+    /// SSE2's packing, the same for both halves).
+    pub fn split(buf: &mut [u8]) {
         let done = buf.len() / 128 * 128;
-        // SAFETY: every load and store below is within buf[..done]; unaligned forms.
+        // SAFETY: SSE2 is part of x86-64; every load and store is within buf[..done].
         unsafe {
-            let low = _mm512_set1_epi16(0x00ff);
-            let mut i = 0;
-            while i < done {
-                let p = buf.as_mut_ptr().add(i);
-                let a = _mm512_loadu_si512(p.cast());
-                let b = _mm512_loadu_si512(p.add(64).cast());
-                let lo = _mm512_packus_epi16(_mm512_and_si512(a, low), _mm512_and_si512(b, low));
-                let hi = _mm512_packus_epi16(_mm512_srli_epi16(a, 8), _mm512_srli_epi16(b, 8));
-                _mm512_storeu_si512(p.cast(), lo);
-                _mm512_storeu_si512(p.add(64).cast(), hi);
-                i += 128;
+            let low = _mm_set1_epi16(0x00ff);
+            for block in buf[..done].chunks_exact_mut(128) {
+                let p = block.as_mut_ptr().cast::<__m128i>();
+                let w: [__m128i; 8] = std::array::from_fn(|k| _mm_loadu_si128(p.add(k)));
+                for k in 0..4 {
+                    let (a, b) = (w[2 * k], w[2 * k + 1]);
+                    let lo = _mm_packus_epi16(_mm_and_si128(a, low), _mm_and_si128(b, low));
+                    let hi = _mm_packus_epi16(_mm_srli_epi16(a, 8), _mm_srli_epi16(b, 8));
+                    _mm_storeu_si128(p.add(k), lo);
+                    _mm_storeu_si128(p.add(4 + k), hi);
+                }
             }
         }
     }
 
-    /// The inverse of `split512`.
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub unsafe fn unsplit512(buf: &mut [u8]) {
+    /// The inverse of `split`.
+    pub fn unsplit(buf: &mut [u8]) {
         let done = buf.len() / 128 * 128;
-        // SAFETY: every load and store below is within buf[..done]; unaligned forms.
+        // SAFETY: as in `split`.
         unsafe {
-            let mut i = 0;
-            while i < done {
-                let p = buf.as_mut_ptr().add(i);
-                let lo = _mm512_loadu_si512(p.cast());
-                let hi = _mm512_loadu_si512(p.add(64).cast());
-                _mm512_storeu_si512(p.cast(), _mm512_unpacklo_epi8(lo, hi));
-                _mm512_storeu_si512(p.add(64).cast(), _mm512_unpackhi_epi8(lo, hi));
-                i += 128;
+            for block in buf[..done].chunks_exact_mut(128) {
+                let p = block.as_mut_ptr().cast::<__m128i>();
+                let w: [__m128i; 8] = std::array::from_fn(|k| _mm_loadu_si128(p.add(k)));
+                for k in 0..4 {
+                    let (lo, hi) = (w[k], w[4 + k]);
+                    _mm_storeu_si128(p.add(2 * k), _mm_unpacklo_epi8(lo, hi));
+                    _mm_storeu_si128(p.add(2 * k + 1), _mm_unpackhi_epi8(lo, hi));
+                }
             }
         }
     }
 
-    /// The GFNI kernel on split blocks, for `N` sources at once: four affine transforms per
-    /// source and the XORs, nothing else; `dst` is loaded and stored once per `N` products
-    /// (the loads and stores, not the arithmetic, bound a kernel of one source).
+    /// GFNI with AVX-512 for `N` sources at once: four affine transforms per source and the
+    /// XORs, nothing else; `dst` is loaded and stored once per `N` products (the loads and
+    /// stores, not the arithmetic, bound a kernel of one source).
     #[target_feature(enable = "avx512f,avx512bw,gfni")]
-    pub unsafe fn gfni512_native<const N: usize>(
+    pub unsafe fn gfni512<const N: usize>(
         dst: &mut [u8],
         src: [&[u8]; N],
         matrices: [[i64; 4]; N],
@@ -476,124 +504,110 @@ mod x86 {
         done
     }
 
-    /// 64 bytes (32 words) per step on the plain layout: low and high bytes packed apart,
-    /// four affine transforms (one per byte-to-byte matrix), interleaved back.
+    /// GFNI on 32 bytes at a time: four affine transforms (one per byte-to-byte matrix).
     #[target_feature(enable = "avx2,gfni")]
     pub unsafe fn gfni256(dst: &mut [u8], src: &[u8], matrices: [i64; 4]) -> usize {
-        let [ll, lh, hl, hh] = matrices;
-        let done = dst.len() / 64 * 64;
+        let done = dst.len() / 128 * 128;
         // SAFETY: every load and store below is within dst/src[..done]; unaligned forms.
         unsafe {
-            let (ll, lh) = (_mm256_set1_epi64x(ll), _mm256_set1_epi64x(lh));
-            let (hl, hh) = (_mm256_set1_epi64x(hl), _mm256_set1_epi64x(hh));
-            let low = _mm256_set1_epi16(0x00ff);
+            let [ll, lh, hl, hh] = matrices.map(|x| _mm256_set1_epi64x(x));
             let mut i = 0;
             while i < done {
-                let a = _mm256_loadu_si256(src.as_ptr().add(i).cast());
-                let b = _mm256_loadu_si256(src.as_ptr().add(i + 32).cast());
-                let lo = _mm256_packus_epi16(_mm256_and_si256(a, low), _mm256_and_si256(b, low));
-                let hi = _mm256_packus_epi16(_mm256_srli_epi16(a, 8), _mm256_srli_epi16(b, 8));
-                let rl = _mm256_xor_si256(
-                    _mm256_gf2p8affine_epi64_epi8::<0>(lo, ll),
-                    _mm256_gf2p8affine_epi64_epi8::<0>(hi, lh),
-                );
-                let rh = _mm256_xor_si256(
-                    _mm256_gf2p8affine_epi64_epi8::<0>(lo, hl),
-                    _mm256_gf2p8affine_epi64_epi8::<0>(hi, hh),
-                );
-                let pa = _mm256_unpacklo_epi8(rl, rh);
-                let pb = _mm256_unpackhi_epi8(rl, rh);
-                let da = dst.as_mut_ptr().add(i).cast::<__m256i>();
-                let db = dst.as_mut_ptr().add(i + 32).cast::<__m256i>();
-                _mm256_storeu_si256(da, _mm256_xor_si256(_mm256_loadu_si256(da), pa));
-                _mm256_storeu_si256(db, _mm256_xor_si256(_mm256_loadu_si256(db), pb));
-                i += 64;
+                for half in [0, 32] {
+                    let s = src.as_ptr().add(i + half);
+                    let (lo, hi) = (
+                        _mm256_loadu_si256(s.cast()),
+                        _mm256_loadu_si256(s.add(64).cast()),
+                    );
+                    let rl = _mm256_xor_si256(
+                        _mm256_gf2p8affine_epi64_epi8::<0>(lo, ll),
+                        _mm256_gf2p8affine_epi64_epi8::<0>(hi, lh),
+                    );
+                    let rh = _mm256_xor_si256(
+                        _mm256_gf2p8affine_epi64_epi8::<0>(lo, hl),
+                        _mm256_gf2p8affine_epi64_epi8::<0>(hi, hh),
+                    );
+                    let dl = dst.as_mut_ptr().add(i + half).cast::<__m256i>();
+                    let dh = dst.as_mut_ptr().add(i + half + 64).cast::<__m256i>();
+                    _mm256_storeu_si256(dl, _mm256_xor_si256(_mm256_loadu_si256(dl), rl));
+                    _mm256_storeu_si256(dh, _mm256_xor_si256(_mm256_loadu_si256(dh), rh));
+                }
+                i += 128;
             }
         }
         done
     }
 
-    /// 64 bytes (32 words) per step: the low bytes of all words packed into one register,
-    /// the high bytes into another, each nibble looked up, then interleaved back.
-    /// Returns how many bytes were done; the caller does the rest.
+    /// Split nibble tables and byte shuffles, 32 words at a time: each word's product is the
+    /// XOR of four lookups (one per nibble) in the low-byte tables and four in the high-byte
+    /// ones.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn mul_add_avx2(dst: &mut [u8], src: &[u8], c: u16) -> usize {
-        let t = super::nibble_tables(c);
-        let done = dst.len() / 64 * 64;
+    pub unsafe fn shuffle256(dst: &mut [u8], src: &[u8], t: &[[u8; 16]; 8]) -> usize {
+        let done = dst.len() / 128 * 128;
         // SAFETY: every load and store below is within dst/src[..done]; unaligned forms.
         unsafe {
-            let tab = |i: usize| _mm256_broadcastsi128_si256(_mm_loadu_si128(t[i].as_ptr().cast()));
-            let (t0l, t0h, t1l, t1h) = (tab(0), tab(1), tab(2), tab(3));
-            let (t2l, t2h, t3l, t3h) = (tab(4), tab(5), tab(6), tab(7));
-            let low = _mm256_set1_epi16(0x00ff);
+            let tab: [__m256i; 8] = std::array::from_fn(|k| {
+                _mm256_broadcastsi128_si256(_mm_loadu_si128(t[k].as_ptr().cast()))
+            });
             let nib = _mm256_set1_epi8(0x0f);
             let mut i = 0;
             while i < done {
-                let a = _mm256_loadu_si256(src.as_ptr().add(i).cast());
-                let b = _mm256_loadu_si256(src.as_ptr().add(i + 32).cast());
-                let lo = _mm256_packus_epi16(_mm256_and_si256(a, low), _mm256_and_si256(b, low));
-                let hi = _mm256_packus_epi16(_mm256_srli_epi16(a, 8), _mm256_srli_epi16(b, 8));
-                let n0 = _mm256_and_si256(lo, nib);
-                let n1 = _mm256_and_si256(_mm256_srli_epi16(lo, 4), nib);
-                let n2 = _mm256_and_si256(hi, nib);
-                let n3 = _mm256_and_si256(_mm256_srli_epi16(hi, 4), nib);
-                let rl = _mm256_xor_si256(
-                    _mm256_xor_si256(_mm256_shuffle_epi8(t0l, n0), _mm256_shuffle_epi8(t1l, n1)),
-                    _mm256_xor_si256(_mm256_shuffle_epi8(t2l, n2), _mm256_shuffle_epi8(t3l, n3)),
-                );
-                let rh = _mm256_xor_si256(
-                    _mm256_xor_si256(_mm256_shuffle_epi8(t0h, n0), _mm256_shuffle_epi8(t1h, n1)),
-                    _mm256_xor_si256(_mm256_shuffle_epi8(t2h, n2), _mm256_shuffle_epi8(t3h, n3)),
-                );
-                let pa = _mm256_unpacklo_epi8(rl, rh);
-                let pb = _mm256_unpackhi_epi8(rl, rh);
-                let da = dst.as_mut_ptr().add(i).cast::<__m256i>();
-                let db = dst.as_mut_ptr().add(i + 32).cast::<__m256i>();
-                _mm256_storeu_si256(da, _mm256_xor_si256(_mm256_loadu_si256(da), pa));
-                _mm256_storeu_si256(db, _mm256_xor_si256(_mm256_loadu_si256(db), pb));
-                i += 64;
+                for half in [0, 32] {
+                    let s = src.as_ptr().add(i + half);
+                    let (lo, hi) = (
+                        _mm256_loadu_si256(s.cast()),
+                        _mm256_loadu_si256(s.add(64).cast()),
+                    );
+                    let n = [
+                        _mm256_and_si256(lo, nib),
+                        _mm256_and_si256(_mm256_srli_epi16(lo, 4), nib),
+                        _mm256_and_si256(hi, nib),
+                        _mm256_and_si256(_mm256_srli_epi16(hi, 4), nib),
+                    ];
+                    let look = |byte: usize| {
+                        let q = |k: usize| _mm256_shuffle_epi8(tab[2 * k + byte], n[k]);
+                        _mm256_xor_si256(_mm256_xor_si256(q(0), q(1)), _mm256_xor_si256(q(2), q(3)))
+                    };
+                    let dl = dst.as_mut_ptr().add(i + half).cast::<__m256i>();
+                    let dh = dst.as_mut_ptr().add(i + half + 64).cast::<__m256i>();
+                    _mm256_storeu_si256(dl, _mm256_xor_si256(_mm256_loadu_si256(dl), look(0)));
+                    _mm256_storeu_si256(dh, _mm256_xor_si256(_mm256_loadu_si256(dh), look(1)));
+                }
+                i += 128;
             }
         }
         done
     }
 
-    /// The same, 32 bytes per step.
+    /// The same as `shuffle256`, 16 words at a time.
     #[target_feature(enable = "ssse3")]
-    pub unsafe fn mul_add_ssse3(dst: &mut [u8], src: &[u8], c: u16) -> usize {
-        let t = super::nibble_tables(c);
-        let done = dst.len() / 32 * 32;
+    pub unsafe fn shuffle128(dst: &mut [u8], src: &[u8], t: &[[u8; 16]; 8]) -> usize {
+        let done = dst.len() / 128 * 128;
         // SAFETY: every load and store below is within dst/src[..done]; unaligned forms.
         unsafe {
-            let tab = |i: usize| _mm_loadu_si128(t[i].as_ptr().cast());
-            let (t0l, t0h, t1l, t1h) = (tab(0), tab(1), tab(2), tab(3));
-            let (t2l, t2h, t3l, t3h) = (tab(4), tab(5), tab(6), tab(7));
-            let low = _mm_set1_epi16(0x00ff);
+            let tab: [__m128i; 8] = std::array::from_fn(|k| _mm_loadu_si128(t[k].as_ptr().cast()));
             let nib = _mm_set1_epi8(0x0f);
             let mut i = 0;
             while i < done {
-                let a = _mm_loadu_si128(src.as_ptr().add(i).cast());
-                let b = _mm_loadu_si128(src.as_ptr().add(i + 16).cast());
-                let lo = _mm_packus_epi16(_mm_and_si128(a, low), _mm_and_si128(b, low));
-                let hi = _mm_packus_epi16(_mm_srli_epi16(a, 8), _mm_srli_epi16(b, 8));
-                let n0 = _mm_and_si128(lo, nib);
-                let n1 = _mm_and_si128(_mm_srli_epi16(lo, 4), nib);
-                let n2 = _mm_and_si128(hi, nib);
-                let n3 = _mm_and_si128(_mm_srli_epi16(hi, 4), nib);
-                let rl = _mm_xor_si128(
-                    _mm_xor_si128(_mm_shuffle_epi8(t0l, n0), _mm_shuffle_epi8(t1l, n1)),
-                    _mm_xor_si128(_mm_shuffle_epi8(t2l, n2), _mm_shuffle_epi8(t3l, n3)),
-                );
-                let rh = _mm_xor_si128(
-                    _mm_xor_si128(_mm_shuffle_epi8(t0h, n0), _mm_shuffle_epi8(t1h, n1)),
-                    _mm_xor_si128(_mm_shuffle_epi8(t2h, n2), _mm_shuffle_epi8(t3h, n3)),
-                );
-                let pa = _mm_unpacklo_epi8(rl, rh);
-                let pb = _mm_unpackhi_epi8(rl, rh);
-                let da = dst.as_mut_ptr().add(i).cast::<__m128i>();
-                let db = dst.as_mut_ptr().add(i + 16).cast::<__m128i>();
-                _mm_storeu_si128(da, _mm_xor_si128(_mm_loadu_si128(da), pa));
-                _mm_storeu_si128(db, _mm_xor_si128(_mm_loadu_si128(db), pb));
-                i += 32;
+                for quarter in [0, 16, 32, 48] {
+                    let s = src.as_ptr().add(i + quarter);
+                    let (lo, hi) = (_mm_loadu_si128(s.cast()), _mm_loadu_si128(s.add(64).cast()));
+                    let n = [
+                        _mm_and_si128(lo, nib),
+                        _mm_and_si128(_mm_srli_epi16(lo, 4), nib),
+                        _mm_and_si128(hi, nib),
+                        _mm_and_si128(_mm_srli_epi16(hi, 4), nib),
+                    ];
+                    let look = |byte: usize| {
+                        let q = |k: usize| _mm_shuffle_epi8(tab[2 * k + byte], n[k]);
+                        _mm_xor_si128(_mm_xor_si128(q(0), q(1)), _mm_xor_si128(q(2), q(3)))
+                    };
+                    let dl = dst.as_mut_ptr().add(i + quarter).cast::<__m128i>();
+                    let dh = dst.as_mut_ptr().add(i + quarter + 64).cast::<__m128i>();
+                    _mm_storeu_si128(dl, _mm_xor_si128(_mm_loadu_si128(dl), look(0)));
+                    _mm_storeu_si128(dh, _mm_xor_si128(_mm_loadu_si128(dh), look(1)));
+                }
+                i += 128;
             }
         }
         done
@@ -699,7 +713,7 @@ mod tests {
 
     #[test]
     fn many_sources_at_once_match_one_at_a_time() {
-        // Native layout: split where the CPU has GFNI and AVX-512, plain elsewhere.
+        // Native layout: split on x86-64, plain elsewhere.
         let len = 4096 + 38;
         let srcs: Vec<Vec<u8>> = (0..11)
             .map(|k| {
@@ -726,7 +740,7 @@ mod tests {
             for (s, m) in srcs[..count].iter().zip(&mults) {
                 let mut s = s.clone();
                 from_native(&mut s);
-                mul_add(&mut plain, &s, m.c);
+                definition(&mut plain, &s, m.c);
             }
             // A buffer of one repeated byte is the same in both layouts.
             from_native(&mut many);
@@ -734,36 +748,60 @@ mod tests {
         }
     }
 
+    /// The product by the definition, word by word.
+    fn definition(dst: &mut [u8], src: &[u8], c: u16) {
+        for (d, s) in dst.chunks_exact_mut(2).zip(src.chunks_exact(2)) {
+            let p = mul(c, u16::from_le_bytes([s[0], s[1]])) ^ u16::from_le_bytes([d[0], d[1]]);
+            d.copy_from_slice(&p.to_le_bytes());
+        }
+    }
+
     #[test]
-    fn simd_matches_the_scalar_definition() {
+    fn every_kernel_matches_the_definition() {
         let src = crate::test_data(4096 + 38, 0x9e3779b97f4a7c15);
-        for c in [0u16, 1, 2, 0x100b, 0xffff, 0x1234] {
-            let mut fast = vec![0x5au8; src.len()];
-            mul_add(&mut fast, &src, c);
+        for c in [0u16, 1, 2, 0x100b, 0xffff, 0x1234, 0x8000] {
             let mut slow = vec![0x5au8; src.len()];
-            for (d, s) in slow.chunks_exact_mut(2).zip(src.chunks_exact(2)) {
-                let p = mul(c, u16::from_le_bytes([s[0], s[1]])) ^ u16::from_le_bytes([d[0], d[1]]);
-                d.copy_from_slice(&p.to_le_bytes());
+            definition(&mut slow, &src, c);
+            for short in [0, 2, 200, 1500, src.len()] {
+                let mut port = vec![0x5au8; short];
+                portable(&mut port, &src[..short], c);
+                assert_eq!(port, slow[..short], "portable, {short} bytes, c = {c:#x}");
             }
+            let mut fast = vec![0x5au8; src.len()];
+            let mut native = src.clone();
+            to_native(&mut native);
+            to_native(&mut fast);
+            Multiplier::new(c).mul_add_native(&mut fast, &native);
+            from_native(&mut fast);
             assert_eq!(fast, slow, "c = {c:#x} with {}", simd());
-            let mut port = vec![0x5au8; src.len()];
-            portable(&mut port, &src, c);
-            assert_eq!(port, slow);
             #[cfg(target_arch = "x86_64")]
             {
-                type Kernel = unsafe fn(&mut [u8], &[u8], u16) -> usize;
+                if kernel() == Kernel::Portable {
+                    continue;
+                }
+                type KernelFn = unsafe fn(&mut [u8], &[u8], u16) -> usize;
+                // SAFETY (all four): the caller's promise, passed on.
+                unsafe fn gfni512(dst: &mut [u8], src: &[u8], c: u16) -> usize {
+                    unsafe { x86::gfni512::<1>(dst, [src], [affine_matrices(c)]) }
+                }
                 unsafe fn gfni256(dst: &mut [u8], src: &[u8], c: u16) -> usize {
-                    // SAFETY: the caller's promise, passed on.
                     unsafe { x86::gfni256(dst, src, affine_matrices(c)) }
                 }
-                let kernels: [(&str, bool, Kernel); 3] = [
-                    ("gfni256", x86::has_gfni256(), gfni256),
-                    ("avx2", is_x86_feature_detected!("avx2"), x86::mul_add_avx2),
+                unsafe fn shuffle256(dst: &mut [u8], src: &[u8], c: u16) -> usize {
+                    unsafe { x86::shuffle256(dst, src, &nibble_tables(c)) }
+                }
+                unsafe fn shuffle128(dst: &mut [u8], src: &[u8], c: u16) -> usize {
+                    unsafe { x86::shuffle128(dst, src, &nibble_tables(c)) }
+                }
+                let kernels: [(&str, bool, KernelFn); 4] = [
+                    ("gfni512", kernel() == Kernel::Gfni512, gfni512),
                     (
-                        "ssse3",
-                        is_x86_feature_detected!("ssse3"),
-                        x86::mul_add_ssse3,
+                        "gfni256",
+                        is_x86_feature_detected!("gfni") && is_x86_feature_detected!("avx2"),
+                        gfni256,
                     ),
+                    ("shuffle256", is_x86_feature_detected!("avx2"), shuffle256),
+                    ("shuffle128", true, shuffle128),
                 ];
                 for (name, present, kernel) in kernels {
                     if !present {
@@ -771,10 +809,29 @@ mod tests {
                         continue;
                     }
                     let mut out = vec![0x5au8; src.len()];
+                    to_native(&mut out);
                     // SAFETY: the CPU has the kernel's features (checked).
-                    let done = unsafe { kernel(&mut out, &src, c) };
-                    portable(&mut out[done..], &src[done..], c);
+                    let done = unsafe { kernel(&mut out, &native, c) };
+                    assert_eq!(done, src.len() / 128 * 128, "{name}: whole blocks");
+                    portable(&mut out[done..], &native[done..], c);
+                    from_native(&mut out);
                     assert_eq!(out, slow, "{name}, c = {c:#x}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn nibble_tables_hold_the_products_of_each_nibble() {
+        for c in [0u16, 1, 2, 0x100b, 0xffff, 0x1234] {
+            let t = nibble_tables(c);
+            for k in 0..4 {
+                for v in 0..16u16 {
+                    let p = mul(c, v << (4 * k));
+                    assert_eq!(
+                        [t[2 * k][v as usize], t[2 * k + 1][v as usize]],
+                        p.to_le_bytes()
+                    );
                 }
             }
         }
@@ -787,8 +844,8 @@ mod tests {
             let (a, b, start) = (bytes(1), bytes(2), bytes(3));
             let (ca, cb) = (0x1d3bu16, 0x8001u16);
             let mut want = start.clone();
-            mul_add(&mut want, &a, ca);
-            mul_add(&mut want, &b, cb);
+            definition(&mut want, &a, ca);
+            definition(&mut want, &b, cb);
             let (mut na, mut nb, mut acc) = (a.clone(), b.clone(), start.clone());
             for buf in [&mut na, &mut nb, &mut acc] {
                 to_native(buf);
