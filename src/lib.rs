@@ -22,3 +22,4 @@ pub mod sink;
 pub mod state;
 #[cfg(test)]
 mod testutil;
+pub mod text;

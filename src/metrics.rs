@@ -1,9 +1,11 @@
 //! Prometheus metrics in the text exposition format, for node_exporter's textfile collector:
-//! written to a temp file and renamed, so the collector never reads half a file.
+//! written to a temp file and renamed, so the collector never reads half a file. Every series
+//! carries the tree it is about (`root`), so that the files of several trees in one collector
+//! directory never repeat a series.
 
 use std::fmt::Write as _;
 use std::io::{self, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::core::classify::Status;
 use crate::engine::Action;
@@ -13,6 +15,8 @@ use crate::report::Summary;
 /// Metric families, each with its help line, in the order added.
 #[derive(Default)]
 pub struct Metrics {
+    /// The trees the metrics are about: the `root` label of every series.
+    root: String,
     families: Vec<Family>,
 }
 
@@ -20,17 +24,28 @@ pub struct Metrics {
 type Family = (String, String, Vec<(String, f64)>);
 
 impl Metrics {
-    /// Adds a gauge sample `name{labels} value`.
+    /// Metrics about the trees at `roots`: absolute paths, escaped as intact prints paths,
+    /// joined by `, ` in the `root` label.
+    pub fn of(roots: &[PathBuf]) -> Metrics {
+        let root = roots
+            .iter()
+            .map(|r| crate::text::escape(&crate::state::absolute(r)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Metrics {
+            root,
+            families: Vec::new(),
+        }
+    }
+
+    /// Adds a gauge sample `name{root, labels} value`.
     pub fn gauge(&mut self, name: &str, help: &str, labels: &[(&str, &str)], value: f64) {
-        let labels = if labels.is_empty() {
-            String::new()
-        } else {
-            let inner: Vec<String> = labels
-                .iter()
-                .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
-                .collect();
-            format!("{{{}}}", inner.join(","))
-        };
+        let inner: Vec<String> = [("root", self.root.as_str())]
+            .iter()
+            .chain(labels)
+            .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+            .collect();
+        let labels = format!("{{{}}}", inner.join(","));
         let name = format!("intact_{name}");
         match self.families.iter_mut().find(|f| f.0 == name) {
             Some(f) => f.2.push((labels, value)),
@@ -40,8 +55,22 @@ impl Metrics {
         }
     }
 
-    /// What a run did: files by status and action, bytes read, duration, end, exit code.
+    /// What a run did: files by status and action, damage not dealt with, bytes read,
+    /// duration, end, exit code.
     pub fn run(&mut self, verb: &str, s: &Summary, exit_code: i32, end_ms: i64) {
+        self.gauge(
+            "files_damaged",
+            "Files found damaged (by this run or earlier ones) and not yet repaired or accepted.",
+            &[("verb", verb)],
+            s.damaged() as f64,
+        );
+        self.gauge(
+            "files_removed",
+            "Files found gone from the tree since they were last seen (this run).",
+            &[("verb", verb)],
+            s.removed as f64,
+        );
+        self.end(verb, exit_code, end_ms);
         for st in Status::ALL {
             self.gauge(
                 "files",
@@ -71,6 +100,11 @@ impl Metrics {
             v,
             s.elapsed.as_secs_f64(),
         );
+    }
+
+    /// When the run ended, and its exit code.
+    pub fn end(&mut self, verb: &str, exit_code: i32, end_ms: i64) {
+        let v = &[("verb", verb)];
         self.gauge(
             "run_end_timestamp_seconds",
             "When the last run ended (Unix time).",
@@ -124,15 +158,18 @@ mod tests {
 
     #[test]
     fn one_help_per_family_and_escaped_labels() {
-        let mut m = Metrics::default();
+        let mut m = Metrics::of(&[PathBuf::from("/srv/\"photos\"")]);
         m.gauge("x", "An x.", &[("path", "a\"b\\c")], 1.0);
         m.gauge("x", "An x.", &[("path", "d")], 2.5);
         let text = m.render();
         assert_eq!(text.matches("# HELP intact_x").count(), 1);
         assert!(
-            text.contains("intact_x{path=\"a\\\"b\\\\c\"} 1\n"),
+            text.contains("intact_x{root=\"/srv/\\\"photos\\\"\",path=\"a\\\"b\\\\c\"} 1\n"),
             "{text}"
         );
-        assert!(text.contains("intact_x{path=\"d\"} 2.5\n"), "{text}");
+        assert!(
+            text.contains("intact_x{root=\"/srv/\\\"photos\\\"\",path=\"d\"} 2.5\n"),
+            "{text}"
+        );
     }
 }

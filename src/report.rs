@@ -10,7 +10,6 @@
 
 use std::fs::File;
 use std::io::{self, Read, Seek, Write};
-use std::path::Path;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -18,6 +17,7 @@ use serde::Serialize;
 use crate::core::classify::Status;
 use crate::engine::{Action, FileReport};
 use crate::fs::walk::SkipReason;
+use crate::text::{bytes, escape, group};
 
 /// The verb a report is about: it decides what is worth a line and what the summary says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -47,6 +47,8 @@ pub enum Verb {
     Repair,
     /// `scrub`.
     Scrub,
+    /// `status`.
+    Status,
 }
 
 impl Verb {
@@ -65,6 +67,7 @@ impl Verb {
             Verb::Protect => "protect",
             Verb::Repair => "repair",
             Verb::Scrub => "scrub",
+            Verb::Status => "status",
         }
     }
 }
@@ -121,6 +124,11 @@ pub struct Summary {
     /// What could not be done beyond single files (an archive or parity store that could
     /// not be written, manifest lines that could not be used): each makes the exit code 3.
     pub failures: Vec<String>,
+    /// Damage found by earlier runs, still there, that this run did not read: it counts as
+    /// damage all the same (exit 1), run after run, until it is dealt with.
+    pub outstanding: u64,
+    /// Files found gone from their tree since they were last seen.
+    pub removed: u64,
     /// Verb-specific fields of the JSON summary (a scrub's budget and cycle).
     pub extra: serde_json::Map<String, serde_json::Value>,
 }
@@ -158,6 +166,15 @@ impl Summary {
         self.actions[action as usize]
     }
 
+    /// Damaged files not dealt with: found damaged by this run and neither repaired nor
+    /// accepted (a repaired file is `ok`), and the damage earlier runs found that is still
+    /// there.
+    pub fn damaged(&self) -> u64 {
+        (self.count(Status::Corrupt) + self.count(Status::Mismatch))
+            .saturating_sub(self.action(Action::Accepted))
+            + self.outstanding
+    }
+
     /// Regular files looked at: every report but the skipped entries.
     pub fn files(&self) -> u64 {
         self.counts.iter().sum::<u64>() - self.count(Status::Skipped)
@@ -166,7 +183,7 @@ impl Summary {
     /// The exit code for this run of `verb`.
     pub fn exit(&self, verb: Verb) -> Exit {
         let mut exit = Exit::Clean;
-        if self.count(Status::Corrupt) + self.count(Status::Mismatch) > 0 {
+        if self.damaged() > 0 {
             exit = exit.merge(Exit::Damage);
         }
         if self.interrupted {
@@ -288,6 +305,57 @@ impl<W: Write, E: Write> Reporter<W, E> {
         self.held.replay(which, &mut self.out)
     }
 
+    /// Damage an earlier run found that is still there and was not read by this one: a line
+    /// (a `"type":"damage"` object in JSON), and it counts as damage.
+    pub fn outstanding(&mut self, d: &crate::state::Damaged) -> io::Result<()> {
+        self.summary.outstanding += 1;
+        if self.style.json {
+            let mut v = serde_json::to_value(d).map_err(io::Error::other)?;
+            v["type"] = "damage".into();
+            v["found"] = d.found.map(crate::text::time_ms).into();
+            serde_json::to_writer(&mut self.out, &v)?;
+            return writeln!(self.out);
+        }
+        let status = d.status.as_deref().unwrap_or("corrupt");
+        writeln!(
+            self.out,
+            "{status:<8} {}: found damaged at {}, not yet repaired (not read by this run)",
+            escape(&d.path),
+            d.found.map_or("?".into(), crate::text::time_ms)
+        )
+    }
+
+    /// A file that is gone from its tree since it was last seen: a line (not with `-q`: a
+    /// deletion is no damage), a `"type":"removed"` object in JSON.
+    pub fn removed(&mut self, g: &crate::scrub::Gone) -> io::Result<()> {
+        self.summary.removed += 1;
+        if self.style.json {
+            let mut v = serde_json::to_value(g).map_err(io::Error::other)?;
+            v["type"] = "removed".into();
+            v["verified"] = g.verified.map(crate::text::time_ms).into();
+            v["damaged"] = g.damaged.map(crate::text::time_ms).into();
+            v["gone"] = g.gone.map(crate::text::time_ms).into();
+            serde_json::to_writer(&mut self.out, &v)?;
+            return writeln!(self.out);
+        }
+        if self.style.verbosity == Verbosity::Quiet {
+            return Ok(());
+        }
+        let last = g.verified.map_or("never verified".into(), |v| {
+            format!("last verified {}", crate::text::time_ms(v))
+        });
+        let damaged = if g.damaged.is_some() {
+            "; it was damaged"
+        } else {
+            ""
+        };
+        writeln!(
+            self.out,
+            "removed  {}: gone since it was last seen ({last}{damaged})",
+            escape(&g.path)
+        )
+    }
+
     /// A line for people, printed before the summary (not with `--json` or `-q`).
     pub fn note(&mut self, line: String) {
         self.notes.push(line);
@@ -326,6 +394,15 @@ impl<W: Write, E: Write> Reporter<W, E> {
                     self.err,
                     "intact: {kept} damaged file(s) kept their old tag as evidence: restore them from a \
                      backup, or run `intact update --accept-corrupt` on them if the change was intended"
+                )?;
+            }
+            let earlier = self.summary.outstanding;
+            if earlier > 0 {
+                writeln!(
+                    self.err,
+                    "intact: {earlier} file(s) found damaged by earlier runs are still damaged \
+                     (listed above): `intact repair PATH --from BACKUP` restores them, \
+                     `intact update --accept-corrupt FILE` accepts them as they are"
                 )?;
             }
         }
@@ -368,6 +445,7 @@ impl Style {
         let path = escape(&r.path);
         let status = match r.action {
             Some(Action::Repaired) => "repaired",
+            Some(Action::Accepted) => "accepted",
             _ => r.status.name(),
         };
         if self.verb == Verb::Show {
@@ -399,9 +477,9 @@ impl Style {
         let s = r.status;
         match self.verbosity {
             Verbosity::Verbose => true,
-            // A replaced file is worth a line, even in quiet mode: it is the record of what
-            // was changed.
-            _ if r.action == Some(Action::Repaired) => true,
+            // A replaced or accepted file is worth a line, even in quiet mode: it is the
+            // record of what was changed.
+            _ if matches!(r.action, Some(Action::Repaired | Action::Accepted)) => true,
             Verbosity::Quiet => {
                 s.is_damage()
                     || matches!(
@@ -412,7 +490,7 @@ impl Style {
             // What a killed run left behind is worth a line, the more so when it goes.
             Verbosity::Normal if r.skip == Some(SkipReason::Leftover) => true,
             Verbosity::Normal => match self.verb {
-                Verb::Show => true,
+                Verb::Show | Verb::Status => true,
                 Verb::Strip => s == Status::Error,
                 Verb::Export | Verb::Import => !matches!(s, Status::Ok | Status::Skipped),
                 Verb::Tag => {
@@ -534,65 +612,6 @@ pub fn human_summary(verb: Verb, s: &Summary) -> String {
     )
 }
 
-/// 1234567 → "1,234,567".
-pub fn group(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// A byte count in decimal units, as disk makers and `dd` use them.
-pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["kB", "MB", "GB", "TB", "PB"];
-    if n < 1000 {
-        return format!("{n} B");
-    }
-    let mut v = n as f64;
-    let mut unit = "B";
-    for u in UNITS {
-        if v < 1000.0 {
-            break;
-        }
-        v /= 1000.0;
-        unit = u;
-    }
-    format!("{v:.2} {unit}")
-}
-
-/// A path made safe to print on one line: backslash, control characters and bytes that are
-/// not UTF-8 are written as `\\`, `\n`, `\t`, `\r` and `\xNN`; everything else as is.
-pub fn escape(path: &Path) -> String {
-    use std::os::unix::ffi::OsStrExt;
-    let mut out = String::new();
-    for chunk in path.as_os_str().as_bytes().utf8_chunks() {
-        for c in chunk.valid().chars() {
-            match c {
-                '\\' => out.push_str("\\\\"),
-                '\n' => out.push_str("\\n"),
-                '\t' => out.push_str("\\t"),
-                '\r' => out.push_str("\\r"),
-                c if c.is_control() => {
-                    let mut b = [0u8; 4];
-                    for byte in c.encode_utf8(&mut b).bytes() {
-                        out.push_str(&format!("\\x{byte:02x}"));
-                    }
-                }
-                c => out.push(c),
-            }
-        }
-        for byte in chunk.invalid() {
-            out.push_str(&format!("\\x{byte:02x}"));
-        }
-    }
-    out
-}
-
 #[derive(Serialize)]
 struct JsonFile<'a> {
     #[serde(rename = "type")]
@@ -670,6 +689,8 @@ struct JsonSummary {
     actions: std::collections::BTreeMap<&'static str, u64>,
     malformed_tags: u64,
     interrupted: bool,
+    damaged_outstanding: u64,
+    removed: u64,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     errors: Vec<String>,
     exit_code: i32,
@@ -695,6 +716,8 @@ impl JsonSummary {
                 .collect(),
             malformed_tags: s.malformed,
             interrupted: s.interrupted,
+            damaged_outstanding: s.outstanding,
+            removed: s.removed,
             errors: s.failures.clone(),
             exit_code: exit as i32,
             extra: s.extra.clone(),
@@ -705,14 +728,6 @@ impl JsonSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::ffi::OsStr;
-    use std::os::unix::ffi::OsStrExt;
-
-    #[test]
-    fn escapes_what_would_break_a_line() {
-        let p = Path::new(OsStr::from_bytes(b"a b\\c\nd\te\xff\x01\xc3\xa9"));
-        assert_eq!(escape(p), "a b\\\\c\\nd\\te\\xff\\x01é");
-    }
 
     #[test]
     fn damage_wins_over_everything() {
@@ -774,14 +789,5 @@ mod tests {
             assert_eq!(lines[0].contains("archived"), durable);
             assert_eq!(lines[0].contains("\"action\":\"tagged\""), !durable);
         }
-    }
-
-    #[test]
-    fn numbers_for_people() {
-        assert_eq!(group(1234567), "1,234,567");
-        assert_eq!(group(12), "12");
-        assert_eq!(bytes(999), "999 B");
-        assert_eq!(bytes(1_500_000), "1.50 MB");
-        assert_eq!(bytes(2_000_000_000), "2.00 GB");
     }
 }

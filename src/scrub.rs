@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::core::classify::Status;
 use crate::engine::{self, Config, FileReport, Progress, Work};
@@ -43,7 +43,21 @@ impl Budget {
     pub fn is_set(&self) -> bool {
         self.max_bytes.is_some() || self.max_percent.is_some() || self.timed
     }
+
+    /// The bytes it allows, of `tagged` bytes under the roots, if it limits them.
+    pub fn bytes(&self, tagged: u64) -> Option<u64> {
+        let percent = self
+            .max_percent
+            .map(|p| (tagged as f64 * p / 100.0).ceil() as u64);
+        match (self.max_bytes, percent) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
+
+/// How long a file found gone from its tree is remembered (and shown by `status`).
+pub const GONE_KEPT: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
 
 /// A planned walk: the files under the roots in a temporary table, joined with the state.
 pub struct Plan {
@@ -56,10 +70,14 @@ pub struct Plan {
     pub untagged: (u64, u64),
     /// When the roots' current cycle began (Unix milliseconds).
     pub cycle_started: i64,
+    /// Whether that cycle is recorded under the roots' own key (not only inherited).
+    cycle_saved: bool,
     /// Tagged files (and bytes) checked since the cycle began, before this run.
     pub cycle_done: (u64, u64),
     /// Whether the walk saw every file (not interrupted, no directory unreadable).
     pub complete: bool,
+    /// Per root: regular files, and tagged ones among them.
+    pub per_root: Vec<(u64, u64)>,
     attached: bool,
     /// Why the queue ended early, if it failed.
     failed: Arc<Mutex<Option<String>>>,
@@ -81,8 +99,9 @@ pub fn plan(
     mut other: impl FnMut(FileReport),
 ) -> rusqlite::Result<Plan> {
     // "": a private temporary database, on disk.
-    let conn = Connection::open("")?;
-    conn.busy_timeout(std::time::Duration::from_secs(600))?;
+    let mut conn = Connection::open("")?;
+    // The state database is attached to it: its locks are waited for as the state's are.
+    state::wait_for_locks(&mut conn)?;
     // A throwaway: no journal, no syncs; SQLite's default cache (2 MiB), then its file
     // (temporary tables too), never memory only.
     conn.execute_batch(
@@ -96,7 +115,9 @@ pub fn plan(
             tagged INTEGER NOT NULL,
             path BLOB NOT NULL,     -- as walked
             size INTEGER NOT NULL,
-            root INTEGER NOT NULL
+            root INTEGER NOT NULL,
+            changed INTEGER NOT NULL, -- untagged, or its tag no longer describes it (an edit?)
+            marked INTEGER          -- when a writing verb found it damaged (its mark), ms
         );",
     )?;
     let show = Config {
@@ -107,10 +128,11 @@ pub fn plan(
     let mut failed = None;
     let tx = conn.unchecked_transaction()?;
     let mut complete = true;
+    let mut per_root = vec![(0u64, 0u64); roots.len()];
     let walked = {
         let mut insert = tx.prepare(
-            "INSERT INTO plan (fs, ino, digest, tagged, path, size, root) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            "INSERT INTO plan (fs, ino, digest, tagged, path, size, root, changed, marked) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         )?;
         engine::run(&show, roots, cancel, &Progress::default(), |report| {
             let row = match (&report.tag, report.id, report.size, report.status) {
@@ -121,6 +143,12 @@ pub fn plan(
             };
             if report.status == Status::Error {
                 complete = false;
+            }
+            if report.status != Status::Skipped
+                && let Some(count) = per_root.get_mut(report.root)
+            {
+                count.0 += 1;
+                count.1 += u64::from(report.tag.is_some());
             }
             let Some((digest, (dev, ino), size)) = row else {
                 other(report);
@@ -134,7 +162,9 @@ pub fn plan(
                 digest.is_some(),
                 report.path.as_os_str().as_bytes(),
                 size as i64,
-                report.root as i64
+                report.root as i64,
+                digest.is_none() || report.status != Status::Ok,
+                report.known_damage.map(|d| d.found.saturating_mul(1000)),
             ]);
             if let Err(e) = inserted {
                 failed.get_or_insert(e);
@@ -159,8 +189,10 @@ pub fn plan(
         tagged,
         untagged,
         cycle_started: 0,
+        cycle_saved: false,
         cycle_done: (0, 0),
         complete,
+        per_root,
         attached: false,
         failed: Arc::default(),
         latest: None,
@@ -171,6 +203,37 @@ pub fn plan(
 /// The join of a plan row with its state row.
 const JOIN: &str =
     "plan p LEFT JOIN state.files f ON f.fs = p.fs AND f.ino = p.ino AND f.digest = p.digest";
+
+/// The cycle of the scrubbed root that the plan's files were last seen under, for roots
+/// that have none of their own: the one most of a sample of them were under (the deepest
+/// such root among equals).
+fn inherited_cycle(conn: &Connection) -> rusqlite::Result<Option<i64>> {
+    let cycles: Vec<(Vec<u8>, i64)> = conn
+        .prepare("SELECT root, started FROM state.cycles")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    if cycles.is_empty() {
+        return Ok(None);
+    }
+    let seen: Vec<Vec<u8>> = conn
+        .prepare(&format!(
+            "SELECT f.path FROM {JOIN} WHERE p.tagged AND f.fs IS NOT NULL LIMIT 64"
+        ))?
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let under = |path: &[u8], root: &[u8]| {
+        root == b"/" || (path.starts_with(root) && path.get(root.len()) == Some(&b'/'))
+    };
+    Ok(cycles
+        .iter()
+        .map(|(root, started)| {
+            let n = seen.iter().filter(|p| under(p, root)).count();
+            (n, root.len(), *started)
+        })
+        .filter(|&(n, _, _)| n > 0)
+        .max()
+        .map(|(_, _, started)| started))
+}
 
 impl Plan {
     /// Attaches the state database at `db` (one in memory if `None`: every file then counts
@@ -200,20 +263,22 @@ impl Plan {
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Reads the roots' cycle: when it began, and what was verified since.
+    /// Reads the roots' cycle: when it began, and what was verified since. Roots that have
+    /// no cycle of their own yet (a tree renamed, a part of a scrubbed tree scrubbed on its
+    /// own) go on with the one their files were last seen under.
     fn load_cycle(&mut self) -> rusqlite::Result<()> {
         let conn = self.conn();
-        let started: Option<i64> = conn
+        let own: Option<i64> = conn
             .query_row(
                 "SELECT started FROM state.cycles WHERE root = ?1",
                 [&self.cycle_key],
                 |r| r.get(0),
             )
-            .or_else(|e| match e {
-                rusqlite::Error::QueryReturnedNoRows => Ok(None),
-                e => Err(e),
-            })?;
-        let started = started.unwrap_or(0);
+            .optional()?;
+        let started = match own {
+            Some(started) => started,
+            None => inherited_cycle(&conn)?.unwrap_or(0),
+        };
         // One pass: what this cycle has done, the latest verification, the rows known.
         let (done, size, latest, known): (i64, i64, Option<i64>, i64) = conn.query_row(
             &format!(
@@ -226,6 +291,7 @@ impl Plan {
         )?;
         drop(conn);
         self.cycle_started = started;
+        self.cycle_saved = own.is_some();
         self.cycle_done = (done as u64, size as u64);
         self.latest = latest;
         self.known = known as u64;
@@ -235,80 +301,126 @@ impl Plan {
     /// Starts a new cycle if none is open or the last one is complete: when a scrub begins.
     /// It begins after every verification recorded so far.
     pub fn start_cycle(&mut self, now: i64) -> rusqlite::Result<()> {
-        if self.cycle_started > 0 && self.cycle_done.0 < self.tagged.0 {
+        let open = self.cycle_started > 0 && self.cycle_done.0 < self.tagged.0;
+        if open && self.cycle_saved {
             return Ok(());
         }
-        let now = now.max(self.latest.map_or(0, |l| l + 1));
+        let started = if open {
+            self.cycle_started
+        } else {
+            now.max(self.latest.map_or(0, |l| l + 1))
+        };
         self.conn().execute(
             "INSERT INTO state.cycles (root, started) VALUES (?1, ?2) \
              ON CONFLICT DO UPDATE SET started = excluded.started",
-            params![self.cycle_key, now],
+            params![self.cycle_key, started],
         )?;
-        self.cycle_started = now;
-        self.cycle_done = (0, 0);
+        if !open {
+            self.cycle_done = (0, 0);
+        }
+        self.cycle_started = started;
+        self.cycle_saved = true;
         Ok(())
     }
 
-    /// After a complete walk: forgets the state of files under the roots that are gone (or
-    /// were replaced, or re-tagged).
-    pub fn forget_the_gone(&self, roots: &[PathBuf]) -> rusqlite::Result<u64> {
+    /// After a complete walk: the files the state database knows under `roots` that are no
+    /// longer there (not at their path, and not met by the walk under another: not moved).
+    /// With `mark` (a scrub), those found gone now are marked so, and returned (each is told
+    /// once); those marked more than [`GONE_KEPT`] ago are forgotten, as are the rows of files
+    /// replaced under their path (an editor's save, a restore). Without (`status`), every
+    /// file gone within that time is returned.
+    pub fn gone(&self, roots: &[PathBuf], now: i64, mark: bool) -> rusqlite::Result<Vec<Gone>> {
         if !self.complete {
-            return Ok(0);
+            return Ok(Vec::new());
         }
         let conn = self.conn();
-        let mut gone = 0;
-        // Everything whose path starts with "ROOT/": the range ["ROOT/", "ROOT0").
-        let ranges: Vec<(Vec<u8>, Vec<u8>)> = roots
-            .iter()
-            .map(|root| {
-                let mut low = state::absolute(root).into_os_string().into_vec();
-                // "/" is the one root that ends in a slash.
-                if low.last() != Some(&b'/') {
-                    low.push(b'/');
+        let ranges: Vec<_> = roots.iter().map(|r| state::under(r)).collect();
+        let mut gone = Vec::new();
+        if !mark {
+            let mut stmt = conn.prepare_cached(
+                "SELECT path, verified, damaged, gone FROM state.files WHERE gone IS NOT NULL \
+                 AND ((path >= ?1 AND path < ?2) OR path = ?3) ORDER BY path",
+            )?;
+            for (low, high, exact) in &ranges {
+                let rows = stmt.query_map(params![low, high, exact], Gone::from_row)?;
+                for row in rows {
+                    gone.push(row?);
                 }
-                let mut high = low.clone();
-                *high.last_mut().expect("not empty") = b'/' + 1;
-                (low, high)
-            })
-            .collect();
+            }
+        }
         // Only rows the walk did not meet can be gone: none if the trees hold no more rows
-        // than it met (a count on the path index, cheaper than the delete's lookups).
+        // than it met (a count on the path index, cheaper than looking each row up).
         let mut rows = 0;
-        for (low, high) in &ranges {
+        for (low, high, exact) in &ranges {
             rows += conn.query_row(
-                "SELECT count(*) FROM state.files WHERE path >= ?1 AND path < ?2",
-                params![low, high],
+                "SELECT count(*) FROM state.files WHERE gone IS NULL \
+                 AND ((path >= ?1 AND path < ?2) OR path = ?3)",
+                params![low, high, exact],
                 |r| r.get::<_, i64>(0),
             )? as u64;
         }
-        if rows <= self.known {
-            return Ok(0);
+        let mut newly = Vec::new();
+        if rows > self.known {
+            // Each state row looked up among the plan's: by an index built only now that it
+            // is needed (cheaper than kept up while inserting, and most runs need none).
+            conn.execute_batch("CREATE INDEX IF NOT EXISTS plan_key ON plan (fs, ino, digest)")?;
+            let mut stmt = conn.prepare_cached(
+                "SELECT path, verified, damaged, gone, fs, ino, digest FROM state.files \
+                 WHERE gone IS NULL AND ((path >= ?1 AND path < ?2) OR path = ?3) \
+                 AND NOT EXISTS (SELECT 1 FROM plan p WHERE p.fs = files.fs \
+                 AND p.ino = files.ino AND p.digest = files.digest)",
+            )?;
+            for (low, high, exact) in &ranges {
+                let rows = stmt.query_map(params![low, high, exact], |r| {
+                    Ok((
+                        Gone::from_row(r)?,
+                        r.get::<_, i64>(4)?,
+                        r.get::<_, i64>(5)?,
+                        r.get::<_, Vec<u8>>(6)?,
+                    ))
+                })?;
+                for row in rows {
+                    newly.push(row?);
+                }
+            }
         }
-        // Forgetting looks each state row up among the plan's: by an index built only now
-        // that it is needed (cheaper than kept up while inserting, and most runs need none).
-        conn.execute_batch("CREATE INDEX IF NOT EXISTS plan_key ON plan (fs, ino, digest)")?;
-        for (low, high) in &ranges {
-            gone += conn.execute(
-                "DELETE FROM state.files WHERE path >= ?1 AND path < ?2 AND NOT EXISTS \
-                 (SELECT 1 FROM plan p WHERE p.fs = files.fs AND p.ino = files.ino \
-                  AND p.digest = files.digest)",
-                params![low, high],
-            )? as u64;
+        for (g, fs, ino, key) in newly {
+            // Something else under its name: the file was replaced, not removed.
+            let replaced = std::fs::symlink_metadata(&g.path).is_ok() && g.damaged.is_none();
+            if mark {
+                let sql = if replaced {
+                    "DELETE FROM state.files WHERE fs = ?1 AND ino = ?2 AND digest = ?3"
+                } else {
+                    "UPDATE state.files SET gone = ?4 WHERE fs = ?1 AND ino = ?2 AND digest = ?3"
+                };
+                let n = if replaced { 3 } else { 4 };
+                conn.execute(sql, &params![fs, ino, key, now][..n])?;
+            }
+            if !replaced {
+                gone.push(Gone {
+                    gone: Some(now),
+                    ..g
+                });
+            }
         }
+        if mark {
+            conn.execute(
+                "DELETE FROM state.files WHERE gone < ?1",
+                [now - GONE_KEPT.as_millis() as i64],
+            )?;
+        }
+        gone.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(gone)
     }
 
     /// The queue of a scrub: tagged files (and untagged ones if `untagged_too`), not yet
     /// verified in this cycle first, then least recently verified first, walk order among
-    /// equals; within `budget` of bytes. A budgeted scrub ends with its cycle (the next one
-    /// begins a new cycle); one without a budget verifies every file. Returns the entries (streamed from the database in
-    /// pages) and the bytes they hold at most.
-    pub fn queue(
-        &self,
-        budget: Budget,
-        untagged_too: bool,
-        now: i64,
-    ) -> rusqlite::Result<(Queue, u64)> {
+    /// equals; within `budget` of bytes. With `untagged_too` (`--update`), files new or
+    /// changed since tagged come before all others, whatever the cycle, so that new content
+    /// is protected the same night. A budgeted scrub ends with its cycle (the next one begins
+    /// a new cycle); one without a budget verifies every file. A byte budget is spent once
+    /// the bytes of the files started reach it: the file that reaches it is the last.
+    pub fn queue(&self, budget: Budget, untagged_too: bool, now: i64) -> rusqlite::Result<Queue> {
         let conn = self.conn();
         let older = budget.older_than.map(|s| now - s);
         conn.execute_batch(
@@ -318,23 +430,24 @@ impl Plan {
         conn.execute(
             &format!(
                 "INSERT INTO queue (path, size, root) SELECT p.path, p.size, p.root FROM {JOIN} \
-                 WHERE (p.tagged OR ?1) AND (?2 IS NULL OR f.verified IS NULL OR f.verified < ?2) \
-                 AND NOT (?4 AND coalesce(f.checked >= ?3, 0)) \
-                 ORDER BY coalesce(f.checked >= ?3, 0), f.verified IS NOT NULL, f.verified, p.seq"
+                 WHERE (p.tagged OR ?1) \
+                 AND (?2 IS NULL OR f.verified IS NULL OR f.verified < ?2 OR (?1 AND p.changed)) \
+                 AND NOT (?4 AND coalesce(f.checked >= ?3, 0) AND NOT (?1 AND p.changed)) \
+                 ORDER BY (?1 AND p.changed) DESC, coalesce(f.checked >= ?3, 0), \
+                 f.verified IS NOT NULL, f.verified, p.seq"
             ),
             params![untagged_too, older, self.cycle_started, budget.is_set()],
         )?;
-        let queued: i64 =
-            conn.query_row("SELECT coalesce(sum(size), 0) FROM queue", [], |r| r.get(0))?;
-        let percent = budget
-            .max_percent
-            .map(|p| (self.tagged.1 as f64 * p / 100.0) as u64);
-        let limit = match (budget.max_bytes, percent) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let bytes = limit.map_or(queued as u64, |l| l.min(queued as u64));
-        let queue = Queue {
+        let limit = budget.bytes(self.tagged.1);
+        // What the queue will give: every file that starts before the budget is spent.
+        let (files, bytes): (i64, i64) = conn.query_row(
+            "SELECT count(*), coalesce(sum(size), 0) FROM (SELECT id, size, \
+             sum(size) OVER (ORDER BY id ROWS UNBOUNDED PRECEDING) - size AS before \
+             FROM queue) WHERE ?1 IS NULL OR before < ?1 OR id = (SELECT min(id) FROM queue)",
+            [limit.map(|l| l as i64)],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        Ok(Queue {
             conn: self.conn.clone(),
             failed: self.failed.clone(),
             page: Vec::new().into_iter(),
@@ -343,36 +456,72 @@ impl Plan {
             taken: 0,
             started: false,
             done: false,
-        };
-        Ok((queue, bytes))
+            planned: (files as u64, bytes as u64),
+        })
     }
 
-    /// Tagged files (and bytes) checked since the cycle began, now.
+    /// Tagged files (and bytes) checked since the cycle began, now: by inode, so that a file
+    /// re-tagged by this run (whose tag the plan no longer holds) counts.
     pub fn cycle_progress(&self) -> rusqlite::Result<(u64, u64)> {
         self.conn().query_row(
-            &format!(
-                "SELECT count(*), coalesce(sum(p.size), 0) FROM {JOIN} \
-                 WHERE p.tagged AND f.checked >= ?1"
-            ),
+            "SELECT count(*), coalesce(sum(p.size), 0) FROM plan p WHERE p.tagged AND EXISTS \
+             (SELECT 1 FROM state.files f WHERE f.fs = p.fs AND f.ino = p.ino \
+             AND f.checked >= ?1)",
             [self.cycle_started],
             |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
         )
     }
 
-    /// Tagged files never verified, and the oldest verification of the others.
+    /// Tagged files never verified, and the oldest verification of the others that are not
+    /// damaged (damage is counted apart, and would otherwise age the tree for ever).
     pub fn ages(&self) -> rusqlite::Result<(u64, Option<i64>)> {
         self.conn().query_row(
             &format!(
-                "SELECT count(*) FILTER (WHERE f.verified IS NULL), min(f.verified) FROM {JOIN} \
-                 WHERE p.tagged"
+                "SELECT count(*) FILTER (WHERE f.verified IS NULL), \
+                 min(f.verified) FILTER (WHERE f.damaged IS NULL) FROM {JOIN} WHERE p.tagged"
             ),
             [],
             |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)),
         )
     }
 
+    /// The damage known under the roots: found by a check and neither repaired, accepted nor
+    /// edited since (the state database), or marked on the file by a writing verb and not
+    /// judged since (a database lost, or a check found it whole).
+    pub fn damage(&self) -> rusqlite::Result<Vec<state::Damaged>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&format!(
+            "SELECT p.path, coalesce(f.status, 'corrupt'), coalesce(f.damaged, p.marked) \
+             FROM {JOIN} WHERE f.damaged IS NOT NULL \
+             OR (p.marked IS NOT NULL AND (f.checked IS NULL OR f.checked < p.marked)) \
+             ORDER BY p.seq"
+        ))?;
+        let rows = stmt.query_map([], |r| {
+            let path: Vec<u8> = r.get(0)?;
+            Ok(state::Damaged {
+                path: PathBuf::from(std::ffi::OsString::from_vec(path)),
+                status: r.get(1)?,
+                found: r.get(2)?,
+            })
+        })?;
+        rows.collect()
+    }
+
+    /// Tagged files not checked since `at` (when the state database was rebuilt).
+    pub fn unchecked_since(&self, at: i64) -> rusqlite::Result<u64> {
+        self.conn().query_row(
+            &format!(
+                "SELECT count(*) FROM {JOIN} WHERE p.tagged \
+                 AND (f.checked IS NULL OR f.checked < ?1)"
+            ),
+            [at],
+            |r| Ok(r.get::<_, i64>(0)? as u64),
+        )
+    }
+
     /// What `status` shows: verification ages, damage not yet repaired, copies.
     pub fn overview(&self, now: i64) -> rusqlite::Result<Overview> {
+        let damage = self.damage()?;
         let conn = self.conn();
         let day = 86_400_000i64;
         // One pass over the plan for every count: per age bucket, copies, this cycle.
@@ -403,12 +552,12 @@ impl Plan {
                 "count(*) FILTER (WHERE {filter}), coalesce(sum(size) FILTER (WHERE {filter}), 0)"
             ));
         }
-        columns.push("min(verified)".into());
+        columns.push("min(verified) FILTER (WHERE damaged IS NULL)".into());
         let sql = format!(
             "SELECT {} FROM (SELECT {bucket} AS b, p.size AS size, f.verified AS verified, \
              f.protected AS protected, coalesce(f.archived, (SELECT copied FROM state.runs \
-             WHERE id = f.archived_in)) AS archived, f.checked AS checked FROM {JOIN} \
-             WHERE p.tagged)",
+             WHERE id = f.archived_in)) AS archived, f.checked AS checked, \
+             f.damaged AS damaged FROM {JOIN} WHERE p.tagged)",
             columns.join(", ")
         );
         let (ages, copies, oldest) =
@@ -434,21 +583,6 @@ impl Plan {
                 let copies = [count(n)?, count(n + 1)?, count(n + 2)?];
                 Ok((ages, copies, r.get::<_, Option<i64>>(2 * (n + 3))?))
             })?;
-        let mut damage = Vec::new();
-        let mut stmt = conn.prepare(&format!(
-            "SELECT p.path, f.status, f.damaged FROM {JOIN} WHERE f.damaged IS NOT NULL ORDER BY p.seq"
-        ))?;
-        let rows = stmt.query_map([], |r| {
-            let path: Vec<u8> = r.get(0)?;
-            Ok(Damage {
-                path: PathBuf::from(std::ffi::OsStr::from_bytes(&path)),
-                status: r.get(1)?,
-                found: r.get(2)?,
-            })
-        })?;
-        for row in rows {
-            damage.push(row?);
-        }
         Ok(Overview {
             tagged: self.tagged.into(),
             untagged: self.untagged.into(),
@@ -459,6 +593,29 @@ impl Plan {
             cycle_verified: copies[2],
             oldest,
         })
+    }
+
+    /// Calls `each` with every tagged file's path, size and what the state database says of
+    /// it: never verified ones first, then the least recently verified.
+    pub fn files(&self, mut each: impl FnMut(FileState)) -> rusqlite::Result<()> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&format!(
+            "SELECT p.path, p.size, f.verified, f.checked, f.status, f.damaged FROM {JOIN} \
+             WHERE p.tagged ORDER BY f.verified IS NOT NULL, f.verified, p.seq"
+        ))?;
+        let mut rows = stmt.query([])?;
+        while let Some(r) = rows.next()? {
+            let path: Vec<u8> = r.get(0)?;
+            each(FileState {
+                path: PathBuf::from(std::ffi::OsString::from_vec(path)),
+                size: r.get::<_, i64>(1)? as u64,
+                verified: r.get(2)?,
+                checked: r.get(3)?,
+                status: r.get(4)?,
+                damaged: r.get(5)?,
+            });
+        }
+        Ok(())
     }
 
     /// Why the queue ended before its end, if it did.
@@ -482,6 +639,8 @@ pub struct Queue {
     taken: u64,
     started: bool,
     done: bool,
+    /// The files and bytes it will give, if the time budget lasts.
+    pub planned: (u64, u64),
 }
 
 /// Rows read from the queue at a time.
@@ -533,7 +692,7 @@ impl Iterator for Queue {
         };
         if let Some(limit) = self.limit
             && self.started
-            && self.taken + size > limit
+            && self.taken >= limit
         {
             self.done = true;
             return None;
@@ -571,8 +730,8 @@ pub struct Overview {
     pub untagged: Count,
     /// Tagged files by how long ago they were last verified.
     pub ages: Vec<Age>,
-    /// Damage found and neither repaired nor accepted since.
-    pub damage: Vec<Damage>,
+    /// Damage found and neither repaired, accepted nor edited since.
+    pub damage: Vec<state::Damaged>,
     /// Tagged files whose content has a parity set, and their bytes.
     pub protected: Count,
     /// Tagged files whose content was archived, and their bytes.
@@ -609,13 +768,50 @@ pub struct Age {
     pub bytes: u64,
 }
 
-/// A damaged file.
-#[derive(Debug, serde::Serialize)]
-pub struct Damage {
+/// A file the state database knew under the roots that is no longer there.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Gone {
+    /// Where it was last seen.
+    #[serde(serialize_with = "escaped")]
+    pub path: PathBuf,
+    /// When it was last verified (Unix milliseconds).
+    pub verified: Option<i64>,
+    /// When it had been found damaged, if it was.
+    pub damaged: Option<i64>,
+    /// When a scrub found it gone.
+    pub gone: Option<i64>,
+}
+
+impl Gone {
+    fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Gone> {
+        let path: Vec<u8> = r.get(0)?;
+        Ok(Gone {
+            path: PathBuf::from(std::ffi::OsString::from_vec(path)),
+            verified: r.get(1)?,
+            damaged: r.get(2)?,
+            gone: r.get(3)?,
+        })
+    }
+}
+
+/// A path in JSON, escaped as in every other output.
+fn escaped<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&crate::text::escape(p))
+}
+
+/// A tagged file, as the state database knows it (`status -v`).
+#[derive(Debug, Clone)]
+pub struct FileState {
     /// Where it is, as walked.
     pub path: PathBuf,
-    /// The verdict.
+    /// Its size.
+    pub size: u64,
+    /// When its data last matched its tag (Unix milliseconds).
+    pub verified: Option<i64>,
+    /// When it was last judged.
+    pub checked: Option<i64>,
+    /// That verdict.
     pub status: Option<String>,
-    /// When the damage was found (Unix milliseconds).
-    pub found: Option<i64>,
+    /// When damage was found in it, if it is damaged.
+    pub damaged: Option<i64>,
 }

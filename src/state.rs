@@ -7,15 +7,24 @@
 //! history, a replaced or re-tagged one starts afresh. The path is kept for reports only.
 //! SQLite in WAL mode: other runs and `sqlite3` can read while a run writes; writes are
 //! committed at least every second, so an interrupted run keeps what it recorded, and a
-//! second writer waits for the first rather than failing. A file archived is recorded with
-//! the run that archived it, and counts as archived once that run's archive is durable
-//! (`runs.copied`): an archive that failed or was killed claims nothing.
+//! second writer waits for the first ([`LOCK_WAIT`] at most, giving up at once when the run
+//! is interrupted) rather than failing. A file archived is recorded with the run that archived
+//! it, and counts as archived once that run's archive is durable (`runs.copied`): an archive
+//! that failed or was killed claims nothing.
+//!
+//! Damage is remembered with the digest of the damaged bytes, so that the same bytes found
+//! again under a moved mtime stay damage ([`crate::core::classify::since_damage`]); a
+//! database found damaged and rebuilt says so (`lost`) until every file has been checked
+//! again. It stays bounded: a file re-tagged or replaced leaves no row of its old content,
+//! and only the latest runs are kept.
 
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError, bounded, unbounded};
@@ -23,12 +32,17 @@ use rusqlite::{CachedStatement, Connection, OptionalExtension, params};
 
 use crate::core::classify::Status;
 use crate::core::digest::{Algo, Digest};
-use crate::engine::{Action, FileReport};
+use crate::core::tag::Damage;
+use crate::engine::{Action, FileReport, KnownDamage};
 
-/// The schema; `user_version` says which one a database has.
 /// The schema, its tables in the schema `prefix` names (`""`, or `"state."` where the
 /// database is attached); `user_version` says which one a database has.
 pub(crate) fn schema(prefix: &str) -> String {
+    tables(prefix) + &INDEXES.replace("{s}", prefix)
+}
+
+/// The tables alone: indexes on columns a migration adds come after it.
+fn tables(prefix: &str) -> String {
     SCHEMA.replace("{s}", prefix)
 }
 
@@ -43,15 +57,16 @@ CREATE TABLE IF NOT EXISTS {s}files (
     verified INTEGER,           -- last time its data matched its tag
     checked INTEGER,            -- time of the last verdict
     status TEXT,                -- the last verdict
-    damaged INTEGER,            -- when damage was found, until repaired or accepted
+    damaged INTEGER,            -- when damage was found, until repaired, accepted or edited
     protected INTEGER,          -- when parity was written for it
     archived INTEGER,           -- when it was copied into an archive (one known durable) ...
     archived_in INTEGER,        -- ... or the last run that archived it, once runs.copied says
                                 -- that archive is durable
     seen INTEGER,               -- the run that last saw it
+    damaged_digest BLOB,        -- the digest of the damaged bytes (as digest), while damaged
+    gone INTEGER,               -- when a scrub found it gone from its tree
     PRIMARY KEY (fs, ino, digest)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS {s}files_path ON files (path);
 CREATE TABLE IF NOT EXISTS {s}runs (
     id INTEGER PRIMARY KEY,
     verb TEXT NOT NULL,
@@ -62,14 +77,73 @@ CREATE TABLE IF NOT EXISTS {s}runs (
     bytes INTEGER,              -- bytes of data read
     seconds REAL,
     exit_code INTEGER,
-    copied INTEGER              -- when the copies it made (an archive) became durable
+    copied INTEGER,             -- when the copies it made (an archive) became durable
+    budget INTEGER              -- a scrub's budget in bytes, if it had one
 );
 CREATE TABLE IF NOT EXISTS {s}cycles (
     root BLOB PRIMARY KEY,      -- a scrubbed root, absolute
     started INTEGER NOT NULL    -- when its current cycle began
 );
+CREATE TABLE IF NOT EXISTS {s}lost (
+    at INTEGER NOT NULL,        -- when an earlier database was found damaged and replaced
+    aside BLOB,                 -- where it was moved
+    why TEXT
+);
 ";
-const VERSION: i64 = 2;
+const INDEXES: &str = "
+CREATE INDEX IF NOT EXISTS {s}files_path ON files (path);
+CREATE INDEX IF NOT EXISTS {s}files_damaged ON files (damaged) WHERE damaged IS NOT NULL;
+CREATE INDEX IF NOT EXISTS {s}files_gone ON files (gone) WHERE gone IS NOT NULL;
+";
+const VERSION: i64 = 3;
+
+/// How long a run waits for the lock of a database that another process is writing: other
+/// runs of intact hold it for a moment at a time (their writes are committed at least every
+/// second), so a wait this long is a stuck or foreign writer, and the run fails (exit 3).
+pub const LOCK_WAIT: Duration = Duration::from_secs(60);
+
+/// Runs kept in `runs` (older ones are forgotten, their archived copies kept on the files).
+const RUNS_KEPT: i64 = 1000;
+
+/// What a wait for a lock answers to: a flag that ends it (the run was interrupted), and a
+/// function told once that a wait has begun to take long.
+struct Waits {
+    cancel: &'static AtomicBool,
+    notice: fn(Duration),
+}
+
+static WAITS: OnceLock<Waits> = OnceLock::new();
+
+/// Makes every wait for a lock of the database give up as soon as `cancel` is set (so that
+/// Ctrl-C and SIGTERM end a run within a second), and call `notice` once, the first time a
+/// wait lasts a second, with how long it may last.
+pub fn on_lock_waits(cancel: &'static AtomicBool, notice: fn(Duration)) {
+    let _ = WAITS.set(Waits { cancel, notice });
+}
+
+/// SQLite's busy handler: waits in steps of 10 ms, up to [`LOCK_WAIT`] for each lock.
+fn busy(tries: i32) -> bool {
+    const STEP: Duration = Duration::from_millis(10);
+    static NOTICED: AtomicBool = AtomicBool::new(false);
+    if let Some(w) = WAITS.get() {
+        if w.cancel.load(Ordering::Relaxed) {
+            return false;
+        }
+        if tries >= 100 && !NOTICED.swap(true, Ordering::Relaxed) {
+            (w.notice)(LOCK_WAIT);
+        }
+    }
+    if STEP * tries.max(0) as u32 >= LOCK_WAIT {
+        return false;
+    }
+    std::thread::sleep(STEP);
+    true
+}
+
+/// Makes `conn` wait for locks as [`busy`] says.
+pub(crate) fn wait_for_locks(conn: &mut Connection) -> rusqlite::Result<()> {
+    conn.busy_handler(Some(busy))
+}
 
 /// Recorded rows are written at least this often ...
 const COMMIT_EVERY: Duration = Duration::from_secs(1);
@@ -122,7 +196,7 @@ pub struct State {
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
     /// SQLite said so.
-    #[error("{0}")]
+    #[error("{}", why(.0))]
     Sql(#[from] rusqlite::Error),
     /// Creating its directory or moving it aside failed.
     #[error("{0}")]
@@ -131,33 +205,26 @@ pub enum StateError {
 
 impl State {
     /// Opens (creating it if need be) the database at `path`. One that is not a database or
-    /// is damaged is moved aside (to `state.db.broken-TIME`) and a new one made: the returned
-    /// warning says so.
-    pub fn open(path: &Path) -> Result<(State, Option<String>), StateError> {
+    /// is damaged is moved aside (to `state.db.broken-TIME`) and a new one made, which
+    /// remembers that ([`State::history_lost`]); the returned note says so.
+    pub fn open(path: &Path) -> Result<(State, Option<Rebuilt>), StateError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
         match State::open_at(path) {
             Ok(state) => Ok((state, None)),
             Err(StateError::Sql(e)) if is_damage(&e) => {
-                let aside = move_aside(path)?;
-                let state = State::open_at(path)?;
-                let warning = format!(
-                    "the state database {} was unreadable ({e}); moved it to {} and started \
-                     a new one (only the schedule is lost: tags are on the files)",
-                    path.display(),
-                    aside.display()
-                );
-                Ok((state, Some(warning)))
+                let rebuilt = rebuild(path, &e.to_string())?;
+                Ok((State::open_at(path)?, Some(rebuilt)))
             }
             Err(e) => Err(e),
         }
     }
 
     fn open_at(path: &Path) -> Result<State, StateError> {
-        let conn = Connection::open(path)?;
+        let mut conn = Connection::open(path)?;
         // Another run writing: wait for it rather than fail.
-        conn.busy_timeout(Duration::from_secs(600))?;
+        wait_for_locks(&mut conn)?;
         // Turning a new database to WAL takes a lock whose holder SQLite does not wait for
         // (seen with two scrubs started at once): try again a while.
         for tries in 1.. {
@@ -183,12 +250,13 @@ impl State {
             ))));
         }
         // Reading every table proves the file is a database and its schema is whole.
-        conn.execute_batch(&schema(""))?;
+        conn.execute_batch(&tables(""))?;
         conn.query_row("SELECT count(*) FROM runs", [], |_| Ok(()))?;
         if version < VERSION {
             // In one write transaction, so that two runs never both add a column.
             transaction(&conn, migrate)?;
         }
+        conn.execute_batch(&INDEXES.replace("{s}", ""))?;
         if version != VERSION {
             conn.pragma_update(None, "user_version", VERSION)?;
         }
@@ -235,18 +303,150 @@ impl State {
         }
     }
 
-    /// Records the end of this run.
-    pub fn end_run(&mut self, files: u64, bytes: u64, seconds: f64, exit_code: i32) {
-        self.commit();
+    /// Records the budget (bytes) of this run, a scrub, for estimates of how long a cycle
+    /// takes.
+    pub fn set_budget(&mut self, bytes: u64) {
         let Some(id) = self.run else { return };
         let result = self.conn.execute(
-            "UPDATE runs SET ended = ?2, files = ?3, bytes = ?4, seconds = ?5, \
-             exit_code = ?6 WHERE id = ?1",
-            params![id, now(), files as i64, bytes as i64, seconds, exit_code],
+            "UPDATE runs SET budget = ?2 WHERE id = ?1",
+            params![id, bytes as i64],
         );
         if let Err(e) = result {
             self.fail(e);
         }
+    }
+
+    /// Records the end of this run, and forgets runs beyond the last [`RUNS_KEPT`]: their
+    /// archived copies are kept on the files' rows first.
+    pub fn end_run(&mut self, files: u64, bytes: u64, seconds: f64, exit_code: i32) {
+        self.commit();
+        let Some(id) = self.run else { return };
+        let result = self
+            .conn
+            .execute(
+                "UPDATE runs SET ended = ?2, files = ?3, bytes = ?4, seconds = ?5, \
+                 exit_code = ?6 WHERE id = ?1",
+                params![id, now(), files as i64, bytes as i64, seconds, exit_code],
+            )
+            .and_then(|_| {
+                // Once in a while: the fold reads the whole table of files.
+                if id % 100 != 0 || id <= RUNS_KEPT {
+                    return Ok(());
+                }
+                transaction(&self.conn, |conn| {
+                    let old = id - RUNS_KEPT;
+                    conn.execute(
+                        "UPDATE files SET archived = coalesce((SELECT copied FROM runs \
+                         WHERE id = files.archived_in), archived), archived_in = NULL \
+                         WHERE archived_in <= ?1",
+                        [old],
+                    )?;
+                    conn.execute("DELETE FROM runs WHERE id <= ?1", [old])?;
+                    Ok(())
+                })
+            });
+        if let Err(e) = result {
+            self.fail(e);
+        }
+    }
+
+    /// The damage this database remembers, for the engine to know it again: by inode and
+    /// the digest of the tag it was found under.
+    pub fn known_damage(&mut self) -> KnownDamage {
+        let mut known = KnownDamage::new();
+        let rows = (|| -> rusqlite::Result<()> {
+            let mut stmt = self.conn.prepare(
+                "SELECT ino, digest, damaged_digest, damaged, fs FROM files \
+                 WHERE damaged IS NOT NULL AND damaged_digest IS NOT NULL",
+            )?;
+            let mut rows = stmt.query([])?;
+            while let Some(r) = rows.next()? {
+                let (tag, bad): (Vec<u8>, Vec<u8>) = (r.get(1)?, r.get(2)?);
+                if let (Some(tag), Some(digest)) = (digest_from_key(&tag), digest_from_key(&bad)) {
+                    let found = r.get::<_, i64>(3)?.div_euclid(1000);
+                    known
+                        .entry((r.get::<_, i64>(0)? as u64, tag))
+                        .or_default()
+                        .push((r.get(4)?, Damage { digest, found }));
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = rows {
+            self.fail(e);
+        }
+        known
+    }
+
+    /// Damage this database knows under `roots` that this run did not see: files found
+    /// damaged before, neither repaired, accepted nor edited since, and still there (the same
+    /// inode under the path last seen). A run that is not told of them would say nothing of
+    /// damage that is still there.
+    pub fn outstanding(&mut self, roots: &[PathBuf]) -> Vec<Damaged> {
+        self.commit();
+        let mut found = Vec::new();
+        let run = self.run.unwrap_or(0);
+        let rows = (|| -> rusqlite::Result<Vec<(i64, i64, Damaged)>> {
+            let mut stmt = self.conn.prepare_cached(
+                "SELECT fs, ino, path, status, damaged FROM files WHERE damaged IS NOT NULL \
+                 AND coalesce(seen, 0) != ?3 AND gone IS NULL \
+                 AND ((path >= ?1 AND path < ?2) OR path = ?4) ORDER BY path",
+            )?;
+            let mut all = Vec::new();
+            for root in roots {
+                let (low, high, exact) = under(root);
+                let rows = stmt.query_map(params![low, high, run, exact], |r| {
+                    let path: Vec<u8> = r.get(2)?;
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, i64>(1)?,
+                        Damaged {
+                            path: PathBuf::from(std::ffi::OsString::from_vec(path)),
+                            status: r.get(3)?,
+                            found: r.get(4)?,
+                        },
+                    ))
+                })?;
+                for row in rows {
+                    all.push(row?);
+                }
+            }
+            Ok(all)
+        })();
+        match rows {
+            Ok(rows) => {
+                for (fs, ino, damaged) in rows {
+                    let there = std::fs::symlink_metadata(&damaged.path).is_ok_and(|m| {
+                        m.ino() as i64 == ino && self.fsids.of(m.dev(), &damaged.path) == fs
+                    });
+                    if there && !found.iter().any(|d: &Damaged| d.path == damaged.path) {
+                        found.push(damaged);
+                    }
+                }
+            }
+            Err(e) => self.fail(e),
+        }
+        found
+    }
+
+    /// When this database replaced one found damaged, if it did: what that one knew of damage
+    /// and verification is lost until every file has been checked again.
+    pub fn history_lost(&self) -> Option<Lost> {
+        self.conn
+            .query_row(
+                "SELECT at, aside FROM lost ORDER BY at DESC LIMIT 1",
+                [],
+                |r| {
+                    let aside: Option<Vec<u8>> = r.get(1)?;
+                    Ok(Lost {
+                        at: r.get(0)?,
+                        aside: aside.map(|a| PathBuf::from(std::ffi::OsString::from_vec(a))),
+                    })
+                },
+            )
+            .optional()
+            .ok()
+            .flatten()
     }
 
     /// Records what a report says of its file: a verdict (verified, damaged, modified,
@@ -310,6 +510,18 @@ impl State {
             return;
         };
         let fs = self.fsids.of(dev, &report.path);
+        let t = now();
+        let damage = match (fact, report.digest) {
+            (Fact::Damaged, Some(d)) => {
+                // Found before, these same bytes: since then.
+                let found = report
+                    .known_damage
+                    .filter(|k| k.digest == d)
+                    .map_or(t, |k| k.found.saturating_mul(1000));
+                Some((digest_key(&d), found))
+            }
+            _ => None,
+        };
         let row = Row {
             fact,
             fs,
@@ -319,8 +531,10 @@ impl State {
                 .into_os_string()
                 .into_vec(),
             size: size as i64,
-            t: now(),
+            t,
             status: report.status.name(),
+            damage,
+            old_ino: report.id.map(|(_, ino)| ino as i64),
         };
         self.pending_since.get_or_insert_with(Instant::now);
         self.pending.push(row);
@@ -380,22 +594,15 @@ impl State {
         }
     }
 
-    /// Moves a damaged database aside, so that the next run starts a new one; says so.
-    pub fn quarantine(self) -> Option<String> {
-        let path = self.path.clone()?;
+    /// Moves a database found damaged while in use aside, and starts a new one in its place
+    /// that remembers that.
+    pub fn quarantine(self) -> Result<Rebuilt, StateError> {
+        let path = self
+            .path
+            .clone()
+            .ok_or_else(|| StateError::Io(io::Error::other("no database file")))?;
         drop(self);
-        Some(match move_aside(&path) {
-            Ok(aside) => format!(
-                "the state database {} is damaged; moved it to {} (a new one takes its place; \
-                 only the schedule is lost)",
-                path.display(),
-                aside.display()
-            ),
-            Err(e) => format!(
-                "the state database {} is damaged, and could not be moved aside ({e}): remove it",
-                path.display()
-            ),
-        })
+        rebuild(&path, "found damaged while in use")
     }
 
     fn fail(&mut self, e: rusqlite::Error) {
@@ -404,22 +611,24 @@ impl State {
         self.failed.get_or_insert_with(|| {
             let place = self
                 .path
-                .as_ref()
-                .map_or("in memory".into(), |p| p.display().to_string());
-            format!("the state database {place} could not be written ({e}); nothing more is recorded this run")
+                .as_deref()
+                .map_or("in memory".into(), crate::text::escape);
+            format!(
+                "the state database {place} could not be written ({}); nothing more was \
+                 recorded this run, so the next run knows nothing of what this one found",
+                why(&e)
+            )
         });
     }
 
-    /// The file system id of device `dev` (`path` is on it): stable across reboots and
-    /// remounts, where device numbers are not.
     /// The files this run saw that were never proven good, and the oldest verification
-    /// among those that were.
+    /// among those that were (damaged ones left out: they have their own count).
     pub fn seen_summary(&self) -> Option<(u64, Option<i64>)> {
         let run = self.run?;
         self.conn
             .query_row(
-                "SELECT count(*) FILTER (WHERE verified IS NULL), min(verified) \
-                 FROM files WHERE seen = ?1",
+                "SELECT count(*) FILTER (WHERE verified IS NULL), \
+                 min(verified) FILTER (WHERE damaged IS NULL) FROM files WHERE seen = ?1",
                 [run],
                 |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)),
             )
@@ -428,21 +637,59 @@ impl State {
             .flatten()
     }
 
-    /// Bytes per second read by the recent complete runs of `verb` (the last ten), if any.
-    pub fn throughput(&self, verb: &str) -> Option<f64> {
-        self.conn
-            .query_row(
-                "SELECT sum(bytes), sum(seconds) FROM (SELECT bytes, seconds FROM runs \
-                 WHERE verb = ?1 AND ended IS NOT NULL AND bytes > 0 ORDER BY id DESC LIMIT 10)",
-                [verb],
-                |r| Ok((r.get::<_, Option<i64>>(0)?, r.get::<_, Option<f64>>(1)?)),
-            )
-            .ok()
-            .and_then(|(b, s)| match (b, s) {
-                (Some(b), Some(s)) if s > 0.0 => Some(b as f64 / s),
-                _ => None,
-            })
+    /// The pace of the recent scrubs of `roots` (the last ten that ended), or, without any,
+    /// of the recent checks of them.
+    pub fn pace(&self, roots: &[PathBuf]) -> Option<Pace> {
+        let key = roots_key(roots);
+        ["scrub", "check"].iter().find_map(|verb| {
+            self.conn
+                .query_row(
+                    "SELECT count(*), sum(bytes), sum(seconds), min(started), max(started), \
+                     max(budget) FROM (SELECT bytes, seconds, started, budget FROM runs \
+                     WHERE verb = ?1 AND roots = ?2 AND ended IS NOT NULL AND bytes > 0 \
+                     ORDER BY id DESC LIMIT 10)",
+                    params![verb, key],
+                    |r| {
+                        let runs: i64 = r.get(0)?;
+                        let (bytes, seconds): (Option<i64>, Option<f64>) = (r.get(1)?, r.get(2)?);
+                        let (first, last): (Option<i64>, Option<i64>) = (r.get(3)?, r.get(4)?);
+                        let budget: Option<i64> = r.get(5)?;
+                        Ok(match (bytes, seconds) {
+                            (Some(b), Some(s)) if runs > 0 && s > 0.0 => Some(Pace {
+                                scrubs: *verb == "scrub",
+                                bytes_per_run: b as f64 / runs as f64,
+                                bytes_per_second: b as f64 / s,
+                                every: match (first, last) {
+                                    (Some(f), Some(l)) if runs > 1 && l > f => {
+                                        Some((l - f) as f64 / 1e3 / (runs - 1) as f64)
+                                    }
+                                    _ => None,
+                                },
+                                budgeted: budget.is_some(),
+                            }),
+                            _ => None,
+                        })
+                    },
+                )
+                .ok()
+                .flatten()
+        })
     }
+}
+
+/// How fast recent runs verified a tree, for the time a full cycle takes.
+#[derive(Debug, Clone, Copy)]
+pub struct Pace {
+    /// Scrubs (else checks).
+    pub scrubs: bool,
+    /// Bytes a run read.
+    pub bytes_per_run: f64,
+    /// Bytes a second while running.
+    pub bytes_per_second: f64,
+    /// Seconds from one run's start to the next, if there were several.
+    pub every: Option<f64>,
+    /// Whether the scrubs had a byte budget.
+    pub budgeted: bool,
 }
 
 impl Drop for State {
@@ -460,16 +707,23 @@ fn writer_gone() -> rusqlite::Error {
 }
 
 /// Brings a database of an older schema to this one. Schema 1 (before the columns existed)
-/// recorded an archived copy only at the end of its run.
+/// recorded an archived copy only at the end of its run; schema 2 kept no digest of damaged
+/// bytes and forgot files gone at once.
 fn migrate(conn: &Connection) -> rusqlite::Result<()> {
-    for (table, column) in [("files", "archived_in"), ("runs", "copied")] {
+    for (table, column, kind) in [
+        ("files", "archived_in", "INTEGER"),
+        ("runs", "copied", "INTEGER"),
+        ("files", "damaged_digest", "BLOB"),
+        ("files", "gone", "INTEGER"),
+        ("runs", "budget", "INTEGER"),
+    ] {
         let has: i64 = conn.query_row(
             "SELECT count(*) FROM pragma_table_info(?1) WHERE name = ?2",
             [table, column],
             |r| r.get(0),
         )?;
         if has == 0 {
-            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} INTEGER"))?;
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {kind}"))?;
         }
     }
     Ok(())
@@ -504,8 +758,8 @@ struct Writer {
 
 impl Writer {
     fn open(path: &Path) -> rusqlite::Result<Writer> {
-        let conn = Connection::open(path)?;
-        conn.busy_timeout(Duration::from_secs(600))?;
+        let mut conn = Connection::open(path)?;
+        wait_for_locks(&mut conn)?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         let (rows, batches) = bounded::<Batch>(2);
         let (said, results) = unbounded();
@@ -544,6 +798,18 @@ fn write_rows(conn: &Connection, rows: &[Row], seen: Option<i64>) -> rusqlite::R
         // Each fact's statements, prepared once a batch: looking them up by their text for
         // every row cost a fifth of the writer's time.
         let mut prepared: [Option<[CachedStatement; 2]>; Fact::ALL] = Default::default();
+        // A file met under a new key or a new path no longer holds what other rows say: the
+        // rows of its inode's earlier content (re-tagged), and those of another inode that
+        // was at its path (replaced: an editor's save, a restore), unless they hold damage
+        // not dealt with (that inode may only have moved, and is reported until it is).
+        let mut stale =
+            conn.prepare_cached("DELETE FROM files WHERE fs = ?1 AND ino = ?2 AND digest != ?3")?;
+        let mut replaced = conn.prepare_cached(
+            "DELETE FROM files WHERE path = ?3 AND (fs != ?1 OR ino != ?2) AND damaged IS NULL",
+        )?;
+        let mut repaired = conn.prepare_cached(
+            "DELETE FROM files WHERE fs = ?1 AND ino = ?2 AND digest = ?3 AND ?2 != ?4",
+        )?;
         for row in rows {
             let [update, upsert] = match &mut prepared[row.fact as usize] {
                 Some(statements) => statements,
@@ -552,14 +818,37 @@ fn write_rows(conn: &Connection, rows: &[Row], seen: Option<i64>) -> rusqlite::R
                     slot.insert([conn.prepare_cached(update)?, conn.prepare_cached(upsert)?])
                 }
             };
+            let (damaged, found) = match &row.damage {
+                Some((d, f)) => (Some(d.as_slice()), Some(*f)),
+                None => (None, None),
+            };
             let all = params![
-                row.fs, row.ino, row.key, row.path, row.size, seen, row.t, row.status
+                row.fs,
+                row.ino,
+                row.key,
+                row.path,
+                row.size,
+                seen,
+                row.t,
+                row.status,
+                damaged,
+                found,
+                row.old_ino
             ];
-            // An archived copy's time is its run's (see `State::settle`).
-            let n =
-                6 + usize::from(row.fact != Fact::Archived) + usize::from(row.fact.has_status());
+            let n = update.parameter_count();
             if update.execute(&all[..n])? == 0 {
+                // An untagged file's row (the empty key) stands beside none other.
+                if !row.key.is_empty() {
+                    stale.execute(params![row.fs, row.ino, row.key])?;
+                    replaced.execute(params![row.fs, row.ino, row.path])?;
+                }
+                let n = upsert.parameter_count();
                 upsert.execute(&all[..n])?;
+            }
+            if row.fact == Fact::Repaired
+                && let Some(old) = row.old_ino
+            {
+                repaired.execute(params![row.fs, old, row.key, row.ino])?;
             }
         }
         Ok(())
@@ -576,16 +865,23 @@ struct Row {
     size: i64,
     t: i64,
     status: &'static str,
+    /// Damage: the digest of the damaged bytes, and when they were first found.
+    damage: Option<(Vec<u8>, i64)>,
+    /// A repair: the inode the damaged bytes were in (the repaired file is a new one).
+    old_ino: Option<i64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fact {
-    /// The data matched its tag.
+    /// The data matched its tag, or was just tagged from what was read: proven good now.
     Verified,
     /// The data no longer matches an unchanged tag.
     Damaged,
-    /// A verdict that is neither (modified, older, conflict, unreadable, changed while
-    /// read), or a new tag: the file was looked at this cycle, but is not proven good.
+    /// The data changed under a moved mtime (modified, older): an edit, which ends any
+    /// damage; the file was looked at this cycle, but is not proven good.
+    Edited,
+    /// A verdict that proves nothing either way (conflict, unreadable, changed while read):
+    /// looked at this cycle; damage found before stands.
     Judged,
     /// Restored from a verified copy.
     Repaired,
@@ -605,15 +901,16 @@ impl Fact {
     /// The statements that record it: one that updates the row of a file still under the
     /// same path (the common case, which leaves the path index alone), and one that creates
     /// the row or updates it, path included. Parameters: fs, ino, digest, path, size, seen
-    /// (the run)[, time (but for `Archived`)][, status].
+    /// (the run), time, status, the damaged bytes' digest, when they were found, the
+    /// repaired file's old inode (each statement takes those up to the last it uses).
     fn statements(self) -> [&'static str; 2] {
         // The columns a new row sets beyond the key, path, size and seen; their values; and
-        // what an existing row gets.
+        // what an existing row gets. A row written is a file seen: not gone.
         macro_rules! sql {
             ($cols:literal, $values:literal, $set:expr) => {
                 [
                     concat!(
-                        "UPDATE files SET size = ?5, seen = ?6, ",
+                        "UPDATE files SET size = ?5, seen = ?6, gone = NULL, ",
                         $set,
                         " WHERE fs = ?1 AND ino = ?2 AND digest = ?3 AND path = ?4"
                     ),
@@ -622,7 +919,7 @@ impl Fact {
                         $cols,
                         ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ",
                         $values,
-                        ") ON CONFLICT DO UPDATE SET path = ?4, size = ?5, seen = ?6, ",
+                        ") ON CONFLICT DO UPDATE SET path = ?4, size = ?5, seen = ?6, gone = NULL, ",
                         $set
                     ),
                 ]
@@ -640,19 +937,35 @@ impl Fact {
             Fact::Verified => sql!(
                 "verified, checked, status",
                 "?7, ?7, ?8",
-                "verified = ?7, checked = ?7, status = ?8, damaged = NULL"
+                "verified = ?7, checked = ?7, status = ?8, damaged = NULL, damaged_digest = NULL"
             ),
             Fact::Damaged => sql!(
-                "checked, status, damaged",
-                "?7, ?8, ?7",
-                "checked = ?7, status = ?8, damaged = coalesce(files.damaged, ?7)"
+                "checked, status, damaged_digest, damaged",
+                "?7, ?8, ?9, ?10",
+                "checked = ?7, status = ?8, damaged_digest = ?9, \
+                 damaged = coalesce(files.damaged, ?10)"
+            ),
+            Fact::Edited => sql!(
+                "checked, status",
+                "?7, ?8",
+                "checked = ?7, status = ?8, damaged = NULL, damaged_digest = NULL"
             ),
             Fact::Judged => sql!("checked, status", "?7, ?8", "checked = ?7, status = ?8"),
-            Fact::Repaired => sql!(
-                "verified, checked, status",
-                "?7, ?7, 'repaired'",
-                "verified = ?7, checked = ?7, status = 'repaired', damaged = NULL"
-            ),
+            // The repaired file keeps the copies its damaged inode had (same content).
+            Fact::Repaired => [
+                "UPDATE files SET size = ?5, seen = ?6, gone = NULL, verified = ?7, \
+                 checked = ?7, status = 'repaired', damaged = NULL, damaged_digest = NULL \
+                 WHERE fs = ?1 AND ino = ?2 AND digest = ?3 AND path = ?4",
+                "INSERT INTO files (fs, ino, digest, path, size, seen, verified, checked, \
+                 status, protected, archived, archived_in) \
+                 SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, 'repaired', o.protected, \
+                 coalesce(o.archived, (SELECT copied FROM runs WHERE id = o.archived_in)), \
+                 o.archived_in FROM (SELECT 1) LEFT JOIN files o \
+                 ON o.fs = ?1 AND o.ino = ?11 AND o.digest = ?3 WHERE true \
+                 ON CONFLICT DO UPDATE SET path = ?4, size = ?5, seen = ?6, gone = NULL, \
+                 verified = ?7, checked = ?7, status = 'repaired', damaged = NULL, \
+                 damaged_digest = NULL",
+            ],
             Fact::Protected => sql!("protected", "?7", "protected = ?7"),
             Fact::Archived => sql!("archived_in", "?6", archived!()),
             Fact::VerifiedArchived => sql!(
@@ -660,17 +973,11 @@ impl Fact {
                 "?7, ?7, ?8, ?6",
                 concat!(
                     "verified = ?7, checked = ?7, status = ?8, damaged = NULL, ",
+                    "damaged_digest = NULL, ",
                     archived!()
                 )
             ),
         }
-    }
-
-    fn has_status(self) -> bool {
-        matches!(
-            self,
-            Fact::Verified | Fact::Damaged | Fact::Judged | Fact::VerifiedArchived
-        )
     }
 }
 
@@ -684,9 +991,9 @@ fn facts(r: &FileReport) -> Vec<(Fact, Vec<u8>)> {
         return vec![(Fact::Judged, Vec::new())];
     }
     let verdict = match (r.action, r.status) {
-        // A new tag describes the data just read, but proves nothing yet: the file has not
-        // been verified since it was tagged.
-        (Some(Action::Tagged), _) => r.digest.map(|d| (Fact::Judged, d)),
+        // A new tag describes the data just read (a new file, an edit, damage accepted):
+        // proven good as of now.
+        (Some(Action::Tagged | Action::Accepted), _) => r.digest.map(|d| (Fact::Verified, d)),
         // The data matched the tag (only the mtime moved, and was refreshed).
         (Some(Action::Refreshed), _) => r.digest.map(|d| (Fact::Verified, d)),
         (Some(Action::Repaired), _) => tagged.map(|d| (Fact::Repaired, d)),
@@ -695,10 +1002,10 @@ fn facts(r: &FileReport) -> Vec<(Fact, Vec<u8>)> {
             tagged.map(|d| (Fact::Verified, d))
         }
         (_, s) if s.is_damage() => tagged.map(|d| (Fact::Damaged, d)),
-        (
-            _,
-            Status::Modified | Status::Older | Status::Conflict | Status::Error | Status::Changed,
-        ) => tagged.map(|d| (Fact::Judged, d)),
+        (_, Status::Modified | Status::Older) => tagged.map(|d| (Fact::Edited, d)),
+        (_, Status::Conflict | Status::Error | Status::Changed) => {
+            tagged.map(|d| (Fact::Judged, d))
+        }
         _ => None,
     };
     let copy = match r.action {
@@ -718,6 +1025,20 @@ fn facts(r: &FileReport) -> Vec<(Fact, Vec<u8>)> {
         .into_iter()
         .map(|(fact, d)| (fact, digest_key(&d)))
         .collect()
+}
+
+/// The digest a database key holds (see [`digest_key`]).
+pub fn digest_from_key(key: &[u8]) -> Option<Digest> {
+    let (&algo, bytes) = key.split_first()?;
+    let algo = match algo {
+        0 => Algo::Sha256,
+        1 => Algo::Blake3,
+        _ => return None,
+    };
+    Some(Digest {
+        algo,
+        bytes: bytes.try_into().ok()?,
+    })
 }
 
 /// A digest as the database keys it: the algorithm byte, then the bytes.
@@ -778,14 +1099,109 @@ pub fn roots_key(roots: &[PathBuf]) -> Vec<u8> {
         .join(&b'\n')
 }
 
+/// `path` with `suffix` appended to its last component (`state.db` → `state.db-wal`), for
+/// any path, UTF-8 or not.
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut p = path.as_os_str().to_os_string();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
 /// Moves the database at `path` (and its WAL) aside, to `PATH.broken-TIME`.
 fn move_aside(path: &Path) -> io::Result<PathBuf> {
-    let aside = PathBuf::from(format!("{}.broken-{}", path.display(), now()));
+    let aside = with_suffix(path, &format!(".broken-{}", now()));
     std::fs::rename(path, &aside)?;
     for suffix in ["-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        let _ = std::fs::remove_file(with_suffix(path, suffix));
     }
     Ok(aside)
+}
+
+/// A damaged database moved aside and replaced by a new one.
+#[derive(Debug)]
+pub struct Rebuilt {
+    /// Where the damaged one is now.
+    pub aside: PathBuf,
+    /// What SQLite said of it.
+    pub why: String,
+}
+
+/// A file found damaged, as the database remembers it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Damaged {
+    /// Where it was last seen.
+    #[serde(serialize_with = "escaped")]
+    pub path: PathBuf,
+    /// The verdict (corrupt, mismatch).
+    pub status: Option<String>,
+    /// When the damage was found (Unix milliseconds).
+    pub found: Option<i64>,
+}
+
+/// A path in JSON, escaped as in every other output.
+fn escaped<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&crate::text::escape(p))
+}
+
+/// When a database found damaged was replaced by a new one.
+#[derive(Debug, Clone)]
+pub struct Lost {
+    /// When (Unix milliseconds).
+    pub at: i64,
+    /// Where the damaged one was moved.
+    pub aside: Option<PathBuf>,
+}
+
+/// The rows under `root`: the range of paths `["ROOT/", "ROOT0")`, and `ROOT` itself (a root
+/// that is a file).
+pub(crate) fn under(root: &Path) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+    let exact = absolute(root).into_os_string().into_vec();
+    let mut low = exact.clone();
+    // "/" is the one root that ends in a slash.
+    if low.last() != Some(&b'/') {
+        low.push(b'/');
+    }
+    let mut high = low.clone();
+    *high.last_mut().expect("not empty") = b'/' + 1;
+    (low, high, exact)
+}
+
+/// Moves the damaged database at `path` aside and makes a new one there that remembers when
+/// and why (`lost`): what the old one knew of damage and verification is gone, and every run
+/// says so until each file has been checked again.
+fn rebuild(path: &Path, why: &str) -> Result<Rebuilt, StateError> {
+    let aside = move_aside(path)?;
+    let fresh = State::open_at(path)?;
+    fresh.conn.execute(
+        "INSERT INTO lost (at, aside, why) VALUES (?1, ?2, ?3)",
+        params![now(), aside.as_os_str().as_bytes(), why],
+    )?;
+    Ok(Rebuilt {
+        aside,
+        why: why.to_string(),
+    })
+}
+
+/// What SQLite said, in words that say what to do where it can.
+pub fn why(e: &rusqlite::Error) -> String {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+            match WAITS.get() {
+                Some(w) if w.cancel.load(Ordering::Relaxed) => {
+                    "interrupted while waiting for another process's lock on it".into()
+                }
+                _ => format!(
+                    "another process holds its lock, still after {} s",
+                    LOCK_WAIT.as_secs()
+                ),
+            }
+        }
+        Some(rusqlite::ErrorCode::DiskFull) => format!("{e}: the disk under it is full"),
+        Some(rusqlite::ErrorCode::ReadOnly | rusqlite::ErrorCode::CannotOpen) => {
+            format!("{e}: it, or its directory, cannot be written")
+        }
+        _ => e.to_string(),
+    }
 }
 
 /// Whether SQLite says the file is not a database, or a damaged one.

@@ -18,7 +18,7 @@ use crate::engine::FileReport;
 
 /// Where reading an archive failed.
 #[derive(Debug, thiserror::Error)]
-#[error("{}{error}", member.as_ref().map_or(String::new(), |m| format!("at member {}: ", crate::report::escape(Path::new(OsStr::from_bytes(m))))))]
+#[error("{}{error}", member.as_ref().map_or(String::new(), |m| format!("at member {}: ", crate::text::escape(Path::new(OsStr::from_bytes(m))))))]
 pub struct ReadError {
     /// The member being read, if any.
     pub member: Option<Vec<u8>>,
@@ -539,7 +539,7 @@ pub fn verify_member(visit: &mut Visit<'_, '_>) -> FileReport {
             } else {
                 "symbolic link"
             };
-            let to = crate::report::escape(Path::new(OsStr::from_bytes(to)));
+            let to = crate::text::escape(Path::new(OsStr::from_bytes(to)));
             report.detail = Some(format!("{what} to {to}"));
             return report;
         }

@@ -513,10 +513,10 @@ impl Sink for Writer {
                 out.settle(true);
                 out.note(format!(
                     "archive: wrote {}: {} members, {} of data in {} compressed",
-                    crate::report::escape(&self.dest),
+                    crate::text::escape(&self.dest),
                     stats.members,
-                    crate::report::bytes(stats.bytes),
-                    crate::report::bytes(stats.compressed),
+                    crate::text::bytes(stats.bytes),
+                    crate::text::bytes(stats.compressed),
                 ));
                 Ok(())
             }

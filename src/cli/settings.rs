@@ -12,7 +12,7 @@ use intact::core::digest::Algo;
 use intact::core::manifest::{self, Expected};
 use intact::core::tag::Format;
 use intact::engine::{Config, Work};
-use intact::fs::walk::{self, WalkOptions};
+use intact::fs::walk::{self, StateFiles, WalkOptions};
 use intact::parity;
 use intact::report::{Verb, Verbosity};
 
@@ -78,13 +78,14 @@ impl Settings {
             walk: WalkOptions {
                 one_file_system: common.one_file_system,
                 excludes,
+                state: None,
             },
             ..Config::new(work)
         };
         Ok(Settings {
             verb,
             config,
-            roots,
+            roots: roots.into_iter().map(followed).collect(),
             json: common.output.json,
             verbosity: verbosity(&common.output),
             progress: !common.output.quiet && !common.output.no_progress,
@@ -105,6 +106,27 @@ impl Settings {
         } else {
             a.state.clone().or_else(intact::state::default_path)
         };
+        // A database kept inside a tree is never a file of it.
+        self.config.walk.state = self.state.as_deref().and_then(StateFiles::of);
+    }
+
+    /// Whether the run only verifies (check, a scrub without `--update`): one that verifies
+    /// nothing under a root, for want of files or of tags, has not done its job.
+    pub fn verifies_only(&self) -> bool {
+        matches!(
+            (self.verb, self.config.work),
+            (Verb::Check | Verb::Scrub, Work::Check)
+        )
+    }
+
+    /// Whether the run records verdicts, and so says what damage earlier runs found that is
+    /// still there (check, update, scrub, repair).
+    pub fn judges(&self) -> bool {
+        self.state.is_some()
+            && matches!(
+                self.verb,
+                Verb::Check | Verb::Update | Verb::Scrub | Verb::Repair
+            )
     }
 
     /// Reads the manifest `file` for `root` into the configuration: lines it cannot use are
@@ -115,7 +137,7 @@ impl Settings {
         let parsed = manifest::read(std::io::BufReader::with_capacity(1 << 20, input), algo)
             .with_context(reading)?;
         let (expected, outside) = Expected::new(root, &parsed);
-        let shown = intact::report::escape(file);
+        let shown = intact::text::escape(file);
         for bad in parsed.bad.iter().chain(&outside) {
             eprintln!("intact: warning: {shown}: {bad}");
         }
@@ -126,6 +148,16 @@ impl Settings {
         }
         self.config.manifest = Some(Arc::new(expected));
         Ok(())
+    }
+}
+
+/// A PATH given on the command line that is a symbolic link is followed, as `find -H` does:
+/// `/srv/photos -> /mnt/disk1/photos` names the tree the user means (a walk that skipped it
+/// would verify nothing and say all is well). Links inside the trees are never followed.
+fn followed(root: PathBuf) -> PathBuf {
+    match std::fs::symlink_metadata(&root) {
+        Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(&root).unwrap_or(root),
+        _ => root,
     }
 }
 

@@ -11,7 +11,8 @@ use crate::cli::settings::{Settings, algo, verbosity};
 use crate::cli::{CreateArgs, ListArgs, VerifyArgs};
 use intact::archive;
 use intact::engine::Work;
-use intact::report::{Exit, Reporter, Verb, escape};
+use intact::report::{Exit, Reporter, Verb};
+use intact::text::escape;
 
 pub fn create(a: CreateArgs) -> anyhow::Result<Exit> {
     let mut s = Settings::new(Verb::Archive, Work::Update, a.paths.paths, &a.common)?;

@@ -26,6 +26,7 @@ use intact::metrics::Metrics;
 use intact::report::{Exit, Reporter};
 use intact::sink::{Out, Sink};
 use intact::state::State;
+use intact::text::{escape, group};
 
 /// Set to wind a run down: by a signal, or by a failure of the work itself.
 pub static STOP: AtomicBool = AtomicBool::new(false);
@@ -51,37 +52,47 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
     for failure in &s.failures {
         reporter.fail(failure.clone());
     }
-    let mut state = s.state.as_deref().and_then(open_state);
+    let mut config = s.config.clone();
+    let mut state = s
+        .state
+        .as_deref()
+        .and_then(|db| open_state(db, &mut reporter));
     if let Some(state) = &mut state {
         state.begin_run(s.verb.name(), &s.roots);
+        if config.work.reads_data() && s.judges() {
+            config.known_damage = Some(std::sync::Arc::new(state.known_damage()));
+        }
     }
     let progress = Progress::default();
     let show_bar = s.progress && s.config.work.reads_data() && io::stderr().is_terminal();
     let start = Instant::now();
     let mut plan = None;
+    let mut planned = None;
+    let mut per_root = vec![(0u64, 0u64); s.roots.len()];
     let (walked, failure, output, state) = std::thread::scope(|scope| {
         let mut front = Front {
             reporter: &mut reporter,
             bar: None,
             error: None,
             state,
+            per_root: &mut per_root,
         };
-        let mut config = s.config.clone();
         let source = match &s.scrub {
             Some(scrub) => match scrub::prepare(&s, scrub, &mut config, &mut front) {
-                Ok((p, queue, bytes)) => {
-                    plan = Some((p, bytes));
+                Ok((p, queue)) => {
+                    plan = Some(p);
+                    planned = Some(queue.planned.1);
                     engine::Source::List(Box::new(queue))
                 }
                 Err(e) => {
-                    front.reporter.fail(format!("planning the scrub: {e}"));
+                    front.reporter.fail(format!("planning the scrub: {e:#}"));
                     engine::Source::List(Box::new(std::iter::empty()))
                 }
             },
             None => engine::Source::Walk,
         };
-        let total = plan.as_ref().map(|(_, bytes)| *bytes);
-        let bar = show_bar.then(|| progress_bar(scope, &s.roots, &s.config.walk, total, &progress));
+        let bar =
+            show_bar.then(|| progress_bar(scope, &s.roots, &s.config.walk, planned, &progress));
         front.bar = bar.as_ref();
         let mut failure = None;
         let walked = engine::run_from(&config, &s.roots, source, &STOP, &progress, |report| {
@@ -110,9 +121,6 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
     let mut state = state;
     reporter.summary.elapsed = start.elapsed();
     reporter.summary.interrupted = SIGNALLED.load(Ordering::SeqCst);
-    if let Some((plan, _)) = &plan {
-        scrub::conclude(plan, state.as_mut(), &mut reporter);
-    }
     let mut output = output;
     match failure {
         // The manifest's own stdout closed: as for the reports' (`intact export | head`).
@@ -125,27 +133,67 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
     if let Err(e) = walked {
         reporter.fail(format!("walking: {e}"));
     }
-    if let Some(warning) = state.as_mut().and_then(|st| st.failed.take()) {
-        eprintln!("intact: warning: {warning}");
+    let interrupted = STOP.load(Ordering::SeqCst);
+    if output.is_none() {
+        let said =
+            tell_what_is_known(&s, plan.as_ref(), state.as_mut(), &mut reporter).and_then(|()| {
+                match &plan {
+                    Some(plan) => scrub::conclude(plan, state.as_mut(), &mut reporter, interrupted),
+                    None => Ok(()),
+                }
+            });
+        if let Err(e) = said {
+            output = Some(e);
+        }
+    }
+    if s.verifies_only() && !interrupted {
+        let counts = plan.as_ref().map_or(&per_root, |p| &p.per_root);
+        for (root, &(files, tagged)) in s.roots.iter().zip(counts) {
+            if let Some(why) = nothing_verified(root, files, tagged) {
+                reporter.fail(why);
+            }
+        }
+    }
+    if let Some(state) = &mut state {
+        state.commit();
+        if let Some(failed) = state.failed.take() {
+            reporter.fail(failed);
+        }
     }
     if state.as_ref().is_some_and(|st| st.broken)
-        && let Some(warning) = state.take().and_then(State::quarantine)
+        && let Some(st) = state.take()
     {
-        eprintln!("intact: warning: {warning}");
+        reporter.fail(match st.quarantine() {
+            Ok(rebuilt) => history_lost(s.state.as_deref(), &rebuilt),
+            Err(e) => format!(
+                "the state database {} is damaged and could not be moved aside ({e}): \
+                 remove it",
+                s.state.as_deref().map_or("?".into(), escape)
+            ),
+        });
     }
-    // Metrics before the summary: a file that cannot be written is a failure the summary
-    // states (the metrics carry the exit code the summary will state).
     if let Some(output) = &output
         && output.kind() != io::ErrorKind::BrokenPipe
     {
         reporter.fail(format!("writing output: {output}"));
     }
-    if let Some(path) = &s.metrics {
-        if let Some(state) = &mut state {
-            state.commit();
-        }
+    // The run's record, then its metrics, then the summary: each says the exit code the
+    // process returns (a failure of one is a failure the next ones state).
+    if let Some(st) = &mut state {
         let summary = &reporter.summary;
-        let mut m = Metrics::default();
+        st.end_run(
+            summary.files(),
+            summary.bytes,
+            summary.elapsed.as_secs_f64(),
+            summary.exit(s.verb) as i32,
+        );
+        if let Some(failed) = st.failed.take() {
+            reporter.fail(failed);
+        }
+    }
+    if let Some(path) = &s.metrics {
+        let summary = &reporter.summary;
+        let mut m = Metrics::of(&s.roots);
         m.run(
             s.verb.name(),
             summary,
@@ -153,7 +201,7 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
             intact::state::now(),
         );
         let ages = match &plan {
-            Some((plan, _)) => plan.ages().ok(),
+            Some(plan) => plan.ages().ok(),
             None => state.as_ref().and_then(|st| st.seen_summary()),
         };
         if let Some((never, oldest)) = ages {
@@ -161,27 +209,120 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
             verification_ages(&mut m, s.verb.name(), never, oldest);
         }
         if let Err(e) = m.write(path) {
-            reporter.fail(format!(
-                "writing the metrics {}: {e}",
-                intact::report::escape(path)
-            ));
+            reporter.fail(format!("writing the metrics {}: {}", escape(path), e));
         }
     }
-    let exit = match output {
+    Ok(match output {
         // A closed pipe (`intact check | head`) ends the run quietly.
         Some(e) if e.kind() == io::ErrorKind::BrokenPipe => reporter.summary.exit(s.verb),
         _ => finish(&mut reporter, s.verb),
+    })
+}
+
+/// Tells what the state database knows that this run did not see: damage earlier runs found
+/// that is still there (every run that judges says it, until it is dealt with), files gone
+/// from a scrubbed tree, and a history lost with a damaged database.
+fn tell_what_is_known<W: Write, E: Write>(
+    s: &Settings,
+    plan: Option<&intact::scrub::Plan>,
+    state: Option<&mut State>,
+    reporter: &mut Reporter<W, E>,
+) -> io::Result<()> {
+    let Some(state) = state.filter(|_| s.judges()) else {
+        return Ok(());
     };
-    let summary = &reporter.summary;
-    if let Some(state) = &mut state {
-        state.end_run(
-            summary.files(),
-            summary.bytes,
-            summary.elapsed.as_secs_f64(),
-            exit as i32,
-        );
+    for damaged in state.outstanding(&s.roots) {
+        reporter.outstanding(&damaged)?;
     }
-    Ok(exit)
+    let Some(plan) = plan else {
+        return Ok(());
+    };
+    match plan.gone(&s.roots, intact::state::now(), true) {
+        Ok(gone) => {
+            for g in &gone {
+                reporter.removed(g)?;
+            }
+        }
+        Err(e) => reporter.fail(format!(
+            "the state database could not record the files gone from the tree: {}",
+            intact::state::why(&e)
+        )),
+    }
+    if let Some(lost) = state.history_lost()
+        && let Ok(n) = plan.unchecked_since(lost.at)
+        && n > 0
+    {
+        reporter.fail(lost_note(&lost, n));
+    }
+    Ok(())
+}
+
+/// Why a run that only verifies did not do its job under `root`, if it did not: it found no
+/// files there, or none with a tag (a file system without xattrs, a copy that lost them).
+fn nothing_verified(root: &std::path::Path, files: u64, tagged: u64) -> Option<String> {
+    if tagged > 0 {
+        return None;
+    }
+    let shown = escape(root);
+    let meta = std::fs::symlink_metadata(root).ok()?;
+    if meta.file_type().is_symlink() {
+        return Some(format!(
+            "{shown} is a symbolic link to nothing that exists: nothing was verified"
+        ));
+    }
+    if !meta.is_dir() && !meta.is_file() {
+        return Some(format!(
+            "{shown} is not a regular file or a directory: nothing was verified"
+        ));
+    }
+    if files == 0 {
+        return Some(format!(
+            "{shown} holds no files: nothing was verified (is its file system mounted?)"
+        ));
+    }
+    let no_xattrs = matches!(
+        rustix::fs::listxattr(root, &mut [0u8; 0][..]),
+        Err(rustix::io::Errno::NOTSUP)
+    );
+    Some(if no_xattrs {
+        format!(
+            "{shown}: its file system does not support extended attributes, so none of its \
+             {} file(s) can carry a tag: nothing was verified (`intact export` and \
+             `check --manifest` serve such media)",
+            group(files)
+        )
+    } else {
+        format!(
+            "none of the {} file(s) under {shown} is tagged: nothing was verified \
+             (`intact tag` tags them; copies made without xattrs, such as `cp -r`, lose them)",
+            group(files)
+        )
+    })
+}
+
+/// What a database found damaged and replaced means for the owner.
+fn history_lost(db: Option<&std::path::Path>, rebuilt: &intact::state::Rebuilt) -> String {
+    format!(
+        "the state database {} was damaged ({}): moved it to {} and started a new one; what it \
+         knew of damage found earlier and of when files were verified is lost, and runs say so \
+         until every file has been checked again (`intact check PATH` does it at once)",
+        db.map_or("?".into(), escape),
+        rebuilt.why,
+        escape(&rebuilt.aside)
+    )
+}
+
+/// What `status` and scrubs say while files have not been checked since the database was
+/// rebuilt.
+pub(crate) fn lost_note(lost: &intact::state::Lost, unchecked: u64) -> String {
+    format!(
+        "the state database was rebuilt at {} (the damaged one is {}): damage found before \
+         then is no longer known, and {} tagged file(s) under the trees have not been checked \
+         since; `intact check PATH` checks them all",
+        intact::text::time_ms(lost.at),
+        lost.aside.as_deref().map_or("gone".into(), escape),
+        group(unchecked)
+    )
 }
 
 /// Prints the summary; the exit code it states.
@@ -191,22 +332,34 @@ fn finish(reporter: &mut Reporter<Box<dyn Write>, io::Stderr>, verb: intact::rep
         .unwrap_or_else(|_| reporter.summary.exit(verb).merge(Exit::Trouble))
 }
 
-/// The state database at `path`, or none (with a warning) if it cannot be opened: the run
-/// verifies all the same.
-fn open_state(path: &std::path::Path) -> Option<State> {
+/// The state database at `path`, or none if it cannot be opened: the run verifies all the
+/// same, but what it could not do is a failure of the run (exit 3), and so is a database
+/// found damaged and rebuilt.
+fn open_state<W: Write, E: Write>(
+    path: &std::path::Path,
+    reporter: &mut Reporter<W, E>,
+) -> Option<State> {
+    intact::state::on_lock_waits(&STOP, |wait| {
+        eprintln!(
+            "intact: waiting for the state database: another process holds its lock (up to {} s; \
+             Ctrl-C stops)",
+            wait.as_secs()
+        );
+    });
     match State::open(path) {
-        Ok((state, warning)) => {
-            if let Some(w) = warning {
-                eprintln!("intact: warning: {w}");
+        Ok((state, rebuilt)) => {
+            if let Some(rebuilt) = rebuilt {
+                reporter.fail(history_lost(Some(path), &rebuilt));
             }
             Some(state)
         }
         Err(e) => {
-            eprintln!(
-                "intact: warning: cannot open the state database {}: {e}; nothing is recorded \
-                 this run",
-                intact::report::escape(path)
-            );
+            reporter.fail(format!(
+                "cannot use the state database {}: {e}; nothing was recorded, so the next run \
+                 knows nothing of this one (`--state FILE` puts it elsewhere, `--no-state` \
+                 records nothing)",
+                escape(path)
+            ));
             None
         }
     }
@@ -215,18 +368,22 @@ fn open_state(path: &std::path::Path) -> Option<State> {
 /// Runs `f` on the state database (its path; `None` without one). The database is only a
 /// cache: if SQLite finds it damaged, it is moved aside, a new one opened in its place, and
 /// `f` run once more.
-fn on_state<T>(
+fn on_state<T, W: Write, E: Write>(
     state: &mut Option<State>,
+    reporter: &mut Reporter<W, E>,
     mut f: impl FnMut(Option<&std::path::Path>) -> rusqlite::Result<T>,
 ) -> rusqlite::Result<T> {
     let path = |state: &Option<State>| state.as_ref().and_then(|st| st.path().map(PathBuf::from));
     let db = path(state);
     match f(db.as_deref()) {
         Err(e) if intact::state::is_damage(&e) && db.is_some() => {
-            if let Some(warning) = state.take().and_then(State::quarantine) {
-                eprintln!("intact: warning: {warning}");
+            if let Some(st) = state.take() {
+                match st.quarantine() {
+                    Ok(rebuilt) => reporter.fail(history_lost(db.as_deref(), &rebuilt)),
+                    Err(e) => reporter.fail(format!("the state database is damaged: {e}")),
+                }
             }
-            *state = db.as_deref().and_then(open_state);
+            *state = db.as_deref().and_then(|db| open_state(db, reporter));
             f(path(state).as_deref())
         }
         other => other,
@@ -245,7 +402,7 @@ fn verification_ages(m: &mut Metrics, verb: &str, never: u64, oldest: Option<i64
     if let Some(oldest) = oldest {
         m.gauge(
             "oldest_verification_age_seconds",
-            "How long ago the least recently verified file was verified.",
+            "How long ago the least recently verified file that is not damaged was verified.",
             v,
             (intact::state::now() - oldest).max(0) as f64 / 1e3,
         );
@@ -260,6 +417,8 @@ struct Front<'a> {
     error: Option<io::Error>,
     /// Where verdicts and copies are recorded.
     state: Option<State>,
+    /// Per root: regular files reported, and tagged ones among them.
+    per_root: &'a mut Vec<(u64, u64)>,
 }
 
 impl Front<'_> {
@@ -278,8 +437,21 @@ impl Front<'_> {
     }
 }
 
+impl Front<'_> {
+    /// Counts the report under its root.
+    fn count(&mut self, report: &FileReport) {
+        if report.status != intact::core::classify::Status::Skipped
+            && let Some(count) = self.per_root.get_mut(report.root)
+        {
+            count.0 += 1;
+            count.1 += u64::from(report.tag.is_some());
+        }
+    }
+}
+
 impl Out for Front<'_> {
     fn send(&mut self, report: FileReport) {
+        self.count(&report);
         if let Some(state) = &mut self.state {
             state.record(&report);
         }
@@ -288,6 +460,7 @@ impl Out for Front<'_> {
     }
 
     fn hold(&mut self, report: FileReport, fallback: Option<Action>) {
+        self.count(&report);
         // The state database records the copy now; it counts once `settle` says durable.
         if let Some(state) = &mut self.state {
             state.record(&report);
@@ -369,7 +542,7 @@ fn progress_bar<'s>(
                 ticker.set_message(format!(
                     "{} files  {}",
                     progress.files.load(Ordering::Relaxed),
-                    intact::report::escape(&current)
+                    escape(&current)
                 ));
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -382,6 +555,6 @@ fn progress_bar<'s>(
 fn removed(path: &std::path::Path) {
     eprintln!(
         "intact: removed {}: left by an interrupted run of intact",
-        intact::report::escape(path)
+        escape(path)
     );
 }

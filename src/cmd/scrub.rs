@@ -7,10 +7,11 @@ use super::Front;
 use crate::cli::ScrubArgs;
 use crate::cli::settings::{Scrub, Settings};
 use intact::engine::{Config, Work};
-use intact::report::{Exit, Reporter, Verb, bytes, group};
+use intact::report::{Exit, Reporter, Verb};
 use intact::scrub::{Budget, Plan, Queue};
 use intact::sink::{Out, Pass};
 use intact::state::{self, State};
+use intact::text::{bytes, group};
 
 pub fn run(a: ScrubArgs) -> anyhow::Result<Exit> {
     let work = if a.update { Work::Update } else { Work::Check };
@@ -32,14 +33,14 @@ pub fn run(a: ScrubArgs) -> anyhow::Result<Exit> {
 }
 
 /// Plans the scrub: walks the trees reading tags only (what will not be verified is
-/// reported now), opens a cycle if none is, forgets the files that are gone, and queues
-/// what is due. Sets the deadline of a time budget.
+/// reported now), opens a cycle if none is, and queues what is due. Sets the deadline of a
+/// time budget.
 pub(super) fn prepare(
     s: &Settings,
     scrub: &Scrub,
     config: &mut Config,
     front: &mut Front<'_>,
-) -> anyhow::Result<(Plan, Queue, u64)> {
+) -> anyhow::Result<(Plan, Queue)> {
     let start = Instant::now();
     let mut plan = intact::scrub::plan(
         &s.config,
@@ -56,32 +57,39 @@ pub(super) fn prepare(
     let schedule = |plan: &mut Plan, db: Option<&std::path::Path>| -> rusqlite::Result<_> {
         plan.attach(db)?;
         plan.start_cycle(now)?;
-        plan.forget_the_gone(&s.roots)?;
         plan.queue(scrub.budget, scrub.untagged_too, now)
     };
-    let (queue, bytes) = super::on_state(&mut front.state, |db| schedule(&mut plan, db))?;
-    // A database opened anew (the old one was damaged) records this run too.
+    let queue = super::on_state(&mut front.state, front.reporter, |db| {
+        schedule(&mut plan, db)
+    })
+    .map_err(|e| anyhow::anyhow!("{}", state::why(&e)))?;
     if let Some(state) = &mut front.state {
+        // A database opened anew (the old one was damaged) records this run too.
         state.begin_run(s.verb.name(), &s.roots);
+        if let Some(bytes) = scrub.budget.bytes(plan.tagged.1) {
+            state.set_budget(bytes);
+        }
     }
     config.deadline = scrub.max_time.map(|t| start + t);
     // A time budget spent before the first file is a scrub that never verifies: said, exit 3.
-    if bytes > 0 && config.deadline.is_some_and(|d| Instant::now() >= d) {
+    if queue.planned.1 > 0 && config.deadline.is_some_and(|d| Instant::now() >= d) {
         front.reporter.fail(
             "the time budget (--max-time) ran out while planning: nothing was verified; \
              give it more time"
                 .into(),
         );
     }
-    Ok((plan, queue, bytes))
+    Ok((plan, queue))
 }
 
-/// Says how far through its cycle the tree is, for people and in the JSON summary.
+/// Says how far through its cycle the tree is, for people and in the JSON summary; nothing
+/// of a cycle that was not planned whole (an interrupted walk, a database that failed).
 pub(super) fn conclude<W: std::io::Write, E: std::io::Write>(
     plan: &Plan,
     state: Option<&mut State>,
     reporter: &mut Reporter<W, E>,
-) {
+    interrupted: bool,
+) -> std::io::Result<()> {
     if let Some(state) = state {
         state.commit();
     }
@@ -90,20 +98,15 @@ pub(super) fn conclude<W: std::io::Write, E: std::io::Write>(
             "reading the scrub's queue: {e}; the rest was not verified"
         ));
     }
+    if !plan.complete || plan.cycle_started == 0 {
+        return Ok(());
+    }
     let Ok((files, size)) = plan.cycle_progress() else {
-        return;
+        return Ok(());
     };
     let (total_files, total_bytes) = plan.tagged;
-    let started = humantime::format_rfc3339_seconds(
-        std::time::UNIX_EPOCH + std::time::Duration::from_millis(plan.cycle_started.max(0) as u64),
-    )
-    .to_string();
-    let complete = files >= total_files;
-    let percent = if total_bytes > 0 {
-        100.0 * size as f64 / total_bytes as f64
-    } else {
-        100.0
-    };
+    let started = intact::text::time_ms(plan.cycle_started);
+    let complete = files >= total_files && total_files > 0 && !interrupted;
     let verified = reporter.summary.bytes;
     let runs_left = if complete || verified == 0 {
         None
@@ -111,15 +114,19 @@ pub(super) fn conclude<W: std::io::Write, E: std::io::Write>(
         Some((total_bytes - size.min(total_bytes)).div_ceil(verified))
     };
     let mut line = format!(
-        "scrub: cycle since {started}: {} of {} tagged files checked ({} of {}, {percent:.0}%)",
+        "scrub: cycle since {started}: {} of {} tagged files checked ({} of {}, {})",
         group(files),
         group(total_files),
         bytes(size),
-        bytes(total_bytes)
+        bytes(total_bytes),
+        intact::text::percent(size, total_bytes)
     );
     match runs_left {
         _ if complete => line.push_str("; the cycle is complete"),
-        Some(n) => line.push_str(&format!("; about {n} more run(s) like this one")),
+        Some(n) => line.push_str(&format!(
+            "; about {n} more {} like this one",
+            if n == 1 { "run" } else { "runs" }
+        )),
         None => {}
     }
     reporter.note(line);
@@ -132,4 +139,5 @@ pub(super) fn conclude<W: std::io::Write, E: std::io::Write>(
         "complete": complete,
     });
     reporter.summary.extra.insert("cycle".into(), cycle);
+    Ok(())
 }

@@ -1,10 +1,10 @@
 //! `status`: how well verified and protected the trees are, from tags and the state
-//! database alone.
+//! database alone: what needs attention first (damage, files gone, a history lost with a
+//! damaged database), then coverage; with `-v`, when each file was last proven good.
 
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::Context;
 
@@ -12,141 +12,284 @@ use crate::cli::StatusArgs;
 use crate::cli::settings::Settings;
 use intact::engine::Work;
 use intact::metrics::Metrics;
-use intact::report::{Exit, Verb, bytes, escape, group};
-use intact::scrub::Overview;
-use intact::state;
+use intact::report::{Exit, Verb, Verbosity};
+use intact::scrub::{FileState, Gone, Overview, Plan};
+use intact::state::{self, Pace};
+use intact::text::{bytes, escape, group, percent, time_ms};
 
 pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
-    let mut s = Settings::new(Verb::Show, Work::Show, a.paths.paths, &a.common)?;
+    let mut s = Settings::new(Verb::Status, Work::Show, a.paths.paths, &a.common)?;
     s.record(&a.state);
-    let state = s.state.as_deref().and_then(super::open_state);
-    let mut errors = 0u64;
+    let mut failures = Failures::default();
+    let mut state = s
+        .state
+        .as_deref()
+        .and_then(|db| super::open_state(db, &mut failures.0));
     let mut plan = intact::scrub::plan(&s.config, &s.roots, true, &super::STOP, |r| {
         if r.status == intact::core::classify::Status::Error {
-            errors += 1;
-            eprintln!(
-                "intact: error: {}: {}",
+            failures.0.fail(format!(
+                "{}: {}",
                 escape(&r.path),
                 r.error.as_ref().map_or(String::new(), |e| e.to_string())
-            );
+            ));
         }
     })
     .context("reading the trees")?;
-    let mut state = state;
-    super::on_state(&mut state, |db| plan.attach(db)).context("reading the state database")?;
-    let db = state.as_ref().and_then(|st| st.path().map(PathBuf::from));
+    super::on_state(&mut state, &mut failures.0, |db| plan.attach(db))
+        .map_err(|e| anyhow::anyhow!("reading the state database: {}", state::why(&e)))?;
+    let db = state
+        .as_ref()
+        .and_then(|st| st.path().map(|p| p.to_path_buf()));
     let now = state::now();
     let overview = plan.overview(now)?;
-    let (cycle_files, cycle_bytes) = (overview.cycle_verified.files, overview.cycle_verified.bytes);
-    let speed = state
-        .as_ref()
-        .and_then(|st| st.throughput("scrub").or_else(|| st.throughput("check")));
-    let cycle_seconds = speed.map(|bps| overview.tagged.bytes as f64 / bps);
-    let (never, oldest) = (overview.ages[0].files, overview.oldest);
-    let mut exit = if overview.damage.is_empty() {
-        Exit::Clean
-    } else {
-        Exit::Damage
-    };
-    if errors > 0 {
-        exit = exit.merge(Exit::Trouble);
+    let gone = plan.gone(&s.roots, now, false)?;
+    if let Some(lost) = state.as_ref().and_then(|st| st.history_lost()) {
+        let unchecked = plan.unchecked_since(lost.at)?;
+        if unchecked > 0 {
+            failures.0.fail(super::lost_note(&lost, unchecked));
+        }
+    }
+    let pace = state.as_ref().and_then(|st| st.pace(&s.roots));
+    let cycle = Cycle::estimate(overview.tagged.bytes, pace);
+    let damaged = overview.damage.len() as u64;
+    let mut exit = failures.0.summary.exit(Verb::Status);
+    if damaged > 0 {
+        exit = exit.merge(Exit::Damage);
     }
     let mut out = std::io::stdout().lock();
+    let errors: Vec<String> = failures.0.summary.failures.clone();
     if s.json {
+        if s.verbosity == Verbosity::Verbose {
+            plan.files(|f| {
+                let _ = writeln!(out, "{}", file_json(&f));
+            })?;
+        }
         let json = serde_json::json!({
             "type": "status",
             "overview": overview,
+            "removed": gone,
             "cycle": {
-                "started": (plan.cycle_started > 0).then(|| rfc3339(plan.cycle_started)),
-                "files_checked": cycle_files,
-                "bytes_checked": cycle_bytes,
-                "seconds_for_a_cycle": cycle_seconds,
+                "started": (plan.cycle_started > 0).then(|| time_ms(plan.cycle_started)),
+                "files_checked": overview.cycle_verified.files,
+                "bytes_checked": overview.cycle_verified.bytes,
+                "seconds_for_a_cycle": cycle.as_ref().and_then(|c| c.seconds),
+                "runs_for_a_cycle": cycle.as_ref().and_then(|c| c.runs),
             },
-            "never_verified": never,
-            "oldest_verification": oldest.map(rfc3339),
+            "never_verified": overview.ages[0].files,
+            "oldest_verification": overview.oldest.map(time_ms),
             "state": db,
+            "errors": errors,
             "exit_code": exit as i32,
         });
         writeln!(out, "{json}")?;
     } else {
         let width = terminal_width();
-        let text = render(&overview, a.damage_lines, width, cycle_seconds, speed);
+        let text = match s.verbosity {
+            Verbosity::Quiet => attention(&overview, &gone, a.damage_lines),
+            _ => {
+                let mut text = render(&overview, &gone, a.damage_lines, width, cycle.as_ref());
+                if plan.cycle_started > 0 {
+                    let _ = writeln!(
+                        text,
+                        "cycle       since {}: {} of {} tagged files checked ({})",
+                        time_ms(plan.cycle_started),
+                        group(overview.cycle_verified.files),
+                        group(overview.tagged.files),
+                        bytes(overview.cycle_verified.bytes)
+                    );
+                }
+                if db.is_none() {
+                    text.push_str("(no state database: every file counts as never verified)\n");
+                }
+                text
+            }
+        };
         out.write_all(text.as_bytes())?;
-        if plan.cycle_started > 0 {
-            writeln!(
-                out,
-                "cycle       since {}: {} of {} tagged files checked ({})",
-                rfc3339(plan.cycle_started),
-                group(cycle_files),
-                group(overview.tagged.files),
-                bytes(cycle_bytes)
-            )?;
+        if s.verbosity == Verbosity::Verbose {
+            plan.files(|f| {
+                let _ = writeln!(out, "{}", file_line(&f));
+            })?;
         }
-        if db.is_none() {
-            writeln!(
-                out,
-                "(no state database: every file counts as never verified)"
-            )?;
+        for e in &errors {
+            eprintln!("intact: error: {e}");
         }
     }
     out.flush()?;
     if let Some(path) = &a.metrics.metrics {
-        let mut m = Metrics::default();
-        let v = [("verb", "status")];
-        let pairs = [
-            (
-                "files_tagged",
-                "Tagged files under the roots.",
-                overview.tagged.files,
-            ),
-            (
-                "bytes_tagged",
-                "Bytes in tagged files under the roots.",
-                overview.tagged.bytes,
-            ),
-            (
-                "files_untagged",
-                "Untagged regular files under the roots.",
-                overview.untagged.files,
-            ),
-            (
-                "files_damaged",
-                "Files found damaged and not yet repaired or accepted.",
-                overview.damage.len() as u64,
-            ),
-            (
-                "files_protected",
-                "Tagged files with a parity set.",
-                overview.protected.files,
-            ),
-            (
-                "files_archived",
-                "Tagged files with an archived copy.",
-                overview.archived.files,
-            ),
-        ];
-        for (name, help, value) in pairs {
-            m.gauge(name, help, &v, value as f64);
-        }
-        super::verification_ages(&mut m, "status", never + overview.untagged.files, oldest);
-        if let Some(secs) = cycle_seconds {
-            m.gauge(
-                "cycle_estimate_seconds",
-                "How long verifying every tagged file takes at the speed of recent scrubs.",
-                &v,
-                secs,
-            );
-        }
+        let m = metrics(&s, &plan, &overview, &gone, cycle.as_ref(), exit);
         m.write(path)
             .with_context(|| format!("writing the metrics {}", escape(path)))?;
     }
     Ok(exit)
 }
 
-/// Unix milliseconds as an RFC 3339 time.
-fn rfc3339(ms: i64) -> String {
-    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64))
-        .to_string()
+/// Failures beyond single files (a database that cannot be used, unreadable paths), kept
+/// as a run's are: each makes the exit code 3.
+struct Failures(intact::report::Reporter<std::io::Sink, std::io::Sink>);
+
+impl Default for Failures {
+    fn default() -> Self {
+        Failures(intact::report::Reporter::new(
+            Verb::Status,
+            false,
+            Verbosity::Normal,
+            std::io::sink(),
+            std::io::sink(),
+        ))
+    }
+}
+
+/// How long a full cycle takes: at the pace of recent scrubs (runs of their budget, one
+/// every so often), or at the speed of recent checks.
+#[derive(Debug)]
+struct Cycle {
+    /// Runs it takes, if scrubs make it.
+    runs: Option<u64>,
+    /// Seconds it takes, if that is known.
+    seconds: Option<f64>,
+    pace: Pace,
+}
+
+impl Cycle {
+    fn estimate(tagged: u64, pace: Option<Pace>) -> Option<Cycle> {
+        let pace = pace?;
+        if !pace.scrubs || pace.bytes_per_run >= tagged as f64 {
+            return Some(Cycle {
+                runs: pace.scrubs.then_some(1),
+                seconds: Some(tagged as f64 / pace.bytes_per_second),
+                pace,
+            });
+        }
+        let runs = (tagged as f64 / pace.bytes_per_run).ceil() as u64;
+        Some(Cycle {
+            runs: Some(runs),
+            seconds: pace.every.map(|every| runs as f64 * every),
+            pace,
+        })
+    }
+
+    /// What status says of it.
+    fn line(&self) -> String {
+        let duration = |secs: f64| {
+            humantime::format_duration(Duration::from_secs(secs.ceil() as u64)).to_string()
+        };
+        let speed = bytes(self.pace.bytes_per_second as u64);
+        match (self.runs, self.seconds) {
+            (Some(1) | None, Some(secs)) => format!(
+                "about {} at {speed}/s ({})",
+                duration(secs),
+                if self.pace.scrubs {
+                    "recent scrubs"
+                } else {
+                    "recent checks"
+                }
+            ),
+            (Some(runs), Some(secs)) => format!(
+                "about {runs} runs, {} at the pace of recent scrubs ({} a run, one every {})",
+                duration(secs),
+                bytes(self.pace.bytes_per_run as u64),
+                duration(self.pace.every.unwrap_or(0.0))
+            ),
+            (Some(runs), None) => format!(
+                "about {runs} runs like the last scrub ({} a run)",
+                bytes(self.pace.bytes_per_run as u64)
+            ),
+            (None, None) => "unknown".into(),
+        }
+    }
+}
+
+/// The metrics of a status: what the trees hold, what needs attention, and the run itself.
+fn metrics(
+    s: &Settings,
+    plan: &Plan,
+    overview: &Overview,
+    gone: &[Gone],
+    cycle: Option<&Cycle>,
+    exit: Exit,
+) -> Metrics {
+    let mut m = Metrics::of(&s.roots);
+    let v = [("verb", "status")];
+    let pairs = [
+        (
+            "files_tagged",
+            "Tagged files under the roots.",
+            overview.tagged.files,
+        ),
+        (
+            "bytes_tagged",
+            "Bytes in tagged files under the roots.",
+            overview.tagged.bytes,
+        ),
+        (
+            "files_untagged",
+            "Untagged regular files under the roots.",
+            overview.untagged.files,
+        ),
+        (
+            "files_damaged",
+            "Files found damaged (by this run or earlier ones) and not yet repaired or accepted.",
+            overview.damage.len() as u64,
+        ),
+        (
+            "files_removed",
+            "Files found gone from the tree since they were last seen (in the last 30 days).",
+            gone.len() as u64,
+        ),
+        (
+            "files_protected",
+            "Tagged files with a parity set.",
+            overview.protected.files,
+        ),
+        (
+            "files_archived",
+            "Tagged files with an archived copy.",
+            overview.archived.files,
+        ),
+    ];
+    for (name, help, value) in pairs {
+        m.gauge(name, help, &v, value as f64);
+    }
+    let never = overview.ages[0].files + overview.untagged.files;
+    super::verification_ages(&mut m, "status", never, overview.oldest);
+    if let Some(secs) = cycle.and_then(|c| c.seconds) {
+        m.gauge(
+            "cycle_estimate_seconds",
+            "How long verifying every tagged file takes at the pace of recent scrubs.",
+            &v,
+            secs,
+        );
+    }
+    let _ = plan;
+    m.end("status", exit as i32, state::now());
+    m
+}
+
+/// One line of `status -v`: when the file was last proven good, its last verdict, its path.
+fn file_line(f: &FileState) -> String {
+    let verified = f.verified.map_or_else(|| "never".to_string(), time_ms);
+    let status = match f.damaged {
+        Some(_) => f.status.as_deref().unwrap_or("corrupt"),
+        None => f.status.as_deref().unwrap_or("-"),
+    };
+    format!(
+        "{verified:<20} {status:<8} {:>9} {}",
+        bytes(f.size),
+        escape(&f.path)
+    )
+}
+
+/// One object of `status -v --json`.
+fn file_json(f: &FileState) -> serde_json::Value {
+    serde_json::json!({
+        "type": "file",
+        "path": escape(&f.path),
+        "size": f.size,
+        "verified": f.verified.map(time_ms),
+        "checked": f.checked.map(time_ms),
+        "status": f.status,
+        "damaged": f.damaged.map(time_ms),
+    })
 }
 
 /// The width to draw the chart for: the terminal's, `$COLUMNS`, or 80.
@@ -164,13 +307,68 @@ fn terminal_width() -> usize {
         .unwrap_or(80)
 }
 
+/// What needs attention (`-q`, and the end of the overview): damage not dealt with, files
+/// gone since they were last seen. Nothing when there is none.
+fn attention(o: &Overview, gone: &[Gone], lines: usize) -> String {
+    let mut t = String::new();
+    if !o.damage.is_empty() {
+        let _ = writeln!(
+            t,
+            "damage      {} {} found damaged, not yet repaired or accepted:",
+            group(o.damage.len() as u64),
+            if o.damage.len() == 1 { "file" } else { "files" }
+        );
+        for d in o.damage.iter().take(lines) {
+            let _ = writeln!(
+                t,
+                "  {:<8} {}  (found {})",
+                d.status.as_deref().unwrap_or("damaged"),
+                escape(&d.path),
+                d.found.map_or("?".into(), time_ms)
+            );
+        }
+        if o.damage.len() > lines {
+            let _ = writeln!(
+                t,
+                "  ... and {} more (--json lists all)",
+                o.damage.len() - lines
+            );
+        }
+    }
+    if !gone.is_empty() {
+        let _ = writeln!(
+            t,
+            "removed     {} {} gone since last seen (remembered {} days):",
+            group(gone.len() as u64),
+            if gone.len() == 1 { "file" } else { "files" },
+            intact::scrub::GONE_KEPT.as_secs() / 86_400
+        );
+        for g in gone.iter().take(lines) {
+            let _ = writeln!(
+                t,
+                "  {}  (last verified {})",
+                escape(&g.path),
+                g.verified.map_or("never".into(), time_ms)
+            );
+        }
+        if gone.len() > lines {
+            let _ = writeln!(
+                t,
+                "  ... and {} more (--json lists all)",
+                gone.len() - lines
+            );
+        }
+    }
+    t
+}
+
 /// The overview for people: counts, the age chart with bars scaled to `width`, damage.
 fn render(
     o: &Overview,
+    gone: &[Gone],
     damage_lines: usize,
     width: usize,
-    cycle_seconds: Option<f64>,
-    speed: Option<f64>,
+    cycle: Option<&Cycle>,
 ) -> String {
     let mut t = String::new();
     let drawn = (|| -> std::fmt::Result {
@@ -201,64 +399,32 @@ fn render(
                 w = bar_width
             )?;
         }
-        let share = |n: u64| {
-            if o.tagged.files == 0 {
-                0.0
-            } else {
-                100.0 * n as f64 / o.tagged.files as f64
-            }
-        };
         writeln!(
             t,
-            "copies      {} with parity ({:.0}%), {} archived ({:.0}%)",
+            "copies      {} with parity ({}), {} archived ({})",
             group(o.protected.files),
-            share(o.protected.files),
+            percent(o.protected.files, o.tagged.files),
             group(o.archived.files),
-            share(o.archived.files)
+            percent(o.archived.files, o.tagged.files)
         )?;
-        match (cycle_seconds, speed) {
-            (Some(secs), Some(bps)) => writeln!(
-                t,
-                "full cycle  about {} at {}/s (recent scrubs)",
-                humantime::format_duration(Duration::from_secs(secs.ceil() as u64)),
-                bytes(bps as u64)
-            )?,
-            _ => writeln!(t, "full cycle  unknown: no scrub or check recorded yet")?,
+        match cycle {
+            Some(c) => writeln!(t, "full cycle  {}", c.line())?,
+            None => writeln!(t, "full cycle  unknown: no scrub or check recorded yet")?,
         }
         if o.damage.is_empty() {
             writeln!(t, "damage      none found that is not repaired")?;
-        } else {
-            writeln!(
-                t,
-                "damage      {} file(s) found damaged, not yet repaired or accepted:",
-                o.damage.len()
-            )?;
-            for d in o.damage.iter().take(damage_lines) {
-                writeln!(
-                    t,
-                    "  {:<8} {}  (found {})",
-                    d.status.as_deref().unwrap_or("damaged"),
-                    escape(&d.path),
-                    d.found.map_or("?".into(), rfc3339)
-                )?;
-            }
-            if o.damage.len() > damage_lines {
-                writeln!(
-                    t,
-                    "  ... and {} more (--json lists all)",
-                    o.damage.len() - damage_lines
-                )?;
-            }
         }
         Ok(())
     })();
     drawn.expect("writing to a String");
+    t.push_str(&attention(o, gone, damage_lines));
     t
 }
 
 #[cfg(test)]
 mod tests {
     use intact::scrub::{Age, Count, Overview};
+    use intact::state::Pace;
 
     fn overview() -> Overview {
         let ages = [("never", 5), ("< 1 day", 20), ("< 1 week", 0), ("older", 1)]
@@ -294,11 +460,50 @@ mod tests {
 
     #[test]
     fn the_age_chart_scales_to_the_terminal() {
-        let narrow = bars(&super::render(&overview(), 20, 60, None, None));
-        let wide = bars(&super::render(&overview(), 20, 120, None, None));
+        let narrow = bars(&super::render(&overview(), &[], 20, 60, None));
+        let wide = bars(&super::render(&overview(), &[], 20, 120, None));
         // The largest bucket spans the room there is; the others keep their proportion; an
         // empty bucket has no bar, a small one at least a mark.
         assert_eq!(narrow, vec![6, 24, 0, 1]);
         assert_eq!(wide, vec![15, 60, 0, 3]);
+    }
+
+    /// A budgeted nightly scrub makes a cycle of many nights, not of its running time.
+    #[test]
+    fn a_cycle_of_budgeted_scrubs_takes_their_nights() {
+        let nightly = Pace {
+            scrubs: true,
+            bytes_per_run: 50.0,
+            bytes_per_second: 1000.0,
+            every: Some(86_400.0),
+            budgeted: true,
+        };
+        let c = super::Cycle::estimate(1000, Some(nightly)).unwrap();
+        assert_eq!(c.runs, Some(20));
+        assert_eq!(c.seconds, Some(20.0 * 86_400.0));
+        assert!(c.line().contains("20 runs, 20days"), "{}", c.line());
+        let whole = super::Cycle::estimate(
+            1000,
+            Some(Pace {
+                bytes_per_run: 1000.0,
+                ..nightly
+            }),
+        )
+        .unwrap();
+        assert_eq!(whole.seconds, Some(1.0));
+        assert!(whole.line().contains("(recent scrubs)"), "{}", whole.line());
+        let checks = super::Cycle::estimate(
+            1000,
+            Some(Pace {
+                scrubs: false,
+                ..nightly
+            }),
+        )
+        .unwrap();
+        assert!(
+            checks.line().contains("(recent checks)"),
+            "{}",
+            checks.line()
+        );
     }
 }

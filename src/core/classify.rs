@@ -5,7 +5,7 @@
 //! mtime. Written down, with one test per row, in `docs/classification.md`.
 
 use crate::core::digest::Digest;
-use crate::core::tag::{Tag, Timestamp};
+use crate::core::tag::{Damage, Tag, Timestamp};
 
 /// What intact found for one file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
@@ -141,6 +141,45 @@ pub fn after_interrupted_repair(verdict: Status) -> Status {
     }
 }
 
+/// How the data now relates to damage found earlier ([`Damage`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SinceDamage {
+    /// Still the damaged bytes: the same damage, whatever the mtime says.
+    Same,
+    /// The data matches its tag again (restored by hand): the damage is over.
+    Whole,
+    /// Other bytes under a moved mtime: new content the owner wrote, which ends the damage.
+    Edited,
+    /// Other bytes under the same mtime: damaged again, differently.
+    Worse,
+}
+
+/// The verdict on a file found damaged before, from its `verdict` by the table and the
+/// `fresh` digest: data that still hashes to the damaged bytes is that damage even if the
+/// mtime moved since (a touch, a sync tool), which the table alone would call an edit.
+pub fn since_damage(
+    tag: &Tag,
+    verdict: Status,
+    fresh: &Digest,
+    damage: &Damage,
+) -> (Status, SinceDamage) {
+    if *fresh == damage.digest {
+        // A tag without an mtime (Dintch) says mismatch where others say corrupt.
+        let same = if tag.mtime.is_some() {
+            Status::Corrupt
+        } else {
+            Status::Mismatch
+        };
+        return (same, SinceDamage::Same);
+    }
+    let how = match verdict {
+        Status::Ok | Status::Touched => SinceDamage::Whole,
+        Status::Corrupt | Status::Mismatch => SinceDamage::Worse,
+        _ => SinceDamage::Edited,
+    };
+    (verdict, how)
+}
+
 /// What a check would most likely say, from metadata alone (no data read): used by `show`.
 pub fn expect(tag: &Tag, size: u64, mtime: Timestamp, window_ns: u64) -> Status {
     let size_differs = tag.size.is_some_and(|s| s != size);
@@ -248,6 +287,50 @@ mod tests {
             after_interrupted_repair(classify(&t, 8, at(5), &same(), 0)),
             Status::Touched
         );
+    }
+
+    /// Row "known damage, mtime moved": the damaged bytes are damage whatever the mtime,
+    /// other bytes under a moved mtime an edit that ends it, the tag's bytes whole again.
+    #[test]
+    fn row_known_damage_is_never_blessed_by_a_moved_mtime() {
+        let t = tag(Format::Intact);
+        let damage = Damage {
+            digest: other(),
+            found: T.sec,
+        };
+        let edit = digest_bytes(Algo::Sha256, b"an edit!");
+        for mtime in [T, at(1), at(-1)] {
+            let verdict = classify(&t, 8, mtime, &other(), 0);
+            assert_eq!(
+                since_damage(&t, verdict, &other(), &damage),
+                (Status::Corrupt, SinceDamage::Same),
+                "{mtime:?}"
+            );
+        }
+        let touched = classify(&t, 8, at(1), &same(), 0);
+        assert_eq!(
+            since_damage(&t, touched, &same(), &damage),
+            (Status::Touched, SinceDamage::Whole)
+        );
+        let edited = classify(&t, 8, at(1), &edit, 0);
+        assert_eq!(
+            since_damage(&t, edited, &edit, &damage),
+            (Status::Modified, SinceDamage::Edited)
+        );
+        let worse = classify(&t, 8, T, &edit, 0);
+        assert_eq!(
+            since_damage(&t, worse, &edit, &damage),
+            (Status::Corrupt, SinceDamage::Worse)
+        );
+        // A Dintch tag cannot tell corrupt from edited: it stays a mismatch.
+        let dintch = tag(Format::Dintch);
+        for mtime in [T, at(2_000_000_000)] {
+            let verdict = classify(&dintch, 8, mtime, &other(), 0);
+            assert_eq!(
+                since_damage(&dintch, verdict, &other(), &damage),
+                (Status::Mismatch, SinceDamage::Same)
+            );
+        }
     }
 
     #[test]

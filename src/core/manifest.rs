@@ -95,8 +95,8 @@ impl Expected {
                     line: e.line,
                     why: format!(
                         "{} is not a path inside {}: not followed",
-                        crate::report::escape(Path::new(OsStr::from_bytes(&e.path))),
-                        crate::report::escape(root)
+                        crate::text::escape(Path::new(OsStr::from_bytes(&e.path))),
+                        crate::text::escape(root)
                     ),
                 });
                 continue;

@@ -45,6 +45,9 @@ pub mod names {
         REPAIRING = "user.intact.repairing", "intact.repairing";
         /// A damaged copy kept by repair: what it is a copy of, and when it was kept.
         KEPT_DAMAGED = "user.intact.damaged", "intact.damaged";
+        /// A file a writing verb found damaged: the digest of its damaged bytes and when
+        /// (see [`super::Damage`]).
+        CORRUPT = "user.intact.corrupt", "intact.corrupt";
         /// Dintch: when the file was tagged.
         DINTCH_TIME = "user.co.eclecticlight.dintch.time", "co.eclecticlight.dintch.time";
     }
@@ -369,6 +372,61 @@ fn parse_loose_time(raw: &[u8]) -> Option<i64> {
     Some(sec)
 }
 
+/// Damage found earlier: the digest of the damaged bytes (with the tag's algorithm) and when
+/// it was found. Kept in the state database and, by the verbs that write, on the file itself
+/// (`user.intact.corrupt`), so that a later run knows the same damage under a moved mtime (a
+/// touch, a sync tool) for what it is, and only an edit (other bytes) ends it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Damage {
+    /// The digest of the damaged data.
+    pub digest: Digest,
+    /// When the damage was found, Unix seconds.
+    pub found: i64,
+}
+
+/// The length of a damage mark.
+pub const DAMAGE_LEN: usize = 42;
+
+/// Encodes a damage mark, version 1, integers little-endian:
+///
+/// ```text
+/// offset  size  field
+///      0     1  version: 1
+///      1     1  algorithm: 1 = SHA-256, 2 = BLAKE3
+///      2    32  digest of the damaged data
+///     34     8  found: Unix seconds, signed
+/// ```
+pub fn encode_damage(d: &Damage) -> Vec<u8> {
+    let mut v = Vec::with_capacity(DAMAGE_LEN);
+    v.push(1);
+    v.push(algo_code(d.digest.algo));
+    v.extend_from_slice(&d.digest.bytes);
+    v.extend_from_slice(&d.found.to_le_bytes());
+    v
+}
+
+/// Parses a damage mark (see [`encode_damage`]).
+pub fn parse_damage(raw: &[u8]) -> Result<Damage, Malformed> {
+    let Ok(raw) = <&[u8; DAMAGE_LEN]>::try_from(raw) else {
+        return bad(format!("{} bytes instead of {DAMAGE_LEN}", raw.len()));
+    };
+    if raw[0] != 1 {
+        return bad(format!("unsupported version {}", raw[0]));
+    }
+    let algo = match raw[1] {
+        1 => Algo::Sha256,
+        2 => Algo::Blake3,
+        n => return bad(format!("unknown algorithm {n}")),
+    };
+    Ok(Damage {
+        digest: Digest {
+            algo,
+            bytes: raw[2..34].try_into().expect("32 bytes"),
+        },
+        found: i64::from_le_bytes(raw[34..42].try_into().expect("8 bytes")),
+    })
+}
+
 fn parse_hex_digest(algo: Algo, hex: &str) -> Result<Digest, Malformed> {
     if hex.len() != 64 {
         return bad(format!(
@@ -596,6 +654,25 @@ mod tests {
         assert_eq!(unix.tagged, Some(1560331425));
     }
 
+    #[test]
+    fn damage_marks_round_trip_and_reject_what_they_are_not() {
+        let (d, _) = sample();
+        let mark = Damage {
+            digest: d,
+            found: -3,
+        };
+        let raw = encode_damage(&mark);
+        assert_eq!(raw.len(), DAMAGE_LEN);
+        assert_eq!(parse_damage(&raw), Ok(mark));
+        assert!(parse_damage(&raw[..41]).is_err());
+        let mut v2 = raw.clone();
+        v2[0] = 2;
+        assert!(parse_damage(&v2).is_err());
+        let mut algo = raw;
+        algo[1] = 9;
+        assert!(parse_damage(&algo).is_err());
+    }
+
     /// Mutations of valid tags (flipped, dropped, inserted, truncated bytes) never panic a
     /// parser, and whatever parse_intact accepts encodes back to an equivalent tag.
     #[test]
@@ -613,6 +690,10 @@ mod tests {
             d.hex().into_bytes(),
             b"1560177334.020775".to_vec(),
             d.bytes.to_vec(),
+            encode_damage(&Damage {
+                digest: d,
+                found: 1_800_000_000,
+            }),
         ];
         let mut rng = crate::testutil::Rng::new(0x9e37_79b9_7f4a_7c15);
         for round in 0..20_000 {
@@ -638,6 +719,9 @@ mod tests {
             }
             let _ = parse_shatag(&v, Some(&v));
             let _ = parse_dintch(&v, Some(&v));
+            if let Ok(mark) = parse_damage(&v) {
+                assert_eq!(parse_damage(&encode_damage(&mark)), Ok(mark));
+            }
         }
     }
 }

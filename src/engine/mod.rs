@@ -16,9 +16,9 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender, bounded, never, select};
 
 use crate::core::classify::Status;
-use crate::core::digest::Algo;
+use crate::core::digest::{Algo, Digest};
 use crate::core::manifest::Expected;
-use crate::core::tag::Format;
+use crate::core::tag::{Damage, Format};
 use crate::fs::anchor::Anchor;
 use crate::fs::device::{Cold, Gates};
 use crate::fs::read::AlignedBuf;
@@ -113,7 +113,15 @@ pub struct Config {
     /// No file is started after this (a scrub's time budget); files already started finish,
     /// the others get no report.
     pub deadline: Option<Instant>,
+    /// Damage the state database remembers, so that a file whose damaged bytes are read again
+    /// under a moved mtime is still damaged, not edited (files a writing verb found damaged
+    /// carry a mark that says so themselves).
+    pub known_damage: Option<Arc<KnownDamage>>,
 }
+
+/// Damage found earlier, by inode number and the digest its tag holds, with the file system
+/// it is on (its `statvfs` id, as the state database keys files).
+pub type KnownDamage = HashMap<(u64, Digest), Vec<(i64, Damage)>>;
 
 impl Config {
     /// A configuration with defaults for `work`.
@@ -134,6 +142,7 @@ impl Config {
             remove_leftovers: false,
             sink_verifies: None,
             deadline: None,
+            known_damage: None,
         }
     }
 
@@ -543,7 +552,7 @@ pub(crate) fn name_damage(
         report.status = *status;
         report.detail = Some(format!(
             "another name of {}, which is {}",
-            crate::report::escape(first),
+            crate::text::escape(first),
             status.name()
         ));
     }

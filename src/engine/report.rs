@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::core::classify::{self, Status};
 use crate::core::digest::{Algo, Digest};
-use crate::core::tag::{self, Tag, Timestamp};
+use crate::core::tag::{self, Damage, Tag, Timestamp};
 use crate::fs::walk::{Inode, SkipReason};
 
 /// What was done to a file's tags.
@@ -26,11 +26,14 @@ pub enum Action {
     Protected,
     /// The file's data was restored from a verified copy.
     Repaired,
+    /// The file was damaged, and its data was accepted as it is (`--accept-corrupt`):
+    /// re-tagged.
+    Accepted,
 }
 
 impl Action {
     /// Every action, in declaration order (summaries count by `action as usize`).
-    pub const ALL: [Action; 7] = [
+    pub const ALL: [Action; 8] = [
         Action::Tagged,
         Action::Refreshed,
         Action::Kept,
@@ -38,6 +41,7 @@ impl Action {
         Action::Archived,
         Action::Protected,
         Action::Repaired,
+        Action::Accepted,
     ];
 
     /// The word used in output.
@@ -50,6 +54,7 @@ impl Action {
             Action::Archived => "archived",
             Action::Protected => "protected",
             Action::Repaired => "repaired",
+            Action::Accepted => "accepted",
         }
     }
 }
@@ -173,6 +178,9 @@ pub struct FileReport {
     pub detail: Option<String>,
     /// Malformed tags found on the file (attribute, reason).
     pub malformed: Vec<(&'static str, tag::Malformed)>,
+    /// Damage found in it earlier (by the mark on the file or the state database) that this
+    /// verdict took into account.
+    pub known_damage: Option<Damage>,
     /// Bytes of data read.
     pub bytes_read: u64,
     /// The file itself, left open for the sink to verify (see `Config::sink_verifies`).
@@ -197,6 +205,7 @@ impl FileReport {
             error: None,
             detail: None,
             malformed: Vec::new(),
+            known_damage: None,
             bytes_read: 0,
             open: None,
         }

@@ -9,9 +9,9 @@ use std::sync::atomic::AtomicBool;
 
 use super::report::{Action, FileError, FileReport};
 use super::{Config, Held, OpenFile, OpenFiles, Progress, Work};
-use crate::core::classify::{self, Status};
+use crate::core::classify::{self, SinceDamage, Status};
 use crate::core::digest::{Algo, Digest};
-use crate::core::tag::{self, Format, Tag, Timestamp};
+use crate::core::tag::{self, Damage, Format, Tag, Timestamp};
 use crate::fs::anchor::Anchor;
 use crate::fs::atomic;
 use crate::fs::device::{Cold, Gate, Gates};
@@ -479,6 +479,18 @@ impl Worker<'_> {
             if s.stored.repairing {
                 report.status = classify::after_interrupted_repair(report.status);
                 report.detail = Some(INTERRUPTED_REPAIR.into());
+            } else if let Some(damage) = s.stored.damage {
+                // Found damaged and not dealt with since: a check will most likely agree.
+                report.status = if t.mtime.is_some() {
+                    Status::Corrupt
+                } else {
+                    Status::Mismatch
+                };
+                report.known_damage = Some(damage);
+                report.detail = Some(format!(
+                    "found damaged at {}, not yet repaired",
+                    crate::text::time(damage.found)
+                ));
             }
         }
         report
@@ -596,9 +608,9 @@ impl Worker<'_> {
         let upgrade = s.stored.intact().is_none() || algo != tag.digest.algo;
         let mut report = match report.status {
             Status::Ok if upgrade => self.write(report, s, &d, algo, Action::Tagged),
-            // The data is whole again: a repair's mark left behind is only noise.
-            Status::Ok if s.stored.repairing => match xattr::unmark_repairing(s.file) {
-                Ok(_) => {
+            // The data is whole again: a repair's or a damage's mark left behind is only noise.
+            Status::Ok if s.stored.repairing || s.stored.damage.is_some() => match unmark(s) {
+                Ok(()) => {
                     report.action = Some(Action::Refreshed);
                     self.compat(report, s, &d)
                 }
@@ -607,11 +619,11 @@ impl Worker<'_> {
             Status::Ok => self.compat(report, s, &d),
             Status::Corrupt | Status::Mismatch if !self.config.accept_corrupt => {
                 report.action = Some(Action::Kept);
+                self.mark_damaged(&mut report, s);
                 return Ok(report);
             }
-            Status::Corrupt | Status::Mismatch | Status::Modified | Status::Older => {
-                self.write(report, s, &d, algo, Action::Tagged)
-            }
+            Status::Corrupt | Status::Mismatch => self.write(report, s, &d, algo, Action::Accepted),
+            Status::Modified | Status::Older => self.write(report, s, &d, algo, Action::Tagged),
             Status::Touched => self.write(report, s, &d, algo, Action::Refreshed),
             _ => report,
         };
@@ -645,6 +657,7 @@ impl Worker<'_> {
         s.stored.tags.len() == 1
             && tag.format == Format::Intact
             && !s.stored.repairing
+            && s.stored.damage.is_none()
             && self.config.compat.is_empty()
             && self.config.manifest.is_none()
             && classify::expect(tag, s.meta.size, s.meta.mtime, window) == Status::Ok
@@ -724,7 +737,8 @@ impl Worker<'_> {
         }
     }
 
-    /// Classifies the file against `tag` with the digest just computed.
+    /// Classifies the file against `tag` with the digest just computed, and against the
+    /// damage found in it before, if any.
     fn judge(&self, report: &mut FileReport, tag: &Tag, s: &Subject, d: &Digests) {
         let fresh = d.of(tag.digest.algo);
         report.digest = Some(fresh);
@@ -741,6 +755,44 @@ impl Worker<'_> {
                 report.detail = Some(INTERRUPTED_REPAIR.into());
             }
         }
+        let Some(damage) = self.known_damage(tag, s) else {
+            return;
+        };
+        let (status, since) = classify::since_damage(tag, report.status, &fresh, &damage);
+        let found = crate::text::time(damage.found);
+        let detail = match since {
+            SinceDamage::Same if status != report.status => Some(format!(
+                "still the damaged bytes found at {found}: its mtime moved since, which makes \
+                 it no edit"
+            )),
+            SinceDamage::Same | SinceDamage::Worse => {
+                Some(format!("found damaged at {found}, not yet repaired"))
+            }
+            SinceDamage::Edited => Some(format!(
+                "edited since it was found damaged at {found}: that damage is over"
+            )),
+            SinceDamage::Whole => None,
+        };
+        report.status = status;
+        report.known_damage = Some(damage);
+        if report.detail.is_none() {
+            report.detail = detail;
+        }
+    }
+
+    /// The damage found in the file before, with its tag's algorithm: the file's own mark,
+    /// else what the state database remembers of its inode and tag.
+    fn known_damage(&self, tag: &Tag, s: &Subject) -> Option<Damage> {
+        s.stored
+            .damage
+            .or_else(|| {
+                let known = self.config.known_damage.as_ref()?;
+                let found = known.get(&(s.meta.ino, tag.digest))?;
+                let fs =
+                    rustix::fs::fstatvfs(s.file).map_or(s.meta.dev as i64, |v| v.f_fsid as i64);
+                found.iter().find(|(f, _)| *f == fs).map(|(_, d)| *d)
+            })
+            .filter(|d| d.digest.algo == tag.digest.algo)
     }
 
     /// Reads the whole file once, feeding each of `algos`, and makes sure it did not change
@@ -822,16 +874,38 @@ impl Worker<'_> {
         if let Err(e) = xattr::write_intact(s.file, &value) {
             return fail(report, FileError::WriteTag(e));
         }
-        // The tag now describes the data, whatever a stopped repair did to it.
-        if s.stored.repairing
-            && let Err(e) = xattr::unmark_repairing(s.file)
-        {
+        // The tag now describes the data, whatever a stopped repair or damage did to it.
+        if let Err(e) = unmark(s) {
             return fail(report, FileError::WriteTag(e));
         }
         report.action = Some(action);
         // The digest reported is the one now stored (a re-tag may change the algorithm).
         report.digest = Some(d.of(algo));
         self.compat(report, s, d)
+    }
+
+    /// Leaves on a damaged file whose tag is kept the digest of its damaged bytes and when
+    /// they were first found, so that later runs know that damage for what it is even under a
+    /// moved mtime, with or without the state database. Failing that, the report says so.
+    fn mark_damaged(&self, report: &mut FileReport, s: &Subject) {
+        let Some(digest) = report.digest.filter(|_| self.config.write) else {
+            return;
+        };
+        let damage = Damage {
+            digest,
+            found: report
+                .known_damage
+                .filter(|d| d.digest == digest)
+                .map_or_else(|| Timestamp::now().sec, |d| d.found),
+        };
+        report.known_damage = Some(damage);
+        if let Err(e) = xattr::mark_damaged(s.file, &s.stored, &damage) {
+            let note = format!("could not mark it as damaged: {}", super::cause(&e));
+            report.detail = Some(match report.detail.take() {
+                Some(d) => format!("{d}; {note}"),
+                None => note,
+            });
+        }
     }
 
     /// Writes the requested compat tags from the SHA-256 just computed.
@@ -858,6 +932,18 @@ impl Worker<'_> {
         }
         report
     }
+}
+
+/// Removes the marks of a stopped repair and of damage from a file whose data now matches
+/// its tag.
+fn unmark(s: &Subject) -> io::Result<()> {
+    if s.stored.repairing {
+        xattr::unmark_repairing(s.file)?;
+    }
+    if s.stored.damage.is_some() {
+        xattr::unmark_damaged(s.file)?;
+    }
+    Ok(())
 }
 
 /// The algorithms in first-seen order, each once.

@@ -37,6 +37,38 @@ pub struct WalkOptions {
     pub one_file_system: bool,
     /// Glob patterns (gitignore syntax) of paths to leave out.
     pub excludes: Vec<String>,
+    /// intact's state database, if it is kept inside a tree: never a file of it.
+    pub state: Option<StateFiles>,
+}
+
+/// The files of a state database: the database, its `-wal`, `-shm` and `-journal`, and
+/// copies of it moved aside as damaged (`.broken-TIME`); known by the directory they are in
+/// and the database's name, since they come and go while a run walks.
+#[derive(Clone, Debug)]
+pub struct StateFiles {
+    dir: Inode,
+    name: OsString,
+}
+
+impl StateFiles {
+    /// The files of the database at `db`, if its directory exists.
+    pub fn of(db: &Path) -> Option<StateFiles> {
+        let dir = fs::metadata(crate::fs::atomic::parent(db)).ok()?;
+        Some(StateFiles {
+            dir: (dir.dev(), dir.ino()),
+            name: db.file_name()?.to_os_string(),
+        })
+    }
+
+    /// Whether `name`, in the directory `dir`, is one of them.
+    fn holds(&self, dir: Inode, name: &OsStr) -> bool {
+        let Some(rest) = name.as_bytes().strip_prefix(self.name.as_bytes()) else {
+            return false;
+        };
+        dir == self.dir
+            && (matches!(rest, b"" | b"-wal" | b"-shm" | b"-journal")
+                || rest.starts_with(b".broken-"))
+    }
 }
 
 /// Why an entry is not hashed.
@@ -56,6 +88,8 @@ pub enum SkipReason {
     /// A damaged copy that repair kept (marked with `user.intact.damaged`): evidence, not a
     /// file to verify or tag.
     KeptDamaged,
+    /// intact's state database (or its journal, or a damaged one moved aside).
+    StateDatabase,
 }
 
 impl fmt::Display for SkipReason {
@@ -67,6 +101,7 @@ impl fmt::Display for SkipReason {
             SkipReason::Leftover => "left by an interrupted run of intact",
             SkipReason::Temporary => "being written by a running intact",
             SkipReason::KeptDamaged => "a damaged copy kept by repair",
+            SkipReason::StateDatabase => "intact's state database",
         })
     }
 }
@@ -257,6 +292,8 @@ struct Level {
     path: PathBuf,
     entries: std::vec::IntoIter<(OsString, Kind)>,
     ignore: Option<Gitignore>,
+    /// The directory, if it holds the state database.
+    state_dir: Option<Inode>,
 }
 
 fn walk_root(
@@ -272,6 +309,19 @@ fn walk_root(
         Ok(m) => m,
     };
     if !meta.is_dir() {
+        let state_file = opts.state.as_ref().is_some_and(|st| {
+            let dir = fs::metadata(crate::fs::atomic::parent(root));
+            let name = root.file_name().unwrap_or_default();
+            dir.is_ok_and(|d| st.holds((d.dev(), d.ino()), name))
+        });
+        if state_file {
+            return Ok(visit(Entry::Skip {
+                path: root.to_path_buf(),
+                root: index,
+                reason: SkipReason::StateDatabase,
+                inode: None,
+            }));
+        }
         let kind = kind_of(Ok(meta));
         return Ok(visit(entry(root.to_path_buf(), kind, index, links)));
     }
@@ -284,18 +334,25 @@ fn walk_root(
     let mut stack: Vec<Level> = Vec::new();
     let enter = |path: PathBuf, stack: &mut Vec<Level>| -> Option<(PathBuf, std::io::Error)> {
         let listed = anchor.open_dir(&path).and_then(|fd| {
-            if opts.one_file_system && rustix::fs::fstat(&fd)?.st_dev as u64 != meta.dev() {
+            let id = if opts.one_file_system || opts.state.is_some() {
+                let st = rustix::fs::fstat(&fd)?;
+                Some((st.st_dev as u64, st.st_ino as u64))
+            } else {
+                None
+            };
+            if opts.one_file_system && id.is_some_and(|(dev, _)| dev != meta.dev()) {
                 return Ok(None);
             }
-            list(fd).map(Some)
+            list(fd).map(|entries| Some((entries, id)))
         });
         match listed {
-            Ok(Some(entries)) => {
+            Ok(Some((entries, id))) => {
                 let (ignore, bad) = ignore_file(&anchor, &path, &entries);
                 stack.push(Level {
                     path,
                     entries: entries.into_iter(),
                     ignore,
+                    state_dir: id.filter(|id| opts.state.as_ref().is_some_and(|st| st.dir == *id)),
                 });
                 bad
             }
@@ -314,6 +371,20 @@ fn walk_root(
             continue;
         };
         let path = level.path.join(&name);
+        if let (Some(dir), Some(st)) = (level.state_dir, &opts.state)
+            && st.holds(dir, &name)
+        {
+            let skip = Entry::Skip {
+                path,
+                root: index,
+                reason: SkipReason::StateDatabase,
+                inode: None,
+            };
+            if visit(skip).is_break() {
+                return Ok(ControlFlow::Break(()));
+            }
+            continue;
+        }
         let is_dir = matches!(kind, Kind::Dir);
         if excluded(&overrides, &stack, &path, is_dir) {
             continue;

@@ -9,7 +9,7 @@ use std::io;
 use rustix::fs::{XattrFlags, fgetxattr, fgetxattr_query, flistxattr, flistxattr_query};
 
 use crate::core::digest::{Algo, Digest};
-use crate::core::tag::{self, Format, Malformed, Tag, Timestamp, names};
+use crate::core::tag::{self, Damage, Format, Malformed, Tag, Timestamp, names};
 
 /// Every tag found on one file.
 #[derive(Clone, Debug, Default)]
@@ -23,6 +23,8 @@ pub struct Stored {
     pub repairing: bool,
     /// The file is a damaged copy that a repair kept: evidence, never verified or tagged.
     pub kept_damaged: bool,
+    /// A verb that writes found the file damaged: the digest of the damaged bytes, and when.
+    pub damage: Option<Damage>,
 }
 
 impl Stored {
@@ -169,6 +171,12 @@ impl Stored {
             }
         }
         stored.repairing = lookup(names::REPAIRING)?.is_some();
+        if let Some(mark) = lookup(names::CORRUPT)? {
+            match tag::parse_damage(&mark) {
+                Ok(d) => stored.damage = Some(d),
+                Err(m) => stored.malformed.push((names::CORRUPT, m)),
+            }
+        }
         stored.kept_damaged = lookup(names::KEPT_DAMAGED)?.is_some();
         stored.tags.sort_by_key(|t| t.format);
         Ok(stored)
@@ -263,6 +271,25 @@ pub fn mark_repairing(file: &File) -> io::Result<()> {
         XattrFlags::empty(),
     )?;
     Ok(())
+}
+
+/// Marks a file found damaged (see [`Stored::damage`]), unless it says so already.
+pub fn mark_damaged(file: &File, stored: &Stored, damage: &Damage) -> io::Result<()> {
+    if stored.damage.as_ref() == Some(damage) {
+        return Ok(());
+    }
+    rustix::fs::fsetxattr(
+        file,
+        names::CORRUPT,
+        &tag::encode_damage(damage),
+        XattrFlags::empty(),
+    )?;
+    Ok(())
+}
+
+/// Removes the mark of [`mark_damaged`]; `Ok(false)` if there was none.
+pub fn unmark_damaged(file: &File) -> io::Result<bool> {
+    remove(file, names::CORRUPT)
 }
 
 /// Removes the mark of [`mark_repairing`]; `Ok(false)` if there was none.

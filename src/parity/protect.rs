@@ -202,7 +202,7 @@ impl Protector {
         for store in self.stores.iter() {
             if let Err(e) = store.commit() {
                 failure.get_or_insert(Failure::new(
-                    format!("writing parity in {}", crate::report::escape(&store.dir)),
+                    format!("writing parity in {}", crate::text::escape(&store.dir)),
                     e,
                 ));
             }
@@ -366,7 +366,7 @@ impl Sink for Protector {
             .fold((0, 0), |(s, b), (s2, b2)| (s + s2, b + b2));
         out.note(format!(
             "protect: wrote {sets} PAR2 sets, {}",
-            crate::report::bytes(bytes)
+            crate::text::bytes(bytes)
         ));
         result
     }

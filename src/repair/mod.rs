@@ -348,7 +348,7 @@ impl Work {
                 let mut detail = match kept {
                     Some(k) => format!(
                         "was {was}; restored from {from}; damaged copy kept as {}",
-                        crate::report::escape(&k)
+                        crate::text::escape(&k)
                     ),
                     None => format!("was {was}; restored from {from}"),
                 };
@@ -385,7 +385,7 @@ fn other_name(mut report: FileReport, repaired: &[(Inode, PathBuf)]) -> FileRepo
         report.status = Status::Ok;
         report.detail = Some(format!(
             "another name of {}, repaired",
-            crate::report::escape(first)
+            crate::text::escape(first)
         ));
     }
     report
@@ -416,7 +416,7 @@ fn keep_at(keep: &Keep, name: &std::ffi::OsStr, rel: &Path) -> Option<replace::K
 fn kept_note(name: &std::ffi::OsStr) -> String {
     format!(
         "damaged copy of {}, kept by intact repair at {}",
-        crate::report::escape(Path::new(name)),
+        crate::text::escape(Path::new(name)),
         crate::core::tag::Timestamp::now().sec
     )
 }

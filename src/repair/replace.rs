@@ -292,7 +292,10 @@ fn prepare(temp: &Temp, original: &File, meta: &std::fs::Metadata) -> io::Result
     let attrs = xattr::read_all(original)?;
     xattr::write_all(
         temp.file(),
-        attrs.iter().filter(|(n, _)| n != names::REPAIRING),
+        // The marks of an unfinished repair and of the damage do not describe the good copy.
+        attrs
+            .iter()
+            .filter(|(n, _)| n != names::REPAIRING && n != names::CORRUPT),
     )?;
     let (uid, gid) = (meta.uid(), meta.gid());
     if let Err(e) = rustix::fs::fchown(
@@ -451,9 +454,9 @@ fn rewrite_in_place(
         kept,
         warning: None,
     };
-    // Left behind, the mark would only keep a good file under suspicion (a check finds the
+    // Left behind, the marks would only keep a good file under suspicion (a check finds the
     // data matching and says ok): a warning, not a failure.
-    if let Err(e) = xattr::unmark_repairing(&target) {
+    if let Err(e) = xattr::unmark_damaged(&target).and_then(|_| xattr::unmark_repairing(&target)) {
         restored.warning = Some(format!("could not remove the repair mark: {e}"));
     }
     Ok(restored)

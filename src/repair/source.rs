@@ -19,7 +19,7 @@ use crate::fs::anchor::Anchor;
 use crate::fs::walk::{self, Entry, WalkOptions};
 use crate::fs::xattr;
 use crate::parity::{self, Store};
-use crate::report::escape;
+use crate::text::escape;
 
 /// Streams a copy's bytes into the sink it is given.
 pub(crate) type Fill<'f> =

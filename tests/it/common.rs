@@ -260,11 +260,16 @@ impl Cmd {
     }
 }
 
-/// Where runs keep their default state database: one per test process and user, shared by
-/// the tests (which run at once, as runs from timers and by hand would), never the machine's.
+/// Where runs keep their default state database: one per test and user, never the
+/// machine's. (Tests share nothing through it: a damage one test records would be known to
+/// another whose files reuse the inode numbers and the contents; sharing is tested apart.)
 fn state_home(nobody: bool) -> PathBuf {
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("main")
+        .replace("::", "-");
     let dir = std::env::temp_dir().join(format!(
-        "intact-test-state-{}-{}",
+        "intact-test-state-{}-{test}-{}",
         std::process::id(),
         if nobody { "nobody" } else { "root" }
     ));

@@ -181,7 +181,7 @@ fn damage_found_by_a_scrub_stays_in_status_until_repaired_or_accepted() {
     // Still there after a check that finds it again, and in the human view.
     intact!("check", "--state", db, tree).expect_code(1);
     let human = intact!("status", "--state", db, tree).expect_code(1).stdout;
-    assert!(human.contains("2 file(s) found damaged"), "{human}");
+    assert!(human.contains("2 files found damaged"), "{human}");
     let store = tree.join(".intact-parity");
     intact!(
         "repair",
@@ -197,8 +197,13 @@ fn damage_found_by_a_scrub_stays_in_status_until_repaired_or_accepted() {
     let damage = v["overview"]["damage"].as_array().unwrap();
     assert_eq!(damage.len(), 1, "{v}");
     assert!(damage[0]["path"].as_str().unwrap().ends_with("d1/f001"));
-    // Accepting still says what was found (exit 1), and ends the damage.
-    intact!("update", "--accept-corrupt", "--state", db, &b).expect_code(1);
+    // Accepting ends the damage: the run that accepts it is done with it (exit 0).
+    let accepted = intact!("update", "--accept-corrupt", "--state", db, &b).expect_code(0);
+    assert!(
+        accepted.stdout.starts_with("accepted "),
+        "{}",
+        accepted.stdout
+    );
     let v = status(0);
     assert_eq!(v["overview"]["damage"].as_array().unwrap().len(), 0, "{v}");
 }
@@ -218,12 +223,12 @@ fn a_lost_or_broken_database_costs_only_the_schedule() {
     for (how, found, damage) in [
         (
             "random bytes",
-            "was unreadable",
+            "was damaged (",
             Box::new(|p: &Path| fs::write(p, &garbage).unwrap()) as Box<dyn Fn(&Path)>,
         ),
         (
             "truncated",
-            "was unreadable",
+            "was damaged (",
             Box::new(|p: &Path| {
                 let f = fs::OpenOptions::new().write(true).open(p).unwrap();
                 f.set_len(f.metadata().unwrap().len() / 2).unwrap();
@@ -231,7 +236,7 @@ fn a_lost_or_broken_database_costs_only_the_schedule() {
         ),
         (
             "a damaged page",
-            "is damaged",
+            "found damaged while in use",
             Box::new(|p: &Path| {
                 use std::os::unix::fs::FileExt;
                 let f = fs::OpenOptions::new().write(true).open(p).unwrap();
@@ -243,13 +248,14 @@ fn a_lost_or_broken_database_costs_only_the_schedule() {
         scrub(&tree, &db, &[]);
         assert!(fs::metadata(&db).unwrap().len() > 8192, "{how}");
         damage(&db);
+        // The run that finds it says what was lost (exit 3), and verifies all the same.
         let r = cmd!("scrub", "--json", "-v", "--state", &db, &tree)
             .run()
-            .expect_code(0);
+            .expect_code(3);
+        let said = r.json().summary["errors"][0].as_str().unwrap().to_string();
         assert!(
-            r.stderr.contains(found) && r.stderr.contains("moved it to"),
-            "{how}: {}",
-            r.stderr
+            said.contains(found) && said.contains("moved it to") && said.contains("is lost"),
+            "{how}: {said}"
         );
         assert_eq!(
             verified(&r.json()).len(),
@@ -377,25 +383,25 @@ fn metrics_pass_promtool() {
     let prom = t.path("intact.prom");
     intact!("scrub", "-q", "--state", db, "--metrics", prom, tree).expect_code(1);
     let text = fs::read_to_string(&prom).unwrap();
-    assert!(
-        text.contains("intact_files{verb=\"scrub\",status=\"corrupt\"} 1"),
-        "{text}"
-    );
-    assert!(
-        text.contains("intact_run_exit_code{verb=\"scrub\"} 1"),
-        "{text}"
-    );
-    assert!(
-        text.contains("intact_files_never_verified{verb=\"scrub\"} 1"),
-        "{text}"
-    );
+    let root = format!("root=\"{}\"", tree.display());
+    for want in [
+        format!("intact_files{{{root},verb=\"scrub\",status=\"corrupt\"}} 1"),
+        format!("intact_run_exit_code{{{root},verb=\"scrub\"}} 1"),
+        format!("intact_files_never_verified{{{root},verb=\"scrub\"}} 1"),
+        format!("intact_files_damaged{{{root},verb=\"scrub\"}} 1"),
+    ] {
+        assert!(text.contains(&want), "{want} in {text}");
+    }
     let status_prom = t.path("status.prom");
     intact!("status", "--state", db, "--metrics", status_prom, tree).expect_code(1);
     let status = fs::read_to_string(&status_prom).unwrap();
-    assert!(
-        status.contains("intact_files_damaged{verb=\"status\"} 1"),
-        "{status}"
-    );
+    for want in [
+        format!("intact_files_damaged{{{root},verb=\"status\"}} 1"),
+        format!("intact_run_exit_code{{{root},verb=\"status\"}} 1"),
+        format!("intact_run_end_timestamp_seconds{{{root},verb=\"status\"}} "),
+    ] {
+        assert!(status.contains(&want), "{want} in {status}");
+    }
     // Metrics that cannot be written fail the run, and the summary says so.
     let clean = Tree::new();
     let (clean_tree, _) = tagged_tree(&clean, 2, 1_000);
@@ -489,7 +495,10 @@ fn the_systemd_units_verify_and_their_scrub_runs() {
     assert_eq!(r.stdout, "", "-q: nothing to say when all is well");
     let metrics = fs::read_to_string(t.path("m.prom")).unwrap();
     assert!(
-        metrics.contains("intact_files{verb=\"scrub\",status=\"ok\"} 3"),
+        metrics.contains(&format!(
+            "intact_files{{root=\"{}\",verb=\"scrub\",status=\"ok\"}} 3",
+            tree.display()
+        )),
         "{metrics}"
     );
 }

@@ -104,8 +104,15 @@ fn cshatag_and_shatag_tags_are_checked() {
     for (name, _, _) in &styles {
         assert_eq!(j.status(name), "corrupt", "{name}");
     }
-    // An edit with a newer mtime is an edit, in every style.
+    // A newer mtime over the same damaged bytes (a touch) blesses nothing ...
     for (name, _, _) in &styles {
+        set_mtime(&t.path(name), (1_600_000_000, 0));
+    }
+    let j = intact!("check", "--json", t.root()).expect_code(1).json();
+    assert_eq!(j.count("corrupt"), 3);
+    // ... while an edit with a newer mtime is an edit, in every style.
+    for (name, _, _) in &styles {
+        fs::write(t.path(name), b"edited photo").unwrap();
         set_mtime(&t.path(name), (1_600_000_000, 0));
     }
     let j = intact!("check", "--json", t.root()).expect_code(0).json();
@@ -135,7 +142,9 @@ fn dintch_tags_are_checked_with_and_without_the_sync_suffix() {
     assert_eq!(j.status("plain"), "mismatch");
     assert_eq!(j.status("synced"), "mismatch");
 
-    // ... unless the file was written after the recorded tagging time.
+    // ... unless the file was written after the recorded tagging time (with other bytes
+    // than the damaged ones already found).
+    behind_the_back(&t.path("plain"), |p| fs::write(p, b"docu-edit").unwrap());
     setxattr(
         &t.path("plain"),
         "user.co.eclecticlight.dintch.time",

@@ -90,8 +90,16 @@ fn flipped_byte_is_corrupt_and_update_keeps_the_evidence() {
         assert_eq!(j.status("c.bin"), "corrupt");
         assert_ne!(j.file("c.bin")["expected"], j.file("c.bin")["actual"]);
         assert_eq!(j.count("ok"), 2);
+        // The second run knows the damage (from the state database), and says since when.
         let human = intact!("check", t.root()).expect_code(1);
-        assert_eq!(human.stdout, format!("corrupt  {}\n", victim.display()));
+        let line = format!("corrupt  {}: found damaged at ", victim.display());
+        assert!(human.stdout.starts_with(&line), "{}", human.stdout);
+        assert!(
+            human.stdout.ends_with(", not yet repaired\n"),
+            "{}",
+            human.stdout
+        );
+        assert_eq!(human.stdout.lines().count(), 1, "{}", human.stdout);
 
         let up = intact!("update", "--json", t.root()).expect_code(1);
         assert_eq!(up.json().file("c.bin")["action"], "kept");
@@ -102,8 +110,9 @@ fn flipped_byte_is_corrupt_and_update_keeps_the_evidence() {
         );
         check(&t).expect_code(1);
 
-        let acc = intact!("update", "--accept-corrupt", "--json", t.root());
-        assert_eq!(acc.json().file("c.bin")["action"], "tagged");
+        // Accepting is an answer to the damage: the run that accepts it exits 0.
+        let acc = intact!("update", "--accept-corrupt", "--json", t.root()).expect_code(0);
+        assert_eq!(acc.json().file("c.bin")["action"], "accepted");
         assert_ne!(getxattr(&victim, TAG).unwrap(), old_tag);
         check(&t).expect_code(0);
     }

@@ -28,8 +28,17 @@ fn symlinks_are_never_followed() {
     assert!(getxattr(&target, TAG).is_none(), "tagged through a symlink");
     assert!(getxattr(&outside.path("dir/inner.txt"), TAG).is_none());
 
-    // A symlink given on the command line is not followed either, and says why.
-    let r = intact!("check", "-v", t.path("to-dir")).expect_code(0);
+    // A symlink given on the command line is followed, as `find -H` does: it names the tree
+    // the user means (here one whose file is not tagged: nothing verified, exit 3).
+    let r = intact!("check", "-v", t.path("to-dir")).expect_code(3);
+    assert!(r.stdout.contains("inner.txt"), "{}", r.stdout);
+    assert!(
+        r.stderr.contains("is tagged: nothing was verified"),
+        "{}",
+        r.stderr
+    );
+    // Inside a tree, never.
+    let r = intact!("check", "-v", t.root()).expect_code(0);
     assert!(
         r.stdout.contains("symbolic link, not followed"),
         "{}",
@@ -65,11 +74,19 @@ fn special_files_are_skipped_without_blocking() {
     let j = intact!("tag", "--json", t.root()).expect_code(0).json();
     assert_eq!(j.file("fifo")["skip"], "special");
     assert_eq!(j.status("file"), "new");
-    // Named directly, a FIFO is skipped too rather than opened for reading.
-    let j = intact!("check", "--json", t.path("fifo"))
-        .expect_code(0)
-        .json();
+    // Named directly, a FIFO is skipped too rather than opened for reading; and a check that
+    // verified nothing says so.
+    let r = intact!("check", "--json", t.path("fifo")).expect_code(3);
+    let j = r.json();
     assert_eq!(j.status("fifo"), "skipped");
+    assert!(
+        j.summary["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("not a regular file or a directory"),
+        "{}",
+        j.summary
+    );
 }
 
 #[test]
