@@ -16,6 +16,7 @@ use intact::report::Exit;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     raise_file_limit();
+    let json = cli.command.json_verb();
     let outcome = match cli.command {
         Command::Tag(a) => scan::tag(a),
         Command::Check(a) => scan::check(a),
@@ -36,11 +37,21 @@ fn main() -> ExitCode {
     let exit = outcome.unwrap_or_else(|e| {
         eprintln!("intact: error: {e:#}");
         // Usage errors are clap's code; anything else stopped the run before it began.
-        if e.is::<Usage>() {
+        let exit = if e.is::<Usage>() {
             Exit::Usage
         } else {
             Exit::Trouble
+        };
+        if let Some(verb) = json {
+            let summary = serde_json::json!({
+                "type": "summary",
+                "verb": verb,
+                "errors": [format!("{e:#}")],
+                "exit_code": exit as i32,
+            });
+            println!("{summary}");
         }
+        exit
     });
     ExitCode::from(exit as u8)
 }

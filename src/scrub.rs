@@ -78,6 +78,8 @@ pub struct Plan {
     pub complete: bool,
     /// Per root: regular files, and tagged ones among them.
     pub per_root: Vec<(u64, u64)>,
+    /// The files found gone by this scrub's planning, to be told once.
+    pub gone_now: Vec<Gone>,
     attached: bool,
     /// Why the queue ended early, if it failed.
     failed: Arc<Mutex<Option<String>>>,
@@ -193,6 +195,7 @@ pub fn plan(
         cycle_done: (0, 0),
         complete,
         per_root,
+        gone_now: Vec::new(),
         attached: false,
         failed: Arc::default(),
         latest: None,
@@ -323,8 +326,8 @@ impl Plan {
         Ok(())
     }
 
-    /// After a complete walk: the files the state database knows under `roots` that are no
-    /// longer there (not at their path, and not met by the walk under another: not moved).
+    /// After a complete walk, before the run records anything: the files the state database
+    /// knows under `roots` that are no longer there (not at their path, and not met by the walk under another: not moved).
     /// With `mark` (a scrub), those found gone now are marked so, and returned (each is told
     /// once); those marked more than [`GONE_KEPT`] ago are forgotten, as are the rows of files
     /// replaced under their path (an editor's save, a restore). Without (`status`), every

@@ -279,6 +279,11 @@ impl State {
         }
     }
 
+    /// This run's row in `runs`, once it began.
+    pub fn run_id(&self) -> Option<i64> {
+        self.run
+    }
+
     /// Where the database is (`None` in memory).
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
@@ -837,13 +842,14 @@ fn write_rows(conn: &Connection, rows: &[Row], seen: Option<i64>) -> rusqlite::R
             ];
             let n = update.parameter_count();
             if update.execute(&all[..n])? == 0 {
+                // First: a repaired file's row takes the copies of its damaged inode's.
+                let n = upsert.parameter_count();
+                upsert.execute(&all[..n])?;
                 // An untagged file's row (the empty key) stands beside none other.
                 if !row.key.is_empty() {
                     stale.execute(params![row.fs, row.ino, row.key])?;
                     replaced.execute(params![row.fs, row.ino, row.path])?;
                 }
-                let n = upsert.parameter_count();
-                upsert.execute(&all[..n])?;
             }
             if row.fact == Fact::Repaired
                 && let Some(old) = row.old_ino

@@ -81,6 +81,30 @@ pub enum Command {
     Generate(GenerateArgs),
 }
 
+impl Command {
+    /// The verb's name, if it was asked for JSON: a run that fails before it begins still
+    /// ends its output with a summary object then.
+    pub fn json_verb(&self) -> Option<&'static str> {
+        let (verb, output) = match self {
+            Command::Tag(a) => ("tag", &a.common.output),
+            Command::Check(a) => ("check", &a.common.output),
+            Command::Update(a) => ("update", &a.common.output),
+            Command::Scrub(a) => ("scrub", &a.common.output),
+            Command::Status(a) => ("status", &a.common.output),
+            Command::Strip(a) => ("strip", &a.common.output),
+            Command::Show(a) => ("show", &a.common.output),
+            Command::Import(a) => ("import", &a.common.output),
+            Command::Export(a) => ("export", &a.common.output),
+            Command::Archive(ArchiveCommand::Create(a)) => ("archive", &a.common.output),
+            Command::Archive(ArchiveCommand::Verify(a)) => ("verify", &a.output),
+            Command::Protect(a) => ("protect", &a.common.output),
+            Command::Repair(a) => ("repair", &a.common.output),
+            Command::Archive(ArchiveCommand::List(_)) | Command::Generate(_) => return None,
+        };
+        output.json.then_some(verb)
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct TagArgs {
     #[command(flatten)]
@@ -201,6 +225,16 @@ pub struct Metrics {
     /// collector
     #[arg(long, value_name = "FILE")]
     pub metrics: Option<PathBuf>,
+}
+
+impl Metrics {
+    /// The metrics file, checked: only a regular file is ever replaced.
+    pub fn file(&self) -> anyhow::Result<Option<PathBuf>> {
+        self.metrics
+            .as_deref()
+            .map(|p| settings::output(p, "the metrics"))
+            .transpose()
+    }
 }
 
 #[derive(Args, Debug)]

@@ -161,6 +161,18 @@ fn followed(root: PathBuf) -> PathBuf {
     }
 }
 
+/// A file the run is to write, `what` it holds: refused up front (a usage error, before any
+/// work) where something other than a regular file is in the way.
+pub fn output(path: &Path, what: &str) -> anyhow::Result<PathBuf> {
+    intact::fs::atomic::replaceable(path).map_err(|e| {
+        usage(format!(
+            "cannot write {what} to {}: {e}",
+            intact::text::escape(path)
+        ))
+    })?;
+    Ok(path.to_path_buf())
+}
+
 /// A usage error: exit code 2, as clap gives for the errors it finds.
 #[derive(Debug)]
 pub struct Usage(String);

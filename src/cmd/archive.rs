@@ -33,6 +33,7 @@ pub fn create(a: CreateArgs) -> anyhow::Result<Exit> {
         include_damaged: a.include_damaged,
         mtime_window_ns: s.config.mtime_window_ns,
     };
+    crate::cli::settings::output(&a.dest, "the archive")?;
     let mut writer = archive::Writer::create(&a.dest, &s.roots, opts)
         .with_context(|| format!("creating {}", a.dest.display()))?;
     for stale in std::mem::take(&mut writer.removed) {

@@ -14,6 +14,7 @@ pub fn run(a: ExportArgs) -> anyhow::Result<Exit> {
     s.config.algo = Some(algo(a.algo));
     let mut listing = match a.output {
         Some(file) => {
+            crate::cli::settings::output(&file, "the manifest")?;
             for stale in intact::fs::atomic::remove_stale(intact::fs::atomic::parent(&file)) {
                 super::removed(&stale);
             }

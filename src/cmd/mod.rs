@@ -237,16 +237,8 @@ fn tell_what_is_known<W: Write, E: Write>(
     let Some(plan) = plan else {
         return Ok(());
     };
-    match plan.gone(&s.roots, intact::state::now(), true) {
-        Ok(gone) => {
-            for g in &gone {
-                reporter.removed(g)?;
-            }
-        }
-        Err(e) => reporter.fail(format!(
-            "the state database could not record the files gone from the tree: {}",
-            intact::state::why(&e)
-        )),
+    for g in &plan.gone_now {
+        reporter.removed(g)?;
     }
     if let Some(lost) = state.history_lost()
         && let Ok(n) = plan.unchecked_since(lost.at)
@@ -280,8 +272,9 @@ fn nothing_verified(root: &std::path::Path, files: u64, tagged: u64) -> Option<S
             "{shown} holds no files: nothing was verified (is its file system mounted?)"
         ));
     }
+    // ramfs, some FUSE and network file systems list no attributes and refuse to get one.
     let no_xattrs = matches!(
-        rustix::fs::listxattr(root, &mut [0u8; 0][..]),
+        rustix::fs::lgetxattr(root, intact::core::tag::names::INTACT, &mut [0u8; 0][..]),
         Err(rustix::io::Errno::NOTSUP)
     );
     Some(if no_xattrs {

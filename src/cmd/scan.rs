@@ -29,7 +29,7 @@ pub fn check(a: CheckArgs) -> anyhow::Result<Exit> {
         s.manifest(&file, &root, algo(a.algo))?;
     }
     s.record(&a.state);
-    s.metrics = a.metrics.metrics;
+    s.metrics = a.metrics.file()?;
     super::drive(s, &mut Pass)
 }
 
@@ -40,7 +40,7 @@ pub fn update(a: UpdateArgs) -> anyhow::Result<Exit> {
     s.config.compat = formats(&a.compat.compat);
     s.config.remove_leftovers = true;
     s.record(&a.state);
-    s.metrics = a.metrics.metrics;
+    s.metrics = a.metrics.file()?;
     super::drive(s, &mut Pass)
 }
 

@@ -17,7 +17,7 @@ pub fn run(a: ScrubArgs) -> anyhow::Result<Exit> {
     let work = if a.update { Work::Update } else { Work::Check };
     let mut s = Settings::new(Verb::Scrub, work, a.paths.paths, &a.common)?;
     s.record(&a.state);
-    s.metrics = a.metrics.metrics;
+    s.metrics = a.metrics.file()?;
     s.config.remove_leftovers = a.update;
     s.scrub = Some(Scrub {
         budget: Budget {
@@ -57,12 +57,14 @@ pub(super) fn prepare(
     let schedule = |plan: &mut Plan, db: Option<&std::path::Path>| -> rusqlite::Result<_> {
         plan.attach(db)?;
         plan.start_cycle(now)?;
-        plan.queue(scrub.budget, scrub.untagged_too, now)
+        let gone = plan.gone(&s.roots, now, db.is_some())?;
+        Ok((plan.queue(scrub.budget, scrub.untagged_too, now)?, gone))
     };
-    let queue = super::on_state(&mut front.state, front.reporter, |db| {
+    let (queue, gone) = super::on_state(&mut front.state, front.reporter, |db| {
         schedule(&mut plan, db)
     })
     .map_err(|e| anyhow::anyhow!("{}", state::why(&e)))?;
+    plan.gone_now = gone;
     if let Some(state) = &mut front.state {
         // A database opened anew (the old one was damaged) records this run too.
         state.begin_run(s.verb.name(), &s.roots);

@@ -20,6 +20,7 @@ use intact::text::{bytes, escape, group, percent, time_ms};
 pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
     let mut s = Settings::new(Verb::Status, Work::Show, a.paths.paths, &a.common)?;
     s.record(&a.state);
+    s.metrics = a.metrics.file()?;
     let mut failures = Failures::default();
     let mut state = s
         .state
@@ -43,10 +44,12 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
     let now = state::now();
     let overview = plan.overview(now)?;
     let gone = plan.gone(&s.roots, now, false)?;
-    if let Some(lost) = state.as_ref().and_then(|st| st.history_lost()) {
-        let unchecked = plan.unchecked_since(lost.at)?;
+    let mut lost = None;
+    if let Some(l) = state.as_ref().and_then(|st| st.history_lost()) {
+        let unchecked = plan.unchecked_since(l.at)?;
         if unchecked > 0 {
-            failures.0.fail(super::lost_note(&lost, unchecked));
+            failures.0.fail(super::lost_note(&l, unchecked));
+            lost = Some((l.at, unchecked));
         }
     }
     let pace = state.as_ref().and_then(|st| st.pace(&s.roots));
@@ -75,6 +78,10 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
                 "seconds_for_a_cycle": cycle.as_ref().and_then(|c| c.seconds),
                 "runs_for_a_cycle": cycle.as_ref().and_then(|c| c.runs),
             },
+            "history_lost": lost.map(|(at, unchecked)| serde_json::json!({
+                "at": time_ms(at),
+                "files_not_checked_since": unchecked,
+            })),
             "never_verified": overview.ages[0].files,
             "oldest_verification": overview.oldest.map(time_ms),
             "state": db,
@@ -85,9 +92,16 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
     } else {
         let width = terminal_width();
         let text = match s.verbosity {
-            Verbosity::Quiet => attention(&overview, &gone, a.damage_lines),
+            Verbosity::Quiet => attention(&overview, &gone, lost, a.damage_lines),
             _ => {
-                let mut text = render(&overview, &gone, a.damage_lines, width, cycle.as_ref());
+                let mut text = render(
+                    &overview,
+                    &gone,
+                    lost,
+                    a.damage_lines,
+                    width,
+                    cycle.as_ref(),
+                );
                 if plan.cycle_started > 0 {
                     let _ = writeln!(
                         text,
@@ -115,7 +129,7 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
         }
     }
     out.flush()?;
-    if let Some(path) = &a.metrics.metrics {
+    if let Some(path) = &s.metrics {
         let m = metrics(&s, &plan, &overview, &gone, cycle.as_ref(), exit);
         m.write(path)
             .with_context(|| format!("writing the metrics {}", escape(path)))?;
@@ -307,10 +321,21 @@ fn terminal_width() -> usize {
         .unwrap_or(80)
 }
 
-/// What needs attention (`-q`, and the end of the overview): damage not dealt with, files
-/// gone since they were last seen. Nothing when there is none.
-fn attention(o: &Overview, gone: &[Gone], lines: usize) -> String {
+/// What needs attention (`-q`, and the end of the overview): damage not dealt with, a
+/// damage history lost with a damaged database (when it was rebuilt, and the files not
+/// checked since), files gone since they were last seen. Nothing when there is none.
+fn attention(o: &Overview, gone: &[Gone], lost: Option<(i64, u64)>, lines: usize) -> String {
     let mut t = String::new();
+    if let Some((at, unchecked)) = lost {
+        let _ = writeln!(
+            t,
+            "damage      unknown for {} {}: the state database was rebuilt at {} and they have \
+             not been checked since (`intact check PATH`)",
+            group(unchecked),
+            if unchecked == 1 { "file" } else { "files" },
+            time_ms(at)
+        );
+    }
     if !o.damage.is_empty() {
         let _ = writeln!(
             t,
@@ -366,6 +391,7 @@ fn attention(o: &Overview, gone: &[Gone], lines: usize) -> String {
 fn render(
     o: &Overview,
     gone: &[Gone],
+    lost: Option<(i64, u64)>,
     damage_lines: usize,
     width: usize,
     cycle: Option<&Cycle>,
@@ -411,13 +437,13 @@ fn render(
             Some(c) => writeln!(t, "full cycle  {}", c.line())?,
             None => writeln!(t, "full cycle  unknown: no scrub or check recorded yet")?,
         }
-        if o.damage.is_empty() {
+        if o.damage.is_empty() && lost.is_none() {
             writeln!(t, "damage      none found that is not repaired")?;
         }
         Ok(())
     })();
     drawn.expect("writing to a String");
-    t.push_str(&attention(o, gone, damage_lines));
+    t.push_str(&attention(o, gone, lost, damage_lines));
     t
 }
 
@@ -460,8 +486,8 @@ mod tests {
 
     #[test]
     fn the_age_chart_scales_to_the_terminal() {
-        let narrow = bars(&super::render(&overview(), &[], 20, 60, None));
-        let wide = bars(&super::render(&overview(), &[], 20, 120, None));
+        let narrow = bars(&super::render(&overview(), &[], None, 20, 60, None));
+        let wide = bars(&super::render(&overview(), &[], None, 20, 120, None));
         // The largest bucket spans the room there is; the others keep their proportion; an
         // empty bucket has no bar, a small one at least a mark.
         assert_eq!(narrow, vec![6, 24, 0, 1]);

@@ -114,11 +114,51 @@ impl Temp {
                 rustix::fs::RenameFlags::NOREPLACE,
             )?;
         } else {
+            // Checked again just before: nothing but a regular file is replaced.
+            replaceable_at(&self.dir, name)?;
             rustix::fs::renameat(&self.dir, &self.name, &self.dir, name)?;
         }
         self.placed = true;
         Ok(())
     }
+}
+
+/// Whether intact may put a file at `dest`: nothing is there, or a regular file. A device
+/// (`--metrics /dev/null`), a FIFO, a socket, a directory or a symbolic link is never
+/// replaced by a rename: an error says what it is.
+pub fn replaceable(dest: &Path) -> io::Result<()> {
+    let name = dest
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
+    match open_dir(parent(dest)) {
+        Ok(dir) => replaceable_at(&dir, name),
+        // Nothing is there to replace; writing there will say why it cannot.
+        Err(_) => Ok(()),
+    }
+}
+
+fn replaceable_at(dir: &OwnedFd, name: &OsStr) -> io::Result<()> {
+    use rustix::fs::FileType;
+    let st = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(e.into()),
+        Ok(st) => st,
+    };
+    let what = match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => return Ok(()),
+        FileType::Directory => "a directory",
+        FileType::Symlink => "a symbolic link (give the path it points to)",
+        FileType::CharacterDevice | FileType::BlockDevice => "a device",
+        FileType::Fifo => "a FIFO",
+        FileType::Socket => "a socket",
+        FileType::Unknown => "not a regular file",
+    };
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "it is {what}; intact writes a file by replacing it whole, and only ever replaces a regular file"
+        ),
+    ))
 }
 
 impl Drop for Temp {

@@ -106,6 +106,8 @@ pub(crate) struct Want {
     pub digest: Digest,
     /// The size its tag records.
     pub size: Option<u64>,
+    /// The mtime its tag records: the restored file's.
+    pub mtime: Option<crate::core::tag::Timestamp>,
     /// Where the damaged file is.
     pub path: PathBuf,
     /// Its path relative to its root.
@@ -165,6 +167,7 @@ impl Sink for Repairer {
             let want = Want {
                 digest: tag.digest,
                 size: tag.size,
+                mtime: tag.mtime,
                 path: report.path.clone(),
                 rel: report.relative(&self.work.roots).to_path_buf(),
             };
@@ -382,7 +385,9 @@ impl Work {
 /// Another name of a damaged file, said as the repair of its inode went.
 fn other_name(mut report: FileReport, repaired: &[(Inode, PathBuf)]) -> FileReport {
     if let Some((_, first)) = repaired.iter().find(|(i, _)| Some(*i) == report.inode) {
+        // Every name of the inode was repaired with it, and is said to be.
         report.status = Status::Ok;
+        report.action = Some(Action::Repaired);
         report.detail = Some(format!(
             "another name of {}, repaired",
             crate::text::escape(first)

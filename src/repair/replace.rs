@@ -103,10 +103,10 @@ pub(super) fn restore(
     let keep = keep_at(&opts.keep, name, &want.rel);
     temp.file().set_len(len).map_err(Refused::Target)?;
     if meta.nlink() > 1 {
-        let restored = rewrite_in_place(temp, name, &original, &meta, len, keep)?;
+        let restored = rewrite_in_place(temp, name, &original, &meta, want.mtime, len, keep)?;
         return Ok(Staged::Done(shown_in(dir_path, restored)));
     }
-    prepare(&temp, &original, &meta).map_err(Refused::Target)?;
+    prepare(&temp, &original, &meta, want.mtime).map_err(Refused::Target)?;
     Ok(Staged::Pending(Box::new(Pending {
         temp,
         name: name.to_os_string(),
@@ -287,8 +287,14 @@ pub(super) enum KeepAt {
     Elsewhere(PathBuf),
 }
 
-/// Gives the verified bytes in `temp` the damaged file's user xattrs, owner, mode and times.
-fn prepare(temp: &Temp, original: &File, meta: &std::fs::Metadata) -> io::Result<()> {
+/// Gives the verified bytes in `temp` the damaged file's user xattrs, owner, mode and times
+/// (the mtime its tag records, if it records one: see [`set_times`]).
+fn prepare(
+    temp: &Temp,
+    original: &File,
+    meta: &std::fs::Metadata,
+    mtime: Option<Timestamp>,
+) -> io::Result<()> {
     let attrs = xattr::read_all(original)?;
     xattr::write_all(
         temp.file(),
@@ -317,7 +323,7 @@ fn prepare(temp: &Temp, original: &File, meta: &std::fs::Metadata) -> io::Result
         temp.file(),
         Mode::from_raw_mode((meta.mode() & 0o7777) as _),
     )?;
-    set_times(temp.file(), meta)
+    set_times(temp.file(), meta, mtime)
 }
 
 /// Renames the durable temp file of `p` over the damaged file, if that is still as it was
@@ -403,6 +409,7 @@ fn rewrite_in_place(
     name: &OsStr,
     original: &File,
     meta: &std::fs::Metadata,
+    mtime: Option<Timestamp>,
     len: u64,
     keep: Option<KeepAt>,
 ) -> Result<Restored, Refused> {
@@ -444,7 +451,7 @@ fn rewrite_in_place(
         from.seek(io::SeekFrom::Start(0))?;
         io::copy(&mut from.take(len), &mut &target)?;
         target.set_len(len)?;
-        set_times(&target, meta)?;
+        set_times(&target, meta, mtime)?;
         target.sync_all()
     })();
     if let Err(e) = written {
@@ -472,17 +479,25 @@ fn open_at(dir: &OwnedFd, name: &OsStr, flags: OFlags) -> io::Result<OwnedFd> {
     )?)
 }
 
-/// The original's access and modification times, to the nanosecond.
-fn set_times(file: &File, meta: &std::fs::Metadata) -> io::Result<()> {
+/// The original's access time, and the mtime the tag records (else the original's), to the
+/// nanosecond. The restored bytes are the tag's, so they get its mtime: the file's own may
+/// have moved since it was tagged (a touch of the damaged file, a rewrite in place that a
+/// killed repair left), and a repaired file whose mtime disagreed with its tag would take a
+/// later bit flip for an edit.
+fn set_times(file: &File, meta: &std::fs::Metadata, mtime: Option<Timestamp>) -> io::Result<()> {
     let ts = |sec: i64, nsec: i64| rustix::fs::Timespec {
         tv_sec: sec,
         tv_nsec: nsec as _,
+    };
+    let modified = match mtime {
+        Some(t) => ts(t.sec, t.nsec as i64),
+        None => ts(meta.mtime(), meta.mtime_nsec()),
     };
     rustix::fs::futimens(
         file,
         &rustix::fs::Timestamps {
             last_access: ts(meta.atime(), meta.atime_nsec()),
-            last_modification: ts(meta.mtime(), meta.mtime_nsec()),
+            last_modification: modified,
         },
     )?;
     Ok(())

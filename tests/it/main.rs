@@ -6,6 +6,7 @@ mod common;
 #[macro_use]
 mod faultfs;
 
+mod alerts;
 mod archive;
 mod bad_sectors;
 mod confinement;
@@ -13,6 +14,7 @@ mod faults;
 mod full_disks;
 mod interop;
 mod kills;
+mod loud;
 mod output;
 mod parity;
 mod repair;

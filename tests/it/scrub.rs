@@ -448,6 +448,7 @@ fn the_systemd_units_verify_and_their_scrub_runs() {
     let dir = t.path("units");
     fs::create_dir_all(&dir).unwrap();
     let mut exec = None;
+    let mut defaults = None;
     for unit in fs::read_dir(&units).unwrap() {
         let unit = unit.unwrap().path();
         // Pointed at the binary under test: systemd-analyze checks that it exists.
@@ -459,6 +460,13 @@ fn the_systemd_units_verify_and_their_scrub_runs() {
             .find(|l| l.starts_with("ExecStart=") && l.contains(" scrub "))
         {
             exec = Some(line.to_string());
+        }
+        if let Some(args) = text
+            .split("\"INTACT_SCRUB_ARGS=")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+        {
+            defaults = Some(args.to_string());
         }
         fs::write(dir.join(unit.file_name().unwrap()), text).unwrap();
     }
@@ -477,12 +485,13 @@ fn the_systemd_units_verify_and_their_scrub_runs() {
     // The service's command line, as systemd would run it on a tree: defaults substituted.
     let (tree, _) = tagged_tree(&t, 3, 1_000);
     let exec = exec.expect("a scrub ExecStart");
+    let defaults = defaults.expect("INTACT_SCRUB_ARGS has a default");
     let args: Vec<String> = exec
         .trim_start_matches("ExecStart=")
         .split_whitespace()
         .skip(1)
         .flat_map(|a| match a {
-            "$INTACT_SCRUB_ARGS" => vec!["--max-time".to_string(), "2h".to_string()],
+            "$INTACT_SCRUB_ARGS" => defaults.split_whitespace().map(String::from).collect(),
             "/var/lib/intact/state.db" => vec![t.path("state.db").display().to_string()],
             "%f" => vec![tree.display().to_string()],
             a if a.starts_with("${INTACT_METRICS_DIR}") => {
@@ -501,6 +510,20 @@ fn the_systemd_units_verify_and_their_scrub_runs() {
         )),
         "{metrics}"
     );
+    // The nightly run keeps new and edited files tagged, and touches nothing else.
+    let new = t.write("tree/new-photo", b"taken today");
+    let old = tree.join("d0/f000");
+    let ctime = |p: &Path| {
+        let m = fs::metadata(p).unwrap();
+        (m.ctime(), m.ctime_nsec())
+    };
+    let before = ctime(&old);
+    cmd!().args(&args).run().expect_code(0);
+    assert!(
+        getxattr(&new, TAG).is_some(),
+        "the nightly scrub tags new files"
+    );
+    assert_eq!(ctime(&old), before, "an unchanged file is not written to");
 }
 
 #[test]
