@@ -341,7 +341,8 @@ impl Plan {
         let mut gone = Vec::new();
         if !mark {
             let mut stmt = conn.prepare_cached(
-                "SELECT path, verified, damaged, gone FROM state.files WHERE gone IS NOT NULL \
+                "SELECT path, verified, damaged, gone FROM state.files INDEXED BY files_gone \
+                 WHERE gone IS NOT NULL \
                  AND ((path >= ?1 AND path < ?2) OR path = ?3) ORDER BY path",
             )?;
             for (low, high, exact) in &ranges {
@@ -352,16 +353,20 @@ impl Plan {
             }
         }
         // Only rows the walk did not meet can be gone: none if the trees hold no more rows
-        // than it met (a count on the path index, cheaper than looking each row up).
-        let mut rows = 0;
+        // than it met, less those found gone before (counts on the path index alone, and on
+        // the few gone rows: cheaper than looking each row up).
+        let mut rows = 0i64;
         for (low, high, exact) in &ranges {
-            rows += conn.query_row(
-                "SELECT count(*) FROM state.files WHERE gone IS NULL \
+            for sql in [
+                "SELECT count(*) FROM state.files WHERE path >= ?1 AND path < ?2 AND ?3 = ?3",
+                "SELECT count(*) FROM state.files WHERE path = ?3 AND ?1 = ?1 AND ?2 = ?2",
+                "SELECT -count(*) FROM state.files INDEXED BY files_gone WHERE gone IS NOT NULL \
                  AND ((path >= ?1 AND path < ?2) OR path = ?3)",
-                params![low, high, exact],
-                |r| r.get::<_, i64>(0),
-            )? as u64;
+            ] {
+                rows += conn.query_row(sql, params![low, high, exact], |r| r.get::<_, i64>(0))?;
+            }
         }
+        let rows = rows.max(0) as u64;
         let mut newly = Vec::new();
         if rows > self.known {
             // Each state row looked up among the plan's: by an index built only now that it
@@ -443,13 +448,18 @@ impl Plan {
         )?;
         let limit = budget.bytes(self.tagged.1);
         // What the queue will give: every file that starts before the budget is spent.
-        let (files, bytes): (i64, i64) = conn.query_row(
-            "SELECT count(*), coalesce(sum(size), 0) FROM (SELECT id, size, \
-             sum(size) OVER (ORDER BY id ROWS UNBOUNDED PRECEDING) - size AS before \
-             FROM queue) WHERE ?1 IS NULL OR before < ?1 OR id = (SELECT min(id) FROM queue)",
-            [limit.map(|l| l as i64)],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?;
+        let planned = match limit {
+            None => "SELECT count(*), coalesce(sum(size), 0) FROM queue WHERE ?1 IS NULL",
+            Some(_) => {
+                "SELECT count(*), coalesce(sum(size), 0) FROM (SELECT id, size, \
+                 sum(size) OVER (ORDER BY id ROWS UNBOUNDED PRECEDING) - size AS before \
+                 FROM queue) WHERE before < ?1 OR id = (SELECT min(id) FROM queue)"
+            }
+        };
+        let (files, bytes): (i64, i64) =
+            conn.query_row(planned, [limit.map(|l| l as i64)], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })?;
         Ok(Queue {
             conn: self.conn.clone(),
             failed: self.failed.clone(),
@@ -467,9 +477,11 @@ impl Plan {
     /// re-tagged by this run (whose tag the plan no longer holds) counts.
     pub fn cycle_progress(&self) -> rusqlite::Result<(u64, u64)> {
         self.conn().query_row(
-            "SELECT count(*), coalesce(sum(p.size), 0) FROM plan p WHERE p.tagged AND EXISTS \
-             (SELECT 1 FROM state.files f WHERE f.fs = p.fs AND f.ino = p.ino \
-             AND f.checked >= ?1)",
+            &format!(
+                "SELECT count(*), coalesce(sum(p.size), 0) FROM {JOIN} WHERE p.tagged \
+                 AND (f.checked >= ?1 OR (f.fs IS NULL AND EXISTS (SELECT 1 FROM state.files o \
+                 WHERE o.fs = p.fs AND o.ino = p.ino AND o.checked >= ?1)))"
+            ),
             [self.cycle_started],
             |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
         )

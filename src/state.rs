@@ -393,7 +393,9 @@ impl State {
         let run = self.run.unwrap_or(0);
         let rows = (|| -> rusqlite::Result<Vec<(i64, i64, Damaged)>> {
             let mut stmt = self.conn.prepare_cached(
-                "SELECT fs, ino, path, status, damaged FROM files WHERE damaged IS NOT NULL \
+                // Damaged rows are few: through their own index, never a walk of the tree's.
+                "SELECT fs, ino, path, status, damaged FROM files INDEXED BY files_damaged \
+                 WHERE damaged IS NOT NULL \
                  AND coalesce(seen, 0) != ?3 AND gone IS NULL \
                  AND ((path >= ?1 AND path < ?2) OR path = ?4) ORDER BY path",
             )?;
@@ -807,10 +809,9 @@ fn write_rows(conn: &Connection, rows: &[Row], seen: Option<i64>) -> rusqlite::R
         // rows of its inode's earlier content (re-tagged), and those of another inode that
         // was at its path (replaced: an editor's save, a restore), unless they hold damage
         // not dealt with (that inode may only have moved, and is reported until it is).
-        let mut stale =
-            conn.prepare_cached("DELETE FROM files WHERE fs = ?1 AND ino = ?2 AND digest != ?3")?;
-        let mut replaced = conn.prepare_cached(
-            "DELETE FROM files WHERE path = ?3 AND (fs != ?1 OR ino != ?2) AND damaged IS NULL",
+        let mut stale = conn.prepare_cached(
+            "DELETE FROM files WHERE (fs = ?1 AND ino = ?2 AND digest != ?3) \
+             OR (path = ?4 AND (fs != ?1 OR ino != ?2) AND damaged IS NULL)",
         )?;
         let mut repaired = conn.prepare_cached(
             "DELETE FROM files WHERE fs = ?1 AND ino = ?2 AND digest = ?3 AND ?2 != ?4",
@@ -847,8 +848,7 @@ fn write_rows(conn: &Connection, rows: &[Row], seen: Option<i64>) -> rusqlite::R
                 upsert.execute(&all[..n])?;
                 // An untagged file's row (the empty key) stands beside none other.
                 if !row.key.is_empty() {
-                    stale.execute(params![row.fs, row.ino, row.key])?;
-                    replaced.execute(params![row.fs, row.ino, row.path])?;
+                    stale.execute(params![row.fs, row.ino, row.key, row.path])?;
                 }
             }
             if row.fact == Fact::Repaired

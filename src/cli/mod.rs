@@ -11,9 +11,12 @@ pub const EXIT_CODES: &str = "\
 Exit codes:
   0    everything processed, no damage found
   1    damage found: a file's data changed under an unchanged mtime (corrupt), or a tag
-       without an mtime no longer matches (mismatch); wins over every other code
-  2    usage error
-  3    some files could not be processed or verified: unreadable, vanished, tag could not
+       without an mtime no longer matches (mismatch); also damage an earlier run found that
+       is still there, read by this run or not; wins over every other code
+  2    usage error (also an output that is not a regular file: it is never replaced)
+  3    nothing was verified under a PATH (no files, none tagged); the state database could
+       not be used, or was found damaged and rebuilt; some files could not be processed or
+       verified: unreadable, vanished, tag could not
        be written (no xattr support, permission, no space), changed while being read, tags
        in conflict, listed in a manifest but missing, unusable manifest lines, malformed
        tag in check, tagged with the other algorithm in export; or the work itself (an
@@ -366,8 +369,11 @@ pub const SCRUB_HELP: &str = "\
 Files are verified in rolling order: those not yet checked in the current cycle first (never
 verified ones before all others), then the least recently verified. A cycle ends when every
 tagged file has been checked once (verified, or found damaged, edited or unreadable); the
-summary says how far through it the tree is; a budgeted scrub ends with its cycle. Without a
-budget a scrub verifies every file once. Verdicts, output and exit codes are check's; the
+summary says how far through it the tree is; a budgeted scrub ends with its cycle. A budget
+is spent once the files started reach it, so a budget of 1/N of the tree completes a cycle
+in at most N runs. With --update, new and edited files come first. Without a budget a scrub
+verifies every file once. Damage found by earlier runs and not yet dealt with is listed on
+every run (exit 1), read tonight or not; files gone since they were last seen are told once. Verdicts, output and exit codes are check's; the
 state database (see --state) remembers when each file was verified. Planning reads tags and
 metadata only.
 
@@ -379,7 +385,11 @@ untagged, how long since each was last verified (a chart), damage found and not 
 or accepted, files with parity or archived copies, and how long a full cycle takes at the
 speed of recent scrubs.
 
-Exit codes: 0; 1 damage found earlier is not yet repaired or accepted; 3 errors.";
+-q shows only what needs attention (damage, files gone, a damage history lost with a damaged
+state database); -v lists every tagged file with when it was last proven good, oldest first.
+
+Exit codes: 0; 1 damage found earlier is not yet repaired or accepted; 3 errors, or the state
+database was rebuilt and files have not all been checked since.";
 
 /// `2h`, `30m`, `10d`, `1w 2d` as a duration.
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
@@ -507,7 +517,8 @@ Exit codes: 0 all archived; 1 damaged files found; 3 some files could not be arc
 
 #[derive(Args, Debug)]
 pub struct Paths {
-    /// Files and directories (directories are walked recursively; symlinks never followed)
+    /// Files and directories (directories are walked recursively; a PATH that is a symlink
+    /// is followed, symlinks inside never are)
     #[arg(required = true, value_name = "PATH")]
     pub paths: Vec<PathBuf>,
 }
