@@ -310,11 +310,7 @@ impl<W: Write, E: Write> Reporter<W, E> {
     pub fn outstanding(&mut self, d: &crate::state::Damaged) -> io::Result<()> {
         self.summary.outstanding += 1;
         if self.style.json {
-            let mut v = serde_json::to_value(d).map_err(io::Error::other)?;
-            v["type"] = "damage".into();
-            v["found"] = d.found.map(crate::text::time_ms).into();
-            serde_json::to_writer(&mut self.out, &v)?;
-            return writeln!(self.out);
+            return self.json_line("damage", d, &[("found", d.found)]);
         }
         let status = d.status.as_deref().unwrap_or("corrupt");
         writeln!(
@@ -330,13 +326,12 @@ impl<W: Write, E: Write> Reporter<W, E> {
     pub fn removed(&mut self, g: &crate::scrub::Gone) -> io::Result<()> {
         self.summary.removed += 1;
         if self.style.json {
-            let mut v = serde_json::to_value(g).map_err(io::Error::other)?;
-            v["type"] = "removed".into();
-            v["verified"] = g.verified.map(crate::text::time_ms).into();
-            v["damaged"] = g.damaged.map(crate::text::time_ms).into();
-            v["gone"] = g.gone.map(crate::text::time_ms).into();
-            serde_json::to_writer(&mut self.out, &v)?;
-            return writeln!(self.out);
+            let times = [
+                ("verified", g.verified),
+                ("damaged", g.damaged),
+                ("gone", g.gone),
+            ];
+            return self.json_line("removed", g, &times);
         }
         if self.style.verbosity == Verbosity::Quiet {
             return Ok(());
@@ -354,6 +349,22 @@ impl<W: Write, E: Write> Reporter<W, E> {
             "removed  {}: gone since it was last seen ({last}{damaged})",
             escape(&g.path)
         )
+    }
+
+    /// `value` as a JSON line of `kind`, its `times` (Unix milliseconds) as RFC 3339.
+    fn json_line(
+        &mut self,
+        kind: &str,
+        value: &impl Serialize,
+        times: &[(&str, Option<i64>)],
+    ) -> io::Result<()> {
+        let mut v = serde_json::to_value(value).map_err(io::Error::other)?;
+        v["type"] = kind.into();
+        for (key, t) in times {
+            v[*key] = t.map(crate::text::time_ms).into();
+        }
+        serde_json::to_writer(&mut self.out, &v)?;
+        writeln!(self.out)
     }
 
     /// A line for people, printed before the summary (not with `--json` or `-q`).

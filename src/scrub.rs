@@ -787,7 +787,7 @@ pub struct Age {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Gone {
     /// Where it was last seen.
-    #[serde(serialize_with = "escaped")]
+    #[serde(serialize_with = "crate::text::escaped")]
     pub path: PathBuf,
     /// When it was last verified (Unix milliseconds).
     pub verified: Option<i64>,
@@ -807,11 +807,6 @@ impl Gone {
             gone: r.get(3)?,
         })
     }
-}
-
-/// A path in JSON, escaped as in every other output.
-fn escaped<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&crate::text::escape(p))
 }
 
 /// A tagged file, as the state database knows it (`status -v`).

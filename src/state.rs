@@ -1136,17 +1136,12 @@ pub struct Rebuilt {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Damaged {
     /// Where it was last seen.
-    #[serde(serialize_with = "escaped")]
+    #[serde(serialize_with = "crate::text::escaped")]
     pub path: PathBuf,
     /// The verdict (corrupt, mismatch).
     pub status: Option<String>,
     /// When the damage was found (Unix milliseconds).
     pub found: Option<i64>,
-}
-
-/// A path in JSON, escaped as in every other output.
-fn escaped<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&crate::text::escape(p))
 }
 
 /// When a database found damaged was replaced by a new one.

@@ -63,6 +63,11 @@ pub fn escape(path: &Path) -> String {
     out
 }
 
+/// A path in JSON, escaped as [`escape`] prints it (`#[serde(serialize_with)]`).
+pub fn escaped<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&escape(p))
+}
+
 /// Unix seconds as an RFC 3339 time (UTC, to the second); times humantime cannot show
 /// (before 1970, after 9999) as `@SECONDS`.
 pub fn time(secs: i64) -> String {

@@ -311,12 +311,16 @@ pub fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
-/// Tests that need root (mounts, other users) say so and pass vacuously elsewhere; CI runs
-/// as root, so they always run there.
+/// Tests that need root (mounts, other users) say so and pass vacuously elsewhere; under
+/// `CI=true` a skip is a failure (CI runs as root, so they always run there).
 #[macro_export]
 macro_rules! require_root {
     () => {
         if !$crate::common::is_root() {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "needs root, and a skip under CI is a failure"
+            );
             eprintln!("SKIPPED: needs root");
             return;
         }
