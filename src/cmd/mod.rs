@@ -59,7 +59,9 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
         .and_then(|db| open_state(db, &mut reporter));
     if let Some(state) = &mut state {
         state.begin_run(s.verb.name(), &s.roots);
-        if config.work.reads_data() && s.judges() {
+        // Every verb that judges data knows the damage found before: those that write
+        // (update's rules: archive, protect) would otherwise re-tag a touched damaged file.
+        if config.work.reads_data() {
             config.known_damage = Some(std::sync::Arc::new(state.known_damage()));
         }
     }

@@ -131,6 +131,31 @@ fn known_damage_is_never_blessed_by_a_moved_mtime() {
     }
 }
 
+/// Damage only a read-only check found (no mark on the file) is known to the verbs that
+/// write by update's rules too: a touched damaged file is neither archived nor re-tagged.
+#[test]
+fn archive_and_protect_do_not_bless_what_a_check_found() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 3, 5_000);
+    let f = tree.join("f02");
+    let tag = getxattr(&f, TAG).unwrap();
+    flip_byte(&f, 11);
+    intact!("check", "-q", "--state", &db, &tree).expect_code(1);
+    assert!(getxattr(&f, "user.intact.corrupt").is_none(), "check writes nothing");
+    set_mtime(&f, (2_000_000_000, 0));
+    let archive = t.path("a.tar.zst");
+    for run in [
+        cmd!("archive", "create", "--json", "--state", &db, &archive, &tree),
+        cmd!("protect", "--json", "--state", &db, &tree),
+    ] {
+        let j = run.run().expect_code(1).json();
+        assert_eq!(j.status("f02"), "corrupt");
+        assert_ne!(j.file("f02")["action"], "archived");
+        assert_ne!(j.file("f02")["action"], "protected");
+        assert_eq!(getxattr(&f, TAG).unwrap(), tag, "blessed");
+    }
+}
+
 /// Row 4: a status that cannot read the database that held the damage does not say "none
 /// found": it says the history was lost, and until every file is checked again, exit 3.
 #[test]
