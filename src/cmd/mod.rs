@@ -350,9 +350,9 @@ fn open_state<W: Write, E: Write>(
         }
         Err(e) => {
             reporter.fail(format!(
-                "cannot use the state database {}: {e}; nothing was recorded, so the next run \
-                 knows nothing of this one (`--state FILE` puts it elsewhere, `--no-state` \
-                 records nothing)",
+                "cannot use the state database {}: {e}; what it remembers (damage found \
+                 before, when files were verified) is out of reach, and nothing of this run is \
+                 recorded (`--state FILE` puts it elsewhere, `--no-state` does without it)",
                 escape(path)
             ));
             None

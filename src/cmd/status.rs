@@ -45,11 +45,22 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
     let overview = plan.overview(now)?;
     let gone = plan.gone(&s.roots, now, false)?;
     let mut lost = None;
+    let mut unknown = None;
+    if s.state.is_some() && state.is_none() {
+        unknown = Some("unknown: the state database that remembers it cannot be read".into());
+    }
     if let Some(l) = state.as_ref().and_then(|st| st.history_lost()) {
         let unchecked = plan.unchecked_since(l.at)?;
         if unchecked > 0 {
             failures.0.fail(super::lost_note(&l, unchecked));
             lost = Some((l.at, unchecked));
+            unknown = Some(format!(
+                "unknown for {} {}: the state database was rebuilt at {} and they have not \
+                 been checked since (`intact check PATH`)",
+                group(unchecked),
+                if unchecked == 1 { "file" } else { "files" },
+                time_ms(l.at)
+            ));
         }
     }
     let pace = state.as_ref().and_then(|st| st.pace(&s.roots));
@@ -92,12 +103,12 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
     } else {
         let width = terminal_width();
         let text = match s.verbosity {
-            Verbosity::Quiet => attention(&overview, &gone, lost, a.damage_lines),
+            Verbosity::Quiet => attention(&overview, &gone, unknown.as_deref(), a.damage_lines),
             _ => {
                 let mut text = render(
                     &overview,
                     &gone,
-                    lost,
+                    unknown.as_deref(),
                     a.damage_lines,
                     width,
                     cycle.as_ref(),
@@ -321,20 +332,13 @@ fn terminal_width() -> usize {
         .unwrap_or(80)
 }
 
-/// What needs attention (`-q`, and the end of the overview): damage not dealt with, a
-/// damage history lost with a damaged database (when it was rebuilt, and the files not
-/// checked since), files gone since they were last seen. Nothing when there is none.
-fn attention(o: &Overview, gone: &[Gone], lost: Option<(i64, u64)>, lines: usize) -> String {
+/// What needs attention (`-q`, and the end of the overview): damage not dealt with, damage
+/// that cannot be known (`unknown`: a state database unreadable, or rebuilt and the files not
+/// all checked since), files gone since they were last seen. Nothing when there is none.
+fn attention(o: &Overview, gone: &[Gone], unknown: Option<&str>, lines: usize) -> String {
     let mut t = String::new();
-    if let Some((at, unchecked)) = lost {
-        let _ = writeln!(
-            t,
-            "damage      unknown for {} {}: the state database was rebuilt at {} and they have \
-             not been checked since (`intact check PATH`)",
-            group(unchecked),
-            if unchecked == 1 { "file" } else { "files" },
-            time_ms(at)
-        );
+    if let Some(unknown) = unknown {
+        let _ = writeln!(t, "damage      {unknown}");
     }
     if !o.damage.is_empty() {
         let _ = writeln!(
@@ -391,7 +395,7 @@ fn attention(o: &Overview, gone: &[Gone], lost: Option<(i64, u64)>, lines: usize
 fn render(
     o: &Overview,
     gone: &[Gone],
-    lost: Option<(i64, u64)>,
+    unknown: Option<&str>,
     damage_lines: usize,
     width: usize,
     cycle: Option<&Cycle>,
@@ -437,13 +441,13 @@ fn render(
             Some(c) => writeln!(t, "full cycle  {}", c.line())?,
             None => writeln!(t, "full cycle  unknown: no scrub or check recorded yet")?,
         }
-        if o.damage.is_empty() && lost.is_none() {
+        if o.damage.is_empty() && unknown.is_none() {
             writeln!(t, "damage      none found that is not repaired")?;
         }
         Ok(())
     })();
     drawn.expect("writing to a String");
-    t.push_str(&attention(o, gone, lost, damage_lines));
+    t.push_str(&attention(o, gone, unknown, damage_lines));
     t
 }
 

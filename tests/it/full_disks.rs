@@ -141,3 +141,23 @@ fn protect_on_a_read_only_file_system_is_an_error_not_a_usage_error() {
     let r = intact!("protect", &m.0).expect_code(3);
     assert!(r.stderr.contains("Read-only file system"), "{}", r.stderr);
 }
+
+/// A state database on a full disk: every run that needs it fails, saying so, and `status`
+/// does not pretend to know there is no damage.
+#[test]
+fn a_state_database_on_a_full_disk_is_never_silent() {
+    require_root!();
+    let t = Tree::new();
+    let src = tagged_tree(&t);
+    let m = Mount::new("tmpfs", "size=256k", t.path("full"));
+    let db = m.0.join("state.db");
+    intact!("check", "-q", "--state", &db, src.join("f0")).expect_code(0);
+    fill(&m.0);
+    for verb in ["check", "scrub"] {
+        let r = intact!(verb, "-q", "--state", &db, &src).expect_code(3);
+        assert!(r.stderr.contains("state database"), "{verb}: {}", r.stderr);
+    }
+    let r = intact!("status", "--state", &db, &src).expect_code(3);
+    assert!(!r.stdout.contains("none found"), "{}", r.stdout);
+    assert!(r.stdout.contains("damage      unknown"), "{}", r.stdout);
+}

@@ -141,11 +141,16 @@ fn archive_and_protect_do_not_bless_what_a_check_found() {
     let tag = getxattr(&f, TAG).unwrap();
     flip_byte(&f, 11);
     intact!("check", "-q", "--state", &db, &tree).expect_code(1);
-    assert!(getxattr(&f, "user.intact.corrupt").is_none(), "check writes nothing");
+    assert!(
+        getxattr(&f, "user.intact.corrupt").is_none(),
+        "check writes nothing"
+    );
     set_mtime(&f, (2_000_000_000, 0));
     let archive = t.path("a.tar.zst");
     for run in [
-        cmd!("archive", "create", "--json", "--state", &db, &archive, &tree),
+        cmd!(
+            "archive", "create", "--json", "--state", &db, &archive, &tree
+        ),
         cmd!("protect", "--json", "--state", &db, &tree),
     ] {
         let j = run.run().expect_code(1).json();
