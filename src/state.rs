@@ -77,8 +77,7 @@ CREATE TABLE IF NOT EXISTS {s}runs (
     bytes INTEGER,              -- bytes of data read
     seconds REAL,
     exit_code INTEGER,
-    copied INTEGER,             -- when the copies it made (an archive) became durable
-    budget INTEGER              -- a scrub's budget in bytes, if it had one
+    copied INTEGER              -- when the copies it made (an archive) became durable
 );
 CREATE TABLE IF NOT EXISTS {s}cycles (
     root BLOB PRIMARY KEY,      -- a scrubbed root, absolute
@@ -305,19 +304,6 @@ impl State {
         match result {
             Ok(id) => self.run = Some(id),
             Err(e) => self.fail(e),
-        }
-    }
-
-    /// Records the budget (bytes) of this run, a scrub, for estimates of how long a cycle
-    /// takes.
-    pub fn set_budget(&mut self, bytes: u64) {
-        let Some(id) = self.run else { return };
-        let result = self.conn.execute(
-            "UPDATE runs SET budget = ?2 WHERE id = ?1",
-            params![id, bytes as i64],
-        );
-        if let Err(e) = result {
-            self.fail(e);
         }
     }
 
@@ -651,8 +637,8 @@ impl State {
         ["scrub", "check"].iter().find_map(|verb| {
             self.conn
                 .query_row(
-                    "SELECT count(*), sum(bytes), sum(seconds), min(started), max(started), \
-                     max(budget) FROM (SELECT bytes, seconds, started, budget FROM runs \
+                    "SELECT count(*), sum(bytes), sum(seconds), min(started), max(started) \
+                     FROM (SELECT bytes, seconds, started FROM runs \
                      WHERE verb = ?1 AND roots = ?2 AND ended IS NOT NULL AND bytes > 0 \
                      ORDER BY id DESC LIMIT 10)",
                     params![verb, key],
@@ -660,7 +646,6 @@ impl State {
                         let runs: i64 = r.get(0)?;
                         let (bytes, seconds): (Option<i64>, Option<f64>) = (r.get(1)?, r.get(2)?);
                         let (first, last): (Option<i64>, Option<i64>) = (r.get(3)?, r.get(4)?);
-                        let budget: Option<i64> = r.get(5)?;
                         Ok(match (bytes, seconds) {
                             (Some(b), Some(s)) if runs > 0 && s > 0.0 => Some(Pace {
                                 scrubs: *verb == "scrub",
@@ -672,7 +657,6 @@ impl State {
                                     }
                                     _ => None,
                                 },
-                                budgeted: budget.is_some(),
                             }),
                             _ => None,
                         })
@@ -695,8 +679,6 @@ pub struct Pace {
     pub bytes_per_second: f64,
     /// Seconds from one run's start to the next, if there were several.
     pub every: Option<f64>,
-    /// Whether the scrubs had a byte budget.
-    pub budgeted: bool,
 }
 
 impl Drop for State {
@@ -722,7 +704,6 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
         ("runs", "copied", "INTEGER"),
         ("files", "damaged_digest", "BLOB"),
         ("files", "gone", "INTEGER"),
-        ("runs", "budget", "INTEGER"),
     ] {
         let has: i64 = conn.query_row(
             "SELECT count(*) FROM pragma_table_info(?1) WHERE name = ?2",

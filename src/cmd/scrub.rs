@@ -68,9 +68,6 @@ pub(super) fn prepare(
     if let Some(state) = &mut front.state {
         // A database opened anew (the old one was damaged) records this run too.
         state.begin_run(s.verb.name(), &s.roots);
-        if let Some(bytes) = scrub.budget.bytes(plan.tagged.1) {
-            state.set_budget(bytes);
-        }
     }
     config.deadline = scrub.max_time.map(|t| start + t);
     // A time budget spent before the first file is a scrub that never verifies: said, exit 3.

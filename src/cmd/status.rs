@@ -13,7 +13,7 @@ use crate::cli::settings::Settings;
 use intact::engine::Work;
 use intact::metrics::Metrics;
 use intact::report::{Exit, Verb, Verbosity};
-use intact::scrub::{FileState, Gone, Overview, Plan};
+use intact::scrub::{FileState, Gone, Overview};
 use intact::state::{self, Pace};
 use intact::text::{bytes, escape, group, percent, time_ms};
 
@@ -141,7 +141,7 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
     }
     out.flush()?;
     if let Some(path) = &s.metrics {
-        let m = metrics(&s, &plan, &overview, &gone, cycle.as_ref(), exit);
+        let m = metrics(&s, &overview, &gone, cycle.as_ref(), exit);
         m.write(path)
             .with_context(|| format!("writing the metrics {}", escape(path)))?;
     }
@@ -227,7 +227,6 @@ impl Cycle {
 /// The metrics of a status: what the trees hold, what needs attention, and the run itself.
 fn metrics(
     s: &Settings,
-    plan: &Plan,
     overview: &Overview,
     gone: &[Gone],
     cycle: Option<&Cycle>,
@@ -285,7 +284,6 @@ fn metrics(
             secs,
         );
     }
-    let _ = plan;
     m.end("status", exit as i32, state::now());
     m
 }
@@ -506,7 +504,6 @@ mod tests {
             bytes_per_run: 50.0,
             bytes_per_second: 1000.0,
             every: Some(86_400.0),
-            budgeted: true,
         };
         let c = super::Cycle::estimate(1000, Some(nightly)).unwrap();
         assert_eq!(c.runs, Some(20));
