@@ -14,14 +14,14 @@ pub mod status;
 use std::io::{self, IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::Once;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cli::settings::Settings;
 use intact::engine::{self, Action, FileReport, Progress};
-use intact::fs::walk::{self, Entry, WalkOptions};
+use intact::fs::walk::{self, Entry};
 use intact::metrics::Metrics;
 use intact::report::{Exit, Reporter};
 use intact::sink::{Out, Sink};
@@ -71,6 +71,7 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
     let mut plan = None;
     let mut planned = None;
     let mut per_root = vec![(0u64, 0u64); s.roots.len()];
+    let counted = AtomicU64::new(0);
     let (walked, failure, output, state) = std::thread::scope(|scope| {
         let mut front = Front {
             reporter: &mut reporter,
@@ -78,6 +79,7 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
             error: None,
             state,
             per_root: &mut per_root,
+            lines_on_terminal: s.reports_to_stderr || io::stdout().is_terminal(),
         };
         let source = match &s.scrub {
             Some(scrub) => match scrub::prepare(&s, scrub, &mut config, &mut front) {
@@ -94,7 +96,7 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
             None => engine::Source::Walk,
         };
         let bar =
-            show_bar.then(|| progress_bar(scope, &s.roots, &s.config.walk, planned, &progress));
+            show_bar.then(|| progress_bar(scope, &s.roots, &config, planned, &progress, &counted));
         front.bar = bar.as_ref();
         let mut failure = None;
         let walked = engine::run_from(&config, &s.roots, source, &STOP, &progress, |report| {
@@ -414,6 +416,9 @@ struct Front<'a> {
     state: Option<State>,
     /// Per root: regular files reported, and tagged ones among them.
     per_root: &'a mut Vec<(u64, u64)>,
+    /// Whether per-file lines go to the terminal the bar is drawn on (else the bar need not
+    /// step aside for them: `intact check > report.txt`).
+    lines_on_terminal: bool,
 }
 
 impl Front<'_> {
@@ -450,7 +455,8 @@ impl Out for Front<'_> {
         if let Some(state) = &mut self.state {
             state.record(&report);
         }
-        let prints = self.reporter.prints(&report);
+        let prints = self.reporter.prints(&report)
+            && (self.lines_on_terminal || !report.malformed.is_empty());
         self.print(prints, |f| f.reporter.file(&report));
     }
 
@@ -497,32 +503,42 @@ fn on_signals(exit_at_once: bool) -> anyhow::Result<()> {
     Ok(result?)
 }
 
-/// A bar on stderr with throughput, ETA and the current file. The total is counted by a
-/// metadata-only walk running alongside, so the bar starts at once and the ETA firms up.
+/// A bar on stderr with throughput, ETA, the files done and the current file. Its total is
+/// the data the run will read: a scrub's plan, or else what a metadata-only walk running
+/// alongside counts into `counted` (the bar starts at once and the ETA firms up), listing the
+/// tags where they decide whether a file is read (`check` reads tagged files only, `tag`
+/// untagged ones). The total never falls below what is done.
 fn progress_bar<'s>(
     s: &'s std::thread::Scope<'s, '_>,
     roots: &'s [PathBuf],
-    walk_opts: &'s WalkOptions,
-    total: Option<u64>,
+    config: &'s engine::Config,
+    planned: Option<u64>,
     progress: &'s Progress,
+    counted: &'s AtomicU64,
 ) -> ProgressBar {
-    let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr_with_hz(10));
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{bytes:>10}/{total_bytes:10} {bytes_per_sec:>12} ETA {eta:>4}  {wide_msg}",
-        )
-        .expect("valid template"),
-    );
-    let counter = bar.clone();
+    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr_with_hz(10));
+    // A narrow terminal gets the numbers that matter, on one line.
+    let narrow = rustix::termios::tcgetwinsize(io::stderr()).is_ok_and(|w| w.ws_col < 60);
+    let template = if narrow {
+        "{bytes}/{total_bytes} ETA {eta} {wide_msg}"
+    } else {
+        "{bytes:>10}/{total_bytes:10} {bytes_per_sec:>12} ETA {eta:>4}  {wide_msg}"
+    };
+    bar.set_style(ProgressStyle::with_template(template).expect("valid template"));
+    let walking = bar.clone();
     s.spawn(move || {
-        if total.is_some() {
+        if let Some(planned) = planned {
+            counted.store(planned, Ordering::Relaxed);
             return;
         }
-        let _ = walk::walk(roots, walk_opts, |entry| {
-            if let Entry::File { size, .. } = entry {
-                counter.inc_length(size);
+        let by_tags = config.reads(true) != config.reads(false);
+        let _ = walk::walk(roots, &config.walk, |entry| {
+            if let Entry::File { path, size, .. } = entry
+                && config.reads(by_tags && has_tag(&path))
+            {
+                counted.fetch_add(size, Ordering::Relaxed);
             }
-            if counter.is_finished() {
+            if walking.is_finished() {
                 std::ops::ControlFlow::Break(())
             } else {
                 std::ops::ControlFlow::Continue(())
@@ -532,11 +548,15 @@ fn progress_bar<'s>(
     let ticker = bar.clone();
     s.spawn(move || {
         while !ticker.is_finished() {
-            ticker.set_position(progress.bytes.load(Ordering::Relaxed));
+            let done = progress.bytes.load(Ordering::Relaxed);
+            ticker.set_length(counted.load(Ordering::Relaxed).max(done));
+            ticker.set_position(done);
             if let Ok(current) = progress.current.lock() {
+                let files = progress.files.load(Ordering::Relaxed);
                 ticker.set_message(format!(
-                    "{} files  {}",
-                    progress.files.load(Ordering::Relaxed),
+                    "{} {}  {}",
+                    group(files),
+                    if files == 1 { "file" } else { "files" },
                     escape(&current)
                 ));
             }
@@ -544,6 +564,27 @@ fn progress_bar<'s>(
         }
     });
     bar
+}
+
+/// Whether the file at `path` carries a tag a check would read (by its attributes' names).
+fn has_tag(path: &std::path::Path) -> bool {
+    use intact::core::tag::names;
+    let mut list = [0u8; 1024];
+    match rustix::fs::llistxattr(path, &mut list[..]) {
+        Ok(n) => list[..n].split(|&b| b == 0).any(|name| {
+            [
+                names::INTACT,
+                names::SHATAG_SHA256,
+                names::DINTCH_HASH,
+                names::DINTCH_HASH_S,
+            ]
+            .iter()
+            .any(|t| t.as_bytes() == name)
+        }),
+        // More attributes than fit: tags among them, most likely.
+        Err(rustix::io::Errno::RANGE) => true,
+        Err(_) => false,
+    }
 }
 
 /// Says that a temp file a killed run left was removed.

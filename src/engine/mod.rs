@@ -146,6 +146,17 @@ impl Config {
         }
     }
 
+    /// Whether this work reads the data of a file that does (`tagged`) or does not carry a
+    /// tag: what a progress bar counts.
+    pub fn reads(&self, tagged: bool) -> bool {
+        match self.work {
+            Work::Tag => self.force || !tagged,
+            Work::Check => tagged || self.manifest.is_some(),
+            Work::Update | Work::Import => true,
+            Work::Strip | Work::Show | Work::Export => false,
+        }
+    }
+
     fn new_algo(&self) -> Algo {
         self.algo.unwrap_or(Algo::Sha256)
     }
@@ -410,9 +421,12 @@ pub fn run_from(
                     if let Some(inode) = report.inode {
                         name_damage(&mut report, inode, &mut damaged);
                     }
-                    // Files not read count whole, so the progress bar ends at its total.
-                    let unread = report.size.unwrap_or(0).saturating_sub(report.bytes_read);
-                    progress.bytes.fetch_add(unread, Ordering::Relaxed);
+                    // Files the work reads but its workers did not (a sink reads them, or
+                    // they failed) count whole, so the progress bar ends at its total.
+                    if report.skip.is_none() && config.reads(report.tag.is_some()) {
+                        let unread = report.size.unwrap_or(0).saturating_sub(report.bytes_read);
+                        progress.bytes.fetch_add(unread, Ordering::Relaxed);
+                    }
                     progress.files.fetch_add(1, Ordering::Relaxed);
                     sink(report);
                 }

@@ -17,6 +17,7 @@ mod kills;
 mod loud;
 mod output;
 mod parity;
+mod progress;
 mod repair;
 mod scrub;
 mod tags;
