@@ -316,11 +316,19 @@ pub struct RepairArgs {
     #[command(flatten)]
     pub common: Common,
     /// Where to look for good copies: archives made by `intact archive create`, parity
-    /// stores made by `intact protect`, or directories of tagged files (a backup, a
-    /// mirror). Searched in order, by digest; PATH/.intact-parity is searched last if
-    /// it exists
+    /// stores made by `intact protect`, directories of tagged files (a backup, a mirror),
+    /// PAR2 sets, or backup repositories: `restic:REPO` (password from RESTIC_PASSWORD,
+    /// RESTIC_PASSWORD_FILE ...; `restic:` for RESTIC_REPOSITORY) and `borg:REPO[::ARCHIVE]`
+    /// (BORG_PASSPHRASE ...; `borg:` for BORG_REPO). Searched in order; PATH/.intact-parity
+    /// is searched last if it exists
     #[arg(long, short = 'f', value_name = "SOURCE")]
     pub from: Vec<PathBuf>,
+    /// A command that prints a good copy of a file, run with `sh -c` for each damaged file,
+    /// `{}` replaced by its path relative to PATH, quoted (e.g. 'ssh nas cat /srv/photos/{}',
+    /// 'rclone cat remote:photos/{}'). Searched after the --from sources; its output replaces
+    /// nothing unless it hashes to the file's tag
+    #[arg(long, value_name = "CMD")]
+    pub from_command: Vec<String>,
     /// Find and verify good copies, and say what would be repaired from where; change
     /// nothing
     #[arg(long, short = 'n')]

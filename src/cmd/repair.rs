@@ -22,9 +22,10 @@ pub fn run(a: RepairArgs) -> anyhow::Result<Exit> {
             from.push(store);
         }
     }
-    if from.is_empty() {
+    if from.is_empty() && a.from_command.is_empty() {
         return Err(usage(format!(
-            "no sources: give --from ARCHIVE|DIR|STORE (no {} found in PATH)",
+            "no sources: give --from ARCHIVE|DIR|STORE|restic:REPO|borg:REPO or \
+             --from-command CMD (no {} found in PATH)",
             parity::DEFAULT_DIR
         )));
     }
@@ -38,6 +39,6 @@ pub fn run(a: RepairArgs) -> anyhow::Result<Exit> {
         dry_run: a.dry_run,
         keep,
     };
-    let mut repairer = Repairer::new(&s.roots, &from, opts, &super::STOP);
+    let mut repairer = Repairer::new(&s.roots, &from, &a.from_command, opts, &super::STOP);
     super::drive(s, &mut repairer)
 }

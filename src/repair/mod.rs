@@ -14,6 +14,7 @@
 //! on the command line without following symlinks: no name found in a source ever decides
 //! where bytes go.
 
+mod backup;
 mod replace;
 mod source;
 
@@ -115,15 +116,20 @@ pub(crate) struct Want {
 }
 
 impl Repairer {
-    /// A repairer for files found under `roots`, searching the sources at `from` in order.
+    /// A repairer for files found under `roots`, searching the sources at `from` in order,
+    /// then the commands `commands` (see `--from-command`).
     pub fn new(
         roots: &[PathBuf],
         from: &[PathBuf],
+        commands: &[String],
         opts: Options,
         cancel: &'static AtomicBool,
     ) -> Repairer {
+        let commands = commands
+            .iter()
+            .map(|c| Box::new(backup::FromCommand(c.clone())) as Box<dyn Search>);
         Repairer {
-            sources: from.iter().map(|p| source::at(p)).collect(),
+            sources: from.iter().map(|p| source::at(p)).chain(commands).collect(),
             work: Work {
                 roots: roots.to_vec(),
                 anchors: roots.iter().map(|r| Anchor::new(r)).collect(),
@@ -343,7 +349,11 @@ impl Work {
             Ok(Restored { kept, warning }) => {
                 let was = t.report.status.name();
                 if self.opts.dry_run {
-                    t.report.detail = Some(format!("would be repaired from {from}"));
+                    let mut detail = format!("would be repaired from {from}");
+                    if !t.tried.is_empty() {
+                        detail.push_str(&format!("; passed over: {}", t.tried.join("; ")));
+                    }
+                    t.report.detail = Some(detail);
                     return true;
                 }
                 t.report.status = Status::Ok;
@@ -355,6 +365,10 @@ impl Work {
                     ),
                     None => format!("was {was}; restored from {from}"),
                 };
+                // Copies passed over on the way (a backup that copied the rot) are said.
+                if !t.tried.is_empty() {
+                    detail.push_str(&format!("; passed over: {}", t.tried.join("; ")));
+                }
                 if let Some(w) = warning {
                     detail.push_str(&format!("; but {w}"));
                 }
@@ -362,7 +376,7 @@ impl Work {
                 true
             }
             Err(Refused::CopyDamaged) => {
-                t.tried.push(format!("{from} is damaged too"));
+                t.tried.push(format!("{from} does not match its tag"));
                 false
             }
             Err(Refused::Unreadable(e)) => {

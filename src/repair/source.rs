@@ -50,8 +50,15 @@ pub(crate) trait Search {
     fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), String>;
 }
 
-/// The source at `path`: a parity store, a tree, a PAR2 set, or (any other file) an archive.
+/// The source at `path`: a restic or borg repository (`restic:REPO`, `borg:REPO`, unless a
+/// file of that name exists), a parity store, a tree, a PAR2 set, or (any other file) an
+/// archive.
 pub(crate) fn at(path: &Path) -> Box<dyn Search> {
+    if std::fs::symlink_metadata(path).is_err()
+        && let Some(repository) = super::backup::parse(path)
+    {
+        return repository;
+    }
     let path = path.to_path_buf();
     if Store::is_store(&path) {
         Box::new(ParityStore(path))

@@ -8,6 +8,7 @@ mod faultfs;
 
 mod alerts;
 mod archive;
+mod backups;
 mod bad_sectors;
 mod confinement;
 mod faults;

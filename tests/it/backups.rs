@@ -1,0 +1,287 @@
+//! Repair from the backups people already have, with the real tools: a restic repository, a
+//! borg repository, and any command that prints a file. Damage of every kind (a file moved
+//! since the backup, one whose newest backup copied the rot, one with two hard links, one
+//! whose name is not UTF-8) comes back bit for bit, with its tag and its mtime; a wrong
+//! password or a missing tool is one clear error, and the other sources are still tried.
+
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::process::Command;
+
+use crate::common::*;
+
+/// A tagged tree under `t/src`: the files' names and their good bytes.
+fn tree(t: &Tree) -> Vec<(PathBuf, Vec<u8>)> {
+    let odd = t.path("src").join(OsStr::from_bytes(b"caf\xe9.jpg"));
+    let files = vec![
+        (t.path("src/photo.jpg"), data(200_000, 1)),
+        (t.path("src/moved.jpg"), data(150_000, 2)),
+        (t.path("src/twice.jpg"), data(120_000, 3)),
+        (t.path("src/linked.jpg"), data(90_000, 4)),
+        (odd, data(60_000, 5)),
+    ];
+    for (p, bytes) in &files {
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, bytes).unwrap();
+    }
+    fs::hard_link(t.path("src/linked.jpg"), t.path("src/second-name.jpg")).unwrap();
+    intact!("tag", "-q", t.path("src")).expect_code(0);
+    files
+}
+
+fn run(cmd: &mut Command) {
+    let out = cmd
+        .output()
+        .expect("the backup tool is installed (.ci/run installs it)");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Two backups, the second taken after `twice.jpg` rotted; then damage everywhere (and
+/// `moved.jpg` moved). Returns the files as they should be, at their paths now.
+fn back_up_and_damage(
+    t: &Tree,
+    files: &[(PathBuf, Vec<u8>)],
+    mut backup: impl FnMut(),
+) -> Vec<(PathBuf, Vec<u8>)> {
+    backup();
+    flip_byte(&t.path("src/twice.jpg"), 77);
+    backup();
+    let moved = t.path("src/elsewhere/moved-since.jpg");
+    fs::create_dir_all(moved.parent().unwrap()).unwrap();
+    fs::rename(t.path("src/moved.jpg"), &moved).unwrap();
+    let mut now: Vec<(PathBuf, Vec<u8>)> = files.to_vec();
+    now[1].0 = moved;
+    for (p, _) in &now {
+        flip_byte(p, 1_000);
+    }
+    now
+}
+
+/// Every file is its good bytes again, with its tag (the same value as before) and mtime;
+/// the two names of the hard-linked file are still one file.
+fn all_good(t: &Tree, now: &[(PathBuf, Vec<u8>)], tags: &[Vec<u8>], mtimes: &[(i64, i64)]) {
+    for (k, (p, bytes)) in now.iter().enumerate() {
+        assert_eq!(&fs::read(p).unwrap(), bytes, "{}", p.display());
+        assert_eq!(getxattr(p, TAG).as_ref(), Some(&tags[k]), "{}", p.display());
+        assert_eq!(mtime(p), mtimes[k], "{}", p.display());
+    }
+    let (a, b) = (
+        fs::metadata(t.path("src/linked.jpg")).unwrap(),
+        fs::metadata(t.path("src/second-name.jpg")).unwrap(),
+    );
+    assert_eq!((a.dev(), a.ino()), (b.dev(), b.ino()), "the hard link kept");
+    intact!("check", "-q", "--no-state", t.path("src")).expect_code(0);
+}
+
+fn before(files: &[(PathBuf, Vec<u8>)]) -> (Vec<Vec<u8>>, Vec<(i64, i64)>) {
+    (
+        files
+            .iter()
+            .map(|(p, _)| getxattr(p, TAG).unwrap())
+            .collect(),
+        files.iter().map(|(p, _)| mtime(p)).collect(),
+    )
+}
+
+/// What `repair` said of the file whose name ends with `name`.
+fn said<'a>(r: &'a Run, name: &str) -> &'a str {
+    r.stdout
+        .lines()
+        .find(|l| l.split(':').next().is_some_and(|p| p.ends_with(name)))
+        .unwrap_or_else(|| panic!("no line for {name}: {}", r.stdout))
+}
+
+#[test]
+fn repair_from_a_restic_repository() {
+    let t = Tree::new();
+    let files = tree(&t);
+    let (tags, mtimes) = before(&files);
+    let mirror = t.path("mirror");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(t.path("src"))
+        .arg(&mirror)
+        .status();
+    assert!(copied.unwrap().success());
+    let repo = t.path("restic-repo");
+    let restic = || {
+        let mut c = Command::new("restic");
+        c.env("RESTIC_PASSWORD", "correct horse")
+            .arg("--repo")
+            .arg(&repo);
+        c
+    };
+    run(restic().args(["init", "-q"]));
+    let now = back_up_and_damage(&t, &files, || {
+        run(restic()
+            .args(["backup", "-q", "--force"])
+            .arg(t.path("src")));
+    });
+    let from = format!("restic:{}", repo.display());
+    let r = cmd!(
+        "repair",
+        "--no-state",
+        "--discard-damaged",
+        "--from",
+        &from,
+        t.path("src")
+    )
+    .env("RESTIC_PASSWORD", "correct horse")
+    .run()
+    .expect_code(0);
+    all_good(&t, &now, &tags, &mtimes);
+    // The newest snapshot copied the rot: said, and an older one used.
+    let twice = said(&r, "twice.jpg");
+    assert!(
+        twice.contains("passed over") && twice.contains("does not match"),
+        "{twice}"
+    );
+    assert!(
+        said(&r, "moved-since.jpg").contains("/src/moved.jpg)"),
+        "{}",
+        r.stdout
+    );
+    // Nothing written into the repository: no lock left, no new file.
+    let locks = fs::read_dir(repo.join("locks")).unwrap().count();
+    assert_eq!(locks, 0);
+
+    // A wrong password is one clear error naming the source; the other sources still serve.
+    for (p, _) in &now {
+        flip_byte(p, 2_000);
+    }
+    let r = cmd!(
+        "repair",
+        "--no-state",
+        "--discard-damaged",
+        "--from",
+        &from,
+        "--from",
+        &mirror
+    )
+    .arg(t.path("src"))
+    .env("RESTIC_PASSWORD", "wrong")
+    .run()
+    .expect_code(0);
+    let photo = said(&r, "photo.jpg");
+    assert!(
+        photo.contains("restored from") && photo.contains("mirror"),
+        "{photo}"
+    );
+    assert!(photo.contains("unusable (restic:"), "{photo}");
+    all_good(&t, &now, &tags, &mtimes);
+    flip_byte(&now[0].0, 2_000);
+    // restic missing: said so.
+    let empty = t.path("bin");
+    fs::create_dir(&empty).unwrap();
+    let r = cmd!("repair", "--no-state", "--from", &from, t.path("src"))
+        .env("PATH", &empty)
+        .run()
+        .expect_code(1);
+    assert!(r.stdout.contains("restic is not installed"), "{}", r.stdout);
+}
+
+#[test]
+fn repair_from_a_borg_repository() {
+    let t = Tree::new();
+    let files = tree(&t);
+    let (tags, mtimes) = before(&files);
+    let repo = t.path("borg-repo");
+    let borg = || {
+        let mut c = Command::new("borg");
+        c.env("BORG_PASSPHRASE", "correct horse")
+            .env("BORG_BASE_DIR", t.path("borg-home"))
+            .current_dir(t.root());
+        c
+    };
+    run(borg().args(["init", "-e", "repokey"]).arg(&repo));
+    let mut n = 0;
+    let now = back_up_and_damage(&t, &files, || {
+        n += 1;
+        let archive = format!("{}::n{n}", repo.display());
+        // Absolute paths: borg keeps them (less the leading slash).
+        run(borg()
+            .args(["create", "--files-cache=disabled", &archive])
+            .arg(t.path("src")));
+    });
+    let from = format!("borg:{}", repo.display());
+    let r = cmd!(
+        "repair",
+        "--no-state",
+        "--discard-damaged",
+        "--from",
+        &from,
+        t.path("src")
+    )
+    .env("BORG_PASSPHRASE", "correct horse")
+    .env("BORG_BASE_DIR", t.path("borg-home"))
+    .run()
+    .expect_code(0);
+    all_good(&t, &now, &tags, &mtimes);
+    assert!(
+        said(&r, "twice.jpg").contains("passed over"),
+        "{}",
+        r.stdout
+    );
+    // One archive only: the first, taken before the rot.
+    flip_byte(&t.path("src/twice.jpg"), 5);
+    let r = cmd!("repair", "--no-state", "--discard-damaged", "--from")
+        .arg(format!("{from}::n1"))
+        .arg(t.path("src"))
+        .env("BORG_PASSPHRASE", "correct horse")
+        .env("BORG_BASE_DIR", t.path("borg-home"))
+        .run()
+        .expect_code(0);
+    assert!(said(&r, "twice.jpg").contains("archive n1"), "{}", r.stdout);
+    flip_byte(&t.path("src/twice.jpg"), 5);
+    let r = cmd!("repair", "--no-state", "--from", &from, t.path("src"))
+        .env("BORG_PASSPHRASE", "wrong")
+        .env("BORG_BASE_DIR", t.path("borg-home"))
+        .run()
+        .expect_code(1);
+    assert!(r.stdout.contains("unusable (borg:"), "{}", r.stdout);
+}
+
+#[test]
+fn repair_from_any_command_that_prints_a_file() {
+    let t = Tree::new();
+    let files = tree(&t);
+    let (tags, mtimes) = before(&files);
+    let copy = t.path("copy");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(t.path("src"))
+        .arg(&copy)
+        .status();
+    assert!(copied.unwrap().success());
+    for (p, _) in &files {
+        flip_byte(p, 3_000);
+    }
+    // A command that prints a wrong copy first: it is only a lead, and replaces nothing.
+    let wrong = format!("head -c 10 {}/photo.jpg; true {{}}", copy.display());
+    let right = format!("cat {}/{{}}", copy.display());
+    let r = cmd!(
+        "repair",
+        "--no-state",
+        "--discard-damaged",
+        "--from-command",
+        &wrong,
+        "--from-command",
+        &right,
+        t.path("src")
+    )
+    .run()
+    .expect_code(0);
+    all_good(&t, &files, &tags, &mtimes);
+    assert!(
+        said(&r, "photo.jpg").contains("passed over"),
+        "{}",
+        r.stdout
+    );
+}
