@@ -181,11 +181,12 @@ struct Digests(Vec<Digest>);
 impl Digests {
     /// The digest for `algo` (every caller asked for it).
     fn of(&self, algo: Algo) -> Digest {
-        *self
-            .0
-            .iter()
-            .find(|d| d.algo == algo)
-            .expect("the algorithm was hashed")
+        self.get(algo).expect("the algorithm was hashed")
+    }
+
+    /// The digest for `algo`, if the read computed it.
+    fn get(&self, algo: Algo) -> Option<Digest> {
+        self.0.iter().find(|d| d.algo == algo).copied()
     }
 }
 
@@ -627,9 +628,15 @@ impl Worker<'_> {
             Status::Touched => self.write(report, s, &d, algo, Action::Refreshed),
             _ => report,
         };
-        // intact's tag now describes the data; another tool's that was not rewritten and
-        // describes other data is a conflict the user should settle.
-        if report.status != Status::Error && !report.status.is_damage() {
+        // intact's tag now describes the data (and, on a re-tag, the other tools' tags the
+        // file carries); another tool's that was not rewritten and describes other data is a
+        // conflict the user should settle.
+        let retagged = self.config.write
+            && matches!(
+                report.action,
+                Some(Action::Tagged | Action::Refreshed | Action::Accepted)
+            );
+        if !retagged && report.status != Status::Error && !report.status.is_damage() {
             let stale: Vec<&str> = s
                 .stored
                 .tags
@@ -881,7 +888,7 @@ impl Worker<'_> {
         report.action = Some(action);
         // The digest reported is the one now stored (a re-tag may change the algorithm).
         report.digest = Some(d.of(algo));
-        self.compat(report, s, d)
+        self.retag_compat(report, s, d)
     }
 
     /// Leaves on a damaged file whose tag is kept the digest of its damaged bytes and when
@@ -909,6 +916,7 @@ impl Worker<'_> {
     }
 
     /// Writes the requested compat tags from the SHA-256 just computed.
+    /// Writes the requested compat tags from the SHA-256 just computed.
     fn compat(&self, report: FileReport, s: &Subject, d: &Digests) -> FileReport {
         if self.config.compat.is_empty() {
             return report;
@@ -916,12 +924,44 @@ impl Worker<'_> {
         self.write_compat(report, s, &d.of(Algo::Sha256))
     }
 
+    /// As [`Worker::compat`], for a file intact just re-tagged: with the tags of other tools
+    /// it already carries. They were there, so its owner uses both tools (moving from
+    /// cshatag, or working beside it): left describing the old data, they would make every
+    /// later check a conflict.
+    fn retag_compat(&self, report: FileReport, s: &Subject, d: &Digests) -> FileReport {
+        let Some(sha256) = d.get(Algo::Sha256) else {
+            return report;
+        };
+        let mut formats = self.config.compat.clone();
+        formats.extend(
+            s.stored
+                .tags
+                .iter()
+                .map(|t| t.format)
+                .filter(|f| matches!(f, Format::Shatag | Format::Dintch)),
+        );
+        formats.sort();
+        formats.dedup();
+        self.write_formats(report, s, &sha256, &formats)
+    }
+
     /// Writes each requested compat tag that does not already say the same.
-    fn write_compat(&self, mut report: FileReport, s: &Subject, sha256: &Digest) -> FileReport {
+    fn write_compat(&self, report: FileReport, s: &Subject, sha256: &Digest) -> FileReport {
+        self.write_formats(report, s, sha256, &self.config.compat)
+    }
+
+    /// Writes each tag of `formats` that does not already say the same.
+    fn write_formats(
+        &self,
+        mut report: FileReport,
+        s: &Subject,
+        sha256: &Digest,
+        formats: &[Format],
+    ) -> FileReport {
         if !self.config.write {
             return report;
         }
-        for &format in &self.config.compat {
+        for &format in formats {
             if s.stored.compat_current(format, sha256, s.meta.mtime) {
                 continue;
             }

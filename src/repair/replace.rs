@@ -54,6 +54,10 @@ pub(super) fn restore(
     };
     let mut hasher = Hasher::new(digest.algo);
     let mut len = 0u64;
+    // A sparse file comes back sparse, whatever the source streams (parity and backup tools
+    // give every zero as data).
+    let sparse = meta.blocks().saturating_mul(512) < meta.len();
+    let mut out = temp.as_ref().map(|t| Out::new(t.file(), sparse));
     // Why the stream was stopped from this side: the target could not be written, or
     // the copy is longer than the file it should restore.
     let mut write_err = None;
@@ -68,25 +72,22 @@ pub(super) fn restore(
             too_long = true;
             return Err(io::Error::other("longer than the file it should restore"));
         }
-        let written = match chunk {
-            Chunk::Data(d) => {
-                hasher.update(d);
-                temp.as_ref().map_or(Ok(()), |t| t.file().write_all(d))
-            }
-            Chunk::Hole(n) => {
-                hasher.update_zeros(n);
-                temp.as_ref().map_or(Ok(()), |t| {
-                    let n = i64::try_from(n).map_err(io::Error::other)?;
-                    t.file().seek(io::SeekFrom::Current(n)).map(drop)
-                })
-            }
-        };
+        match chunk {
+            Chunk::Data(d) => hasher.update(d),
+            Chunk::Hole(n) => hasher.update_zeros(n),
+        }
+        let written = out.as_mut().map_or(Ok(()), |o| o.put(chunk));
         written.map_err(|e| {
             let stop = io::Error::new(e.kind(), "write failed");
             write_err = Some(e);
             stop
         })
     });
+    if write_err.is_none()
+        && let Some(Err(e)) = out.take().map(Out::finish)
+    {
+        write_err = Some(e);
+    }
     if let Some(e) = write_err {
         return Err(Refused::Target(e));
     }
@@ -116,6 +117,89 @@ pub(super) fn restore(
         keep,
         size: len,
     })))
+}
+
+/// Where a verified copy's bytes go: its temp file, written in order. For a sparse file,
+/// every block of zeros (4 KiB, aligned in the file) is left a hole, the stream cut into
+/// blocks however its chunks fall.
+struct Out<'f> {
+    file: &'f File,
+    sparse: bool,
+    /// The bytes of the block being filled (sparse only).
+    block: Vec<u8>,
+}
+
+const BLOCK: usize = 4096;
+
+impl<'f> Out<'f> {
+    fn new(file: &'f File, sparse: bool) -> Self {
+        Out {
+            file,
+            sparse,
+            block: Vec::with_capacity(if sparse { BLOCK } else { 0 }),
+        }
+    }
+
+    fn put(&mut self, chunk: Chunk<'_>) -> io::Result<()> {
+        let mut file = self.file;
+        match (chunk, self.sparse) {
+            (Chunk::Data(d), false) => file.write_all(d),
+            (Chunk::Hole(n), false) => skip(file, n),
+            (Chunk::Data(mut d), true) => {
+                while !d.is_empty() {
+                    let take = (BLOCK - self.block.len()).min(d.len());
+                    self.block.extend_from_slice(&d[..take]);
+                    d = &d[take..];
+                    if self.block.len() == BLOCK {
+                        self.flush_block()?;
+                    }
+                }
+                Ok(())
+            }
+            (Chunk::Hole(mut n), true) => {
+                if !self.block.is_empty() {
+                    let take = ((BLOCK - self.block.len()) as u64).min(n);
+                    self.block.resize(self.block.len() + take as usize, 0);
+                    n -= take;
+                    if self.block.len() == BLOCK {
+                        self.flush_block()?;
+                    }
+                }
+                let whole = n - n % BLOCK as u64;
+                skip(file, whole)?;
+                self.block.resize((n - whole) as usize, 0);
+                Ok(())
+            }
+        }
+    }
+
+    /// The full block: a hole if it is all zeros, else written.
+    fn flush_block(&mut self) -> io::Result<()> {
+        let mut file = self.file;
+        if self.block.iter().all(|&b| b == 0) {
+            skip(file, self.block.len() as u64)?;
+        } else {
+            file.write_all(&self.block)?;
+        }
+        self.block.clear();
+        Ok(())
+    }
+
+    /// Writes the last partial block (zeros there are the file's length's to give).
+    fn finish(mut self) -> io::Result<()> {
+        if self.block.iter().any(|&b| b != 0) {
+            let mut file = self.file;
+            file.write_all(&self.block)?;
+        }
+        self.block.clear();
+        Ok(())
+    }
+}
+
+/// Moves the write position `n` bytes on, leaving a hole.
+fn skip(mut file: &File, n: u64) -> io::Result<()> {
+    let n = i64::try_from(n).map_err(io::Error::other)?;
+    file.seek(io::SeekFrom::Current(n)).map(drop)
 }
 
 /// `restored`, its name kept beside shown with the directory `dir_path` it is in.

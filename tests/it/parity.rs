@@ -436,3 +436,32 @@ fn damage_met_by_the_parity_read_is_reported_and_gets_no_parity() {
     let v: serde_json::Value = serde_json::from_str(status.trim()).unwrap();
     assert_eq!(v["never_verified"], 3, "{v}");
 }
+
+/// A sparse file repaired from parity (which gives every zero as data) comes back sparse, as
+/// it comes back from an archive.
+#[test]
+fn a_sparse_file_repaired_from_parity_stays_sparse() {
+    use std::io::{Seek, SeekFrom, Write};
+    use std::os::unix::fs::MetadataExt;
+    let t = Tree::new();
+    let img = t.path("tree/disk.img");
+    fs::create_dir_all(img.parent().unwrap()).unwrap();
+    let mut f = fs::File::create(&img).unwrap();
+    f.write_all(&data(512 << 10, 3)).unwrap();
+    f.seek(SeekFrom::Start(12 << 20)).unwrap();
+    f.write_all(&data(512 << 10, 4)).unwrap();
+    f.set_len(16 << 20).unwrap();
+    drop(f);
+    let good = fs::read(&img).unwrap();
+    intact!("tag", "-q", t.path("tree")).expect_code(0);
+    intact!("protect", "-q", "--no-state", t.path("tree")).expect_code(0);
+    flip_byte(&img, 100);
+    let r = intact!("repair", "--no-state", "--discard-damaged", t.path("tree")).expect_code(0);
+    assert!(r.stdout.contains("restored from parity"), "{}", r.stdout);
+    assert_eq!(fs::read(&img).unwrap(), good);
+    let on_disk = fs::metadata(&img).unwrap().blocks() * 512;
+    assert!(
+        on_disk < 2 << 20,
+        "{on_disk} bytes on disk for 1 MiB of data"
+    );
+}

@@ -228,3 +228,34 @@ fn tags_fit_in_the_inode_of_a_default_ext4() {
     setxattr(&files[0], "user.v1-sized", &[b'x'; 130]);
     assert!(blocks() > before, "an attribute block went unnoticed");
 }
+
+/// Moving from cshatag is one command: `update` adopts a tree tagged by cshatag, and on an
+/// edit re-tags the shatag tag the file carries too, so both tools keep working side by side
+/// (before, the stale shatag tag made every later check a conflict, exit 3).
+#[test]
+fn update_keeps_the_cshatag_tags_a_tree_carries() {
+    let t = Tree::new();
+    let p = t.write("doc.txt", b"first draft");
+    set_mtime(&p, (1_700_000_000, 5));
+    setxattr(
+        &p,
+        "user.shatag.sha256",
+        hex::encode(sha256(b"first draft")).as_bytes(),
+    );
+    setxattr(&p, "user.shatag.ts", b"1700000000.000000005");
+    intact!("update", "-q", t.root()).expect_code(0);
+    assert!(getxattr(&p, TAG).is_some(), "adopted");
+    fs::write(&p, b"second draft").unwrap();
+    set_mtime(&p, (1_800_000_000, 7));
+    let j = intact!("update", "--json", t.root()).expect_code(0).json();
+    assert_eq!(j.status("doc.txt"), "modified");
+    assert_eq!(
+        getxattr(&p, "user.shatag.sha256").unwrap(),
+        hex::encode(sha256(b"second draft")).into_bytes()
+    );
+    assert_eq!(
+        getxattr(&p, "user.shatag.ts").unwrap(),
+        b"1800000000.000000007".to_vec()
+    );
+    intact!("check", t.root()).expect_code(0);
+}
