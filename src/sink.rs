@@ -42,6 +42,15 @@ pub trait Sink {
     /// After the walk: completes the work unless the run was `interrupted`, and hands on
     /// every report still held. Called once, also after a failure.
     fn finish(&mut self, interrupted: bool, out: &mut dyn Out) -> Result<(), Failure>;
+
+    /// Whether it wants, before [`Sink::finish`], the files the state database knows under
+    /// the roots that the walk did not meet and that are gone (`repair --missing`).
+    fn wants_missing(&self) -> bool {
+        false
+    }
+
+    /// Those files.
+    fn missing(&mut self, _files: Vec<crate::state::Missing>) {}
 }
 
 /// Reports go straight to the reporter: the verbs whose work is the engine's alone (tag,

@@ -422,6 +422,64 @@ impl State {
         found
     }
 
+    /// The files this database knows under `roots` that this run did not see and whose path
+    /// holds nothing now: deleted (or moved out of the trees), with the content they had.
+    pub fn missing(&mut self, roots: &[PathBuf]) -> Vec<Missing> {
+        self.commit();
+        let run = self.run.unwrap_or(0);
+        let mut found: Vec<Missing> = Vec::new();
+        let rows = (|| -> rusqlite::Result<Vec<Missing>> {
+            let mut stmt = self.conn.prepare_cached(
+                "SELECT ino, digest, path, size, verified FROM files \
+                 WHERE coalesce(seen, 0) != ?3 AND length(digest) > 1 \
+                 AND ((path >= ?1 AND path < ?2) OR path = ?4) ORDER BY path",
+            )?;
+            let mut all = Vec::new();
+            for root in roots {
+                let (low, high, exact) = under(root);
+                let rows = stmt.query_map(params![low, high, run, exact], |r| {
+                    let key: Vec<u8> = r.get(1)?;
+                    let path: Vec<u8> = r.get(2)?;
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        key,
+                        path,
+                        r.get::<_, i64>(3)?,
+                        r.get(4)?,
+                    ))
+                })?;
+                for row in rows {
+                    let (ino, key, path, size, verified) = row?;
+                    if let Some(digest) = digest_from_key(&key) {
+                        all.push(Missing {
+                            path: PathBuf::from(std::ffi::OsString::from_vec(path)),
+                            digest,
+                            size: size as u64,
+                            ino: ino as u64,
+                            verified,
+                        });
+                    }
+                }
+            }
+            Ok(all)
+        })();
+        match rows {
+            Ok(rows) => {
+                for m in rows {
+                    let gone = matches!(
+                        std::fs::symlink_metadata(&m.path),
+                        Err(e) if e.kind() == io::ErrorKind::NotFound
+                    );
+                    if gone && !found.iter().any(|f| f.path == m.path) {
+                        found.push(m);
+                    }
+                }
+            }
+            Err(e) => self.fail(e),
+        }
+        found
+    }
+
     /// When this database replaced one found damaged, if it did: what that one knew of damage
     /// and verification is lost until every file has been checked again.
     pub fn history_lost(&self) -> Option<Lost> {
@@ -1123,6 +1181,21 @@ pub struct Damaged {
     pub status: Option<String>,
     /// When the damage was found (Unix milliseconds).
     pub found: Option<i64>,
+}
+
+/// A file the database knew that is gone from its path.
+#[derive(Debug, Clone)]
+pub struct Missing {
+    /// Where it was last seen.
+    pub path: PathBuf,
+    /// The content it had (its tag's digest).
+    pub digest: Digest,
+    /// Its size.
+    pub size: u64,
+    /// Its inode then.
+    pub ino: u64,
+    /// When it was last verified (Unix milliseconds).
+    pub verified: Option<i64>,
 }
 
 /// When a database found damaged was replaced by a new one.

@@ -340,6 +340,11 @@ pub struct RepairArgs {
     /// Do not keep the damaged originals
     #[arg(long)]
     pub discard_damaged: bool,
+    /// Also bring back files the state database knows were under PATH and are gone (as
+    /// SnapRAID's fix -m): found by the digest they had, to their last known path, never
+    /// over a file that took it since. Without it, a deletion is left as the owner's choice
+    #[arg(long)]
+    pub missing: bool,
     #[command(flatten)]
     pub state: StateArgs,
 }
@@ -360,6 +365,11 @@ with several hard links is rewritten in place, so every name sees the repair; it
 first (user.intact.repairing), so a run killed midway leaves damage every check reports.
 The damaged original is kept as NAME.damaged, marked (user.intact.damaged) so that later
 runs skip it rather than take it for a good file.
+
+Backups: --from restic:REPO and --from borg:REPO[::ARCHIVE] read the tools' listings of
+their latest 10 versions and try at most 5 copies a file, newest first (its own path, then
+files of its size); --from-command runs a command that prints a copy. Their bytes replace
+nothing unless they hash to the tag; nothing is written into a repository.
 
 Exit codes: 0 nothing damaged is left; 1 some damage could not be repaired (or --dry-run);
 3 errors; as for check otherwise.";

@@ -117,6 +117,12 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
         if let Some(state) = &mut front.state {
             state.send();
         }
+        if sink.wants_missing()
+            && !STOP.load(Ordering::SeqCst)
+            && let Some(state) = &mut front.state
+        {
+            sink.missing(state.missing(&s.roots));
+        }
         if let Err(f) = sink.finish(STOP.load(Ordering::SeqCst), &mut front) {
             failure.get_or_insert(f);
         }

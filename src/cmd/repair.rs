@@ -32,12 +32,20 @@ pub fn run(a: RepairArgs) -> anyhow::Result<Exit> {
     let mut s = Settings::new(Verb::Repair, Work::Check, a.paths.paths, &a.common)?;
     s.config.remove_leftovers = !a.dry_run;
     s.exit_at_once = false;
-    if !a.dry_run {
+    // A dry run records nothing, but where it is to find what is missing it reads (and so
+    // records its check) too.
+    if !a.dry_run || a.missing {
         s.record(&a.state);
+    }
+    if a.missing && s.state.is_none() {
+        return Err(usage(
+            "--missing restores what the state database knew: it needs one (not --no-state)",
+        ));
     }
     let opts = repair::Options {
         dry_run: a.dry_run,
         keep,
+        missing: a.missing,
     };
     let mut repairer = Repairer::new(&s.roots, &from, &a.from_command, opts, &super::STOP);
     super::drive(s, &mut repairer)

@@ -50,6 +50,9 @@ pub struct Options {
     pub dry_run: bool,
     /// What becomes of damaged originals.
     pub keep: Keep,
+    /// Also bring back the files the state database knows were under the trees and are gone
+    /// (`--missing`): to their last known path, never over another file.
+    pub missing: bool,
 }
 
 /// Collects the damaged files a check finds, then repairs them from the sources.
@@ -99,6 +102,8 @@ struct Target {
     /// What was tried and why it did not do, for the report.
     tried: Vec<String>,
     done: bool,
+    /// Gone from its path: brought back as a new file (`--missing`).
+    missing: bool,
 }
 
 /// What a source is asked for: the content a damaged file should hold, and where it is.
@@ -186,11 +191,63 @@ impl Sink for Repairer {
                 want,
                 tried: Vec::new(),
                 done: false,
+                missing: false,
             });
         } else {
             out.send(report);
         }
         Ok(())
+    }
+
+    fn wants_missing(&self) -> bool {
+        self.work.opts.missing
+    }
+
+    fn missing(&mut self, files: Vec<crate::state::Missing>) {
+        for m in files {
+            // Back under the root it was under, as that root was given.
+            let at = self.work.roots.iter().enumerate().find_map(|(k, root)| {
+                let rel = m.path.strip_prefix(crate::state::absolute(root)).ok()?;
+                (!rel.as_os_str().is_empty()).then(|| (k, root.join(rel), rel.to_path_buf()))
+            });
+            let Some((root, path, rel)) = at else {
+                continue;
+            };
+            let mut report = FileReport::new(path.clone(), Status::Missing);
+            report.root = root;
+            report.size = Some(m.size);
+            report.id = Some((0, m.ino));
+            report.tag = Some(crate::core::tag::Tag {
+                format: crate::core::tag::Format::Intact,
+                digest: m.digest,
+                size: Some(m.size),
+                mtime: None,
+                mtime_slack_ns: 0,
+                tagged: None,
+            });
+            report.detail = Some(format!(
+                "gone since it was last seen (last verified {})",
+                m.verified.map_or("never".into(), crate::text::time_ms)
+            ));
+            let want = Want {
+                digest: m.digest,
+                size: Some(m.size),
+                mtime: None,
+                path,
+                rel,
+            };
+            let i = self.work.targets.len();
+            self.held.push(Held::Target(i));
+            self.work.by_digest.entry(want.digest).or_default().push(i);
+            self.work.remaining += 1;
+            self.work.targets.push(Target {
+                report,
+                want,
+                tried: Vec::new(),
+                done: false,
+                missing: true,
+            });
+        }
     }
 
     fn finish(&mut self, interrupted: bool, out: &mut dyn Out) -> Result<(), Failure> {
@@ -297,13 +354,11 @@ impl Work {
 
     fn restore(&self, i: usize, fill: &mut Fill<'_>) -> Result<Staged, Refused> {
         let t = &self.targets[i];
-        replace::restore(
-            &self.anchors[t.report.root],
-            &t.report,
-            &t.want,
-            &self.opts,
-            fill,
-        )
+        let anchor = &self.anchors[t.report.root];
+        if t.missing {
+            return replace::restore_missing(anchor, &t.want, &self.opts, fill);
+        }
+        replace::restore(anchor, &t.report, &t.want, &self.opts, fill)
     }
 
     /// Records an attempt's outcome, or queues a verified copy to be put in place with

@@ -202,6 +202,111 @@ fn skip(mut file: &File, n: u64) -> io::Result<()> {
     file.seek(io::SeekFrom::Current(n)).map(drop)
 }
 
+/// Brings back a file that is gone (`--missing`) from the bytes `fill` streams: hashed on the
+/// way into a temp file in its last directory (made again, beneath the root, if it is gone
+/// too); only bytes that hash to the content it had become the file, under its name and
+/// never over another file that took it since. It gets a new tag of that content (the mtime
+/// is the restore's: the database keeps none), mode 0644, the restoring user as owner.
+pub(super) fn restore_missing(
+    anchor: &Anchor,
+    want: &Want,
+    opts: &Options,
+    fill: &mut super::Fill<'_>,
+) -> Result<Staged, Refused> {
+    let name = want
+        .path
+        .file_name()
+        .ok_or_else(|| Refused::Target(io::Error::other("no file name")))?;
+    let dir = dirs_beneath(anchor, &want.rel, opts.dry_run).map_err(Refused::Target)?;
+    let taken = || {
+        Refused::Target(io::Error::other(
+            "its path is taken by another file now, which was left as it is",
+        ))
+    };
+    if let Some(dir) = &dir
+        && rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).is_ok()
+    {
+        return Err(taken());
+    }
+    let temp = match (&dir, opts.dry_run) {
+        (Some(dir), false) => Some(Temp::new_in(dir).map_err(Refused::Target)?),
+        _ => None,
+    };
+    let mut hasher = Hasher::new(want.digest.algo);
+    let mut len = 0u64;
+    let mut out = temp.as_ref().map(|t| Out::new(t.file(), false));
+    let mut write_err = None;
+    let filled = fill(&mut |chunk| {
+        let n = match chunk {
+            Chunk::Data(d) => d.len() as u64,
+            Chunk::Hole(n) => n,
+        };
+        len = len.saturating_add(n);
+        if want.size.is_some_and(|s| len > s) {
+            return Err(io::Error::other("longer than the file it should restore"));
+        }
+        match chunk {
+            Chunk::Data(d) => hasher.update(d),
+            Chunk::Hole(n) => hasher.update_zeros(n),
+        }
+        out.as_mut().map_or(Ok(()), |o| o.put(chunk)).map_err(|e| {
+            let stop = io::Error::new(e.kind(), "write failed");
+            write_err = Some(e);
+            stop
+        })
+    });
+    if let Some(e) = write_err {
+        return Err(Refused::Target(e));
+    }
+    if want.size.is_some_and(|s| len > s) {
+        return Err(Refused::CopyDamaged);
+    }
+    filled.map_err(Refused::Unreadable)?;
+    if hasher.finalize() != want.digest || want.size.is_some_and(|s| s != len) {
+        return Err(Refused::CopyDamaged);
+    }
+    let Some(mut temp) = temp else {
+        return Ok(Staged::Done(Restored::default()));
+    };
+    let tagged = (|| -> io::Result<()> {
+        temp.file().set_len(len)?;
+        rustix::fs::fchmod(temp.file(), Mode::from_raw_mode(0o644))?;
+        let (now, _) = crate::fs::walk::Stat::of(temp.file())?;
+        let value = crate::core::tag::encode(&want.digest, len, now.mtime, Timestamp::now().sec);
+        xattr::write_intact(temp.file(), &value)
+    })();
+    tagged.map_err(Refused::Target)?;
+    match temp.commit_new(name) {
+        Ok(()) => Ok(Staged::Done(Restored::default())),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(taken()),
+        Err(e) => Err(Refused::Target(e)),
+    }
+}
+
+/// The directory `rel` (a file's path relative to its root) is in, opened beneath the root
+/// component by component without following symlinks, each that is gone made again (mode
+/// 0755) unless this is a dry run (then `None` where one is gone).
+fn dirs_beneath(anchor: &Anchor, rel: &Path, dry_run: bool) -> io::Result<Option<OwnedFd>> {
+    let mut dir = anchor.open_dir(anchor.root())?;
+    let parent = rel.parent().unwrap_or(Path::new(""));
+    for part in parent.components() {
+        let std::path::Component::Normal(part) = part else {
+            return Err(io::Error::other("unexpected path component"));
+        };
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        dir = match rustix::fs::openat(&dir, part, flags, Mode::empty()) {
+            Ok(next) => next,
+            Err(rustix::io::Errno::NOENT) if dry_run => return Ok(None),
+            Err(rustix::io::Errno::NOENT) => {
+                rustix::fs::mkdirat(&dir, part, Mode::from_raw_mode(0o755))?;
+                rustix::fs::openat(&dir, part, flags, Mode::empty())?
+            }
+            Err(e) => return Err(e.into()),
+        };
+    }
+    Ok(Some(dir))
+}
+
 /// `restored`, its name kept beside shown with the directory `dir_path` it is in.
 fn shown_in(dir_path: &Path, mut restored: Restored) -> Restored {
     restored.kept = restored.kept.map(|k| {

@@ -285,3 +285,61 @@ fn repair_from_any_command_that_prints_a_file() {
         r.stdout
     );
 }
+
+/// `--missing` brings back what is gone, from a backup, to its last known path (its
+/// directory made again), verified by the digest it had; never over a file that took its
+/// name; and without the flag, a deletion is left as the owner's choice.
+#[test]
+fn repair_brings_back_what_is_gone_when_asked() {
+    let t = Tree::new();
+    let files = tree(&t);
+    let db = t.path("state.db");
+    intact!("check", "-q", "--state", &db, t.path("src")).expect_code(0);
+    let repo = t.path("restic-repo");
+    let restic = || {
+        let mut c = Command::new("restic");
+        c.env("RESTIC_PASSWORD", "pw").arg("--repo").arg(&repo);
+        c
+    };
+    run(restic().args(["init", "-q"]));
+    run(restic().args(["backup", "-q"]).arg(t.path("src")));
+    let gone = t.path("src/photo.jpg");
+    fs::remove_file(&gone).unwrap();
+    let odd = &files[4].0;
+    fs::remove_file(odd).unwrap();
+    // Another file took a name since: it stays.
+    fs::write(t.path("src/twice.jpg.tmp"), b"new content").unwrap();
+    fs::rename(t.path("src/twice.jpg.tmp"), t.path("src/twice.jpg")).unwrap();
+    let from = format!("restic:{}", repo.display());
+    let repair = |missing: bool| {
+        let mut c = cmd!("repair", "--state", &db, "--from", &from, t.path("src"));
+        if missing {
+            c = c.arg("--missing");
+        }
+        c.env("RESTIC_PASSWORD", "pw").run()
+    };
+    repair(false).expect_code(0);
+    assert!(!gone.exists(), "restored without --missing");
+    let r = repair(true).expect_code(0);
+    for (p, bytes) in [&files[0], &files[4]] {
+        assert_eq!(&fs::read(p).unwrap(), bytes, "{}", p.display());
+        assert!(getxattr(p, TAG).is_some(), "tagged");
+    }
+    assert!(
+        r.stdout.contains("was missing; restored from restic:"),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(fs::read(t.path("src/twice.jpg")).unwrap(), b"new content");
+    intact!("check", "-q", "--no-state", t.path("src")).expect_code(0);
+    // Gone with its directory: the directory comes back too, beneath the tree.
+    fs::create_dir(t.path("src/album")).unwrap();
+    let deep = t.path("src/album/deep.jpg");
+    fs::write(&deep, data(30_000, 9)).unwrap();
+    intact!("tag", "-q", &deep).expect_code(0);
+    intact!("check", "-q", "--state", &db, t.path("src")).expect_code(0);
+    run(restic().args(["backup", "-q"]).arg(t.path("src")));
+    fs::remove_dir_all(t.path("src/album")).unwrap();
+    repair(true).expect_code(0);
+    assert_eq!(fs::read(&deep).unwrap(), data(30_000, 9));
+}
