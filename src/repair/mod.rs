@@ -168,6 +168,23 @@ impl Repairer {
     }
 }
 
+impl Repairer {
+    /// Holds `report` as a file to repair (or, `missing`, to bring back) with `want`.
+    fn target(&mut self, report: FileReport, want: Want, missing: bool) {
+        let i = self.work.targets.len();
+        self.held.push(Held::Target(i));
+        self.work.by_digest.entry(want.digest).or_default().push(i);
+        self.work.remaining += 1;
+        self.work.targets.push(Target {
+            report,
+            want,
+            tried: Vec::new(),
+            done: false,
+            missing,
+        });
+    }
+}
+
 impl Sink for Repairer {
     fn take(&mut self, report: FileReport, out: &mut dyn Out) -> Result<(), Failure> {
         if !report.status.is_damage() {
@@ -182,17 +199,7 @@ impl Sink for Repairer {
                 path: report.path.clone(),
                 rel: report.relative(&self.work.roots).to_path_buf(),
             };
-            let i = self.work.targets.len();
-            self.held.push(Held::Target(i));
-            self.work.by_digest.entry(want.digest).or_default().push(i);
-            self.work.remaining += 1;
-            self.work.targets.push(Target {
-                report,
-                want,
-                tried: Vec::new(),
-                done: false,
-                missing: false,
-            });
+            self.target(report, want, false);
         } else {
             out.send(report);
         }
@@ -236,17 +243,7 @@ impl Sink for Repairer {
                 path,
                 rel,
             };
-            let i = self.work.targets.len();
-            self.held.push(Held::Target(i));
-            self.work.by_digest.entry(want.digest).or_default().push(i);
-            self.work.remaining += 1;
-            self.work.targets.push(Target {
-                report,
-                want,
-                tried: Vec::new(),
-                done: false,
-                missing: true,
-            });
+            self.target(report, want, true);
         }
     }
 

@@ -32,6 +32,18 @@ fn tree(t: &Tree) -> Vec<(PathBuf, Vec<u8>)> {
     files
 }
 
+/// A copy of `t/src` made with `cp -a` (xattrs, times and hard links kept) at `t/name`.
+fn copy_of_src(t: &Tree, name: &str) -> PathBuf {
+    let copy = t.path(name);
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(t.path("src"))
+        .arg(&copy)
+        .status();
+    assert!(copied.unwrap().success());
+    copy
+}
+
 fn run(cmd: &mut Command) {
     let out = cmd
         .output()
@@ -103,13 +115,7 @@ fn repair_from_a_restic_repository() {
     let t = Tree::new();
     let files = tree(&t);
     let (tags, mtimes) = before(&files);
-    let mirror = t.path("mirror");
-    let copied = Command::new("cp")
-        .arg("-a")
-        .arg(t.path("src"))
-        .arg(&mirror)
-        .status();
-    assert!(copied.unwrap().success());
+    let mirror = copy_of_src(&t, "mirror");
     let repo = t.path("restic-repo");
     let restic = || {
         let mut c = Command::new("restic");
@@ -253,13 +259,7 @@ fn repair_from_any_command_that_prints_a_file() {
     let t = Tree::new();
     let files = tree(&t);
     let (tags, mtimes) = before(&files);
-    let copy = t.path("copy");
-    let copied = Command::new("cp")
-        .arg("-a")
-        .arg(t.path("src"))
-        .arg(&copy)
-        .status();
-    assert!(copied.unwrap().success());
+    let copy = copy_of_src(&t, "copy");
     for (p, _) in &files {
         flip_byte(p, 3_000);
     }
