@@ -1,6 +1,6 @@
 #!/bin/sh
 # Builds the Debian package, target/debian/intact_VERSION-1_ARCH.deb: the release binary, and
-# its man page and shell completions generated from it, so they never drift from --help.
+# its man pages (one per verb) and shell completions generated from it, so they never drift from --help.
 # Installs cargo-deb first where it is missing. INTACT_DEB_PROFILE=dev packages the debug
 # build instead (the test suite does, to check the packaging without a release build).
 # Arguments go to `cargo deb`.
@@ -16,7 +16,9 @@ esac
 out=target/assets
 rm -rf "$out"
 mkdir -p "$out"
-"$bin" generate man | gzip -9n >"$out/intact.1.gz"
+mkdir "$out/man"
+"$bin" generate man "$out/man"
+gzip -9n "$out"/man/*.1
 "$bin" generate bash >"$out/intact"
 "$bin" generate zsh >"$out/_intact"
 "$bin" generate fish >"$out/intact.fish"

@@ -1,6 +1,6 @@
 //! The Debian package: built by scripts/deb.sh (from the debug build), its contents and fields
-//! checked, and, as root
-//! (as CI runs), installed with dpkg, run, found by man, and removed again.
+//! checked, and, as root (as CI runs), installed with dpkg, run, found by man, and removed
+//! again. It runs under `CI=true` or with `INTACT_TEST_PACKAGE=1`, never by surprise.
 //!
 //! A test binary of its own: cargo runs test binaries one after another, so the release build
 //! it makes does not compete with the timed fault tests.
@@ -30,7 +30,13 @@ impl Drop for Installed {
 
 #[test]
 fn the_deb_installs_runs_and_removes() {
+    // It installs cargo-deb and, as root, the package itself: not on a developer's machine
+    // unless asked for.
     let ci = std::env::var_os("CI").is_some();
+    if !ci && std::env::var_os("INTACT_TEST_PACKAGE").is_none() {
+        eprintln!("SKIPPED: package test: runs under CI=true or with INTACT_TEST_PACKAGE=1");
+        return;
+    }
     for tool in ["dpkg", "dpkg-deb"] {
         if Command::new(tool).arg("--version").output().is_err() {
             assert!(!ci, "{tool} is missing");
@@ -62,6 +68,8 @@ fn the_deb_installs_runs_and_removes() {
     for path in [
         "./usr/bin/intact",
         "./usr/share/man/man1/intact.1.gz",
+        "./usr/share/man/man1/intact-scrub.1.gz",
+        "./usr/share/man/man1/intact-archive-create.1.gz",
         "./usr/share/bash-completion/completions/intact",
         "./usr/share/zsh/vendor-completions/_intact",
         "./usr/share/fish/vendor_completions.d/intact.fish",
@@ -69,6 +77,7 @@ fn the_deb_installs_runs_and_removes() {
         "./usr/lib/systemd/system/intact-scrub@.timer",
         "./usr/lib/systemd/system/intact-failure@.service",
         "./usr/share/doc/intact/README.md",
+        "./usr/share/doc/intact/docs/scrubs.md",
         "./usr/share/doc/intact/copyright",
     ] {
         assert!(contents.contains(path), "{path} missing from:\n{contents}");
@@ -84,7 +93,19 @@ fn the_deb_installs_runs_and_removes() {
         deb.display()
     )));
     assert!(man.contains("scrub") && man.contains("status"), "{man}");
+    // The page of every verb intact(1) names is in the package.
+    for line in man.lines().filter(|l| l.starts_with("intact\\-")) {
+        let verb = line
+            .trim_start_matches("intact\\-")
+            .split('(')
+            .next()
+            .unwrap();
+        let page = format!("./usr/share/man/man1/intact-{verb}.1.gz");
+        assert!(contents.contains(&page), "{page} missing from:\n{contents}");
+    }
+    assert!(!contents.contains("intact-help.1"), "{contents}");
     if !rustix::process::geteuid().is_root() {
+        assert!(!ci, "installing the package needs root");
         eprintln!("SKIPPED: package test: installing it needs root");
         return;
     }
@@ -100,8 +121,21 @@ fn the_deb_installs_runs_and_removes() {
     let said = run(Command::new("/usr/bin/intact").arg("--version"));
     assert_eq!(said.trim(), format!("intact {version}"));
     if Command::new("man").arg("--version").output().is_ok() {
-        let page = run(Command::new("man").args(["-w", "intact"]));
-        assert_eq!(page.trim(), "/usr/share/man/man1/intact.1.gz");
+        for (name, file) in [("intact", "intact"), ("intact-scrub", "intact-scrub")] {
+            let page = run(Command::new("man").args(["-w", name]));
+            assert_eq!(page.trim(), format!("/usr/share/man/man1/{file}.1.gz"));
+        }
+        // Formatted, the exit codes are a list, not lines broken mid-sentence.
+        let text = run(Command::new("man")
+            .args(["-P", "cat", "intact-check"])
+            .env("MANWIDTH", "80"));
+        assert!(text.contains("EXIT STATUS"), "{text}");
+        assert!(
+            text.contains("--max-percent") || text.contains("--mtime-window"),
+            "{text}"
+        );
+    } else {
+        assert!(!ci, "man is missing");
     }
     run(Command::new("dpkg").args(["--remove", "intact"]));
     assert!(!Path::new("/usr/bin/intact").exists());

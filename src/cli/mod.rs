@@ -16,10 +16,10 @@ Exit codes:
   2    usage error (also an output that is not a regular file: it is never replaced)
   3    nothing was verified under a PATH (no files, none tagged); the state database could
        not be used, or was found damaged and rebuilt; some files could not be processed or
-       verified: unreadable, vanished, tag could not
-       be written (no xattr support, permission, no space), changed while being read, tags
-       in conflict, listed in a manifest but missing, unusable manifest lines, malformed
-       tag in check, tagged with the other algorithm in export; or the work itself (an
+       verified: unreadable, vanished, tag could not be written (no xattr support,
+       permission, no space), changed while being read, tags in conflict, listed in a
+       manifest but missing, unusable manifest lines, malformed tag in check, tagged with
+       the other algorithm in export; a PATH that is not there; or the work itself (an
        archive, a manifest, a parity store) could not be written
   130  interrupted (Ctrl-C, SIGTERM, SIGHUP) before the end";
 
@@ -80,7 +80,7 @@ pub enum Command {
     /// Restore damaged files bit-exactly from archives, parity or backup trees, verified first
     #[command(after_help = REPAIR_HELP)]
     Repair(RepairArgs),
-    /// Print the man page or a shell completion script
+    /// Write the man pages or print a shell completion script
     Generate(GenerateArgs),
 }
 
@@ -354,6 +354,9 @@ pub struct GenerateArgs {
     /// What to generate
     #[arg(value_enum)]
     pub what: Generated,
+    /// For `man`: write every page (intact.1 and one per verb, intact-VERB.1) into DIR;
+    /// without it, intact.1 goes to stdout
+    pub dir: Option<PathBuf>,
 }
 
 pub const REPAIR_HELP: &str = "\
@@ -391,9 +394,9 @@ summary says how far through it the tree is; a budgeted scrub ends with its cycl
 is spent once the files started reach it, so a budget of 1/N of the tree completes a cycle
 in at most N runs. With --update, new and edited files come first. Without a budget a scrub
 verifies every file once. Damage found by earlier runs and not yet dealt with is listed on
-every run (exit 1), read tonight or not; files gone since they were last seen are told once. Verdicts, output and exit codes are check's; the
-state database (see --state) remembers when each file was verified. Planning reads tags and
-metadata only.
+every run (exit 1), read tonight or not; files gone since they were last seen are told once.
+Verdicts, output and exit codes are check's; the state database (see --state) remembers when
+each file was verified. Planning reads tags and metadata only.
 
 Exit codes: as for check (1 damage found, 3 errors, 130 interrupted).";
 

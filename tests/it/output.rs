@@ -1,5 +1,7 @@
 //! What people and scripts see: lines, JSON, verbosity, exit codes, generated docs.
 
+use std::fs;
+
 use crate::common::*;
 
 #[test]
@@ -149,7 +151,27 @@ fn help_documents_exit_codes_and_docs_are_generated() {
     let man = intact!("generate", "man").expect_code(0);
     assert!(man.stdout.starts_with(".ie"), "{}", &man.stdout[..100]);
     assert!(man.stdout.contains(".TH intact 1"));
-    assert!(man.stdout.contains("Exit codes:"));
+    assert!(man.stdout.contains(".SH \"EXIT STATUS\""));
+    // A page per verb, each named in intact(1).
+    let t = Tree::new();
+    intact!("generate", "man", t.root()).expect_code(0);
+    for verb in [
+        "tag",
+        "check",
+        "scrub",
+        "status",
+        "archive-create",
+        "repair",
+    ] {
+        let page = fs::read_to_string(t.path(format!("intact-{verb}.1"))).unwrap();
+        assert!(page.contains(".SH OPTIONS"), "{verb}: {page}");
+        let top = verb.split('-').next().unwrap();
+        assert!(man.stdout.contains(&format!("intact\\-{top}(1)")), "{verb}");
+    }
+    let scrub = fs::read_to_string(t.path("intact-scrub.1")).unwrap();
+    assert!(scrub.contains("max\\-percent"), "{scrub}");
+    assert!(!t.path("intact-help.1").exists());
+    intact!("generate", "bash", t.root()).expect_code(2);
     let bash = intact!("generate", "bash").expect_code(0);
     assert!(
         bash.stdout.contains("complete -F _intact"),
