@@ -637,11 +637,6 @@ impl Plan {
     pub fn failure(&self) -> Option<String> {
         self.failed.lock().ok().and_then(|f| f.clone())
     }
-
-    /// Runs `f` on the plan's connection (for `status`' queries over `plan` and `files`).
-    pub fn with_conn<T>(&self, f: impl FnOnce(&Connection) -> T) -> T {
-        f(&self.conn())
-    }
 }
 
 /// A scrub's queue, read a page at a time.

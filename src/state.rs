@@ -245,7 +245,7 @@ impl State {
         if version > VERSION {
             return Err(StateError::Io(io::Error::other(format!(
                 "the state database {} was written by a newer intact (schema {version})",
-                path.display()
+                crate::text::escape(path)
             ))));
         }
         // Reading every table proves the file is a database and its schema is whole.

@@ -19,7 +19,7 @@ use crate::engine::{Action, FileError, FileReport};
 use crate::fs::anchor::Anchor;
 use crate::fs::atomic::Temp;
 use crate::fs::read::AlignedBuf;
-use crate::fs::walk::{Inode, SkipReason, Stat};
+use crate::fs::walk::{SkipReason, Stat};
 use crate::fs::xattr::{self, Attrs};
 use crate::sink::{Failure, Out, Sink};
 
@@ -36,7 +36,7 @@ pub struct Writer {
     /// Inodes with several links already archived, and the member name they went in under.
     links: HashMap<(u64, u64), Vec<u8>>,
     /// Inodes with several links found damaged, and the first name.
-    damaged: HashMap<Inode, (Status, PathBuf)>,
+    damaged: crate::engine::Damaged,
     buf: AlignedBuf,
     opts: Options,
     /// The zstd frame being written, and the file data in it so far.
@@ -222,45 +222,11 @@ impl Writer {
         if segments.len() >= MAX_RUNS {
             segments = vec![(0, before.size)];
         }
-        let mut pax = Pax::default();
-        let mut header = tar::Header::new_ustar();
-        set_meta(&mut header, &mut pax, &before);
-        let data_len: u64 = segments.iter().map(|s| s.1).sum();
-        let map = match &segments {
-            s if s.len() == 1 && s[0] == (0, before.size) => None,
-            _ => Some(sparse_map(&segments, before.size)),
-        };
-        let body = match &map {
-            Some(map) => {
-                pax.add("GNU.sparse.major", b"1");
-                pax.add("GNU.sparse.minor", b"0");
-                pax.add("GNU.sparse.name", name);
-                pax.add("GNU.sparse.realsize", before.size.to_string().as_bytes());
-                set_name(&mut header, &sparse_header_name(name));
-                map.len() as u64 + data_len
-            }
-            None => {
-                pax.add("path", name);
-                set_name(&mut header, name);
-                data_len
-            }
-        };
-        if damaged {
-            let mark = format!("{DAMAGED_MARK}{}", report.status.name());
-            pax.add("comment", mark.as_bytes());
-        }
-        for (attr, value) in &attrs {
-            pax.add(&format!("SCHILY.xattr.{}", encode_key(attr)), value);
-        }
-        set_size(&mut header, &mut pax, body);
-        header.set_entry_type(tar::EntryType::Regular);
+        let damage = damaged.then_some(report.status);
+        let head = FileHead::new(name, &before, &segments, &attrs, damage);
+        let body = head.body;
         let out = self.out.as_mut().expect("open until finished");
-        write_pax(out, &pax, tar::EntryType::XHeader)?;
-        header.set_cksum();
-        out.write_all(header.as_bytes())?;
-        if let Some(map) = &map {
-            out.write_all(map)?;
-        }
+        head.write(out)?;
         let copied = match whole {
             Some(digest) => {
                 let buf = &self.buf.as_mut_slice()[..before.size as usize];
@@ -606,6 +572,76 @@ fn set_name(header: &mut tar::Header, name: &[u8]) {
     let field = &mut header.as_old_mut().name;
     let n = name.len().min(field.len());
     field[..n].copy_from_slice(&name[..n]);
+}
+
+/// What goes before a regular file's data: its PAX records, its ustar header, and for a
+/// file with holes the sparse map; and the length of what follows the header.
+struct FileHead {
+    pax: Pax,
+    header: tar::Header,
+    map: Option<Vec<u8>>,
+    body: u64,
+}
+
+impl FileHead {
+    /// The head of the member `name` for a file of `stat` whose data lies in `segments`,
+    /// with `attrs`, marked with its `damage` if it has some.
+    fn new(
+        name: &[u8],
+        stat: &Stat,
+        segments: &[(u64, u64)],
+        attrs: &Attrs,
+        damage: Option<Status>,
+    ) -> FileHead {
+        let mut pax = Pax::default();
+        let mut header = tar::Header::new_ustar();
+        set_meta(&mut header, &mut pax, stat);
+        let data_len: u64 = segments.iter().map(|s| s.1).sum();
+        let map = match segments {
+            [(0, len)] if *len == stat.size => None,
+            _ => Some(sparse_map(segments, stat.size)),
+        };
+        let body = match &map {
+            Some(map) => {
+                pax.add("GNU.sparse.major", b"1");
+                pax.add("GNU.sparse.minor", b"0");
+                pax.add("GNU.sparse.name", name);
+                pax.add("GNU.sparse.realsize", stat.size.to_string().as_bytes());
+                set_name(&mut header, &sparse_header_name(name));
+                map.len() as u64 + data_len
+            }
+            None => {
+                pax.add("path", name);
+                set_name(&mut header, name);
+                data_len
+            }
+        };
+        if let Some(status) = damage {
+            let mark = format!("{DAMAGED_MARK}{}", status.name());
+            pax.add("comment", mark.as_bytes());
+        }
+        for (attr, value) in attrs {
+            pax.add(&format!("SCHILY.xattr.{}", encode_key(attr)), value);
+        }
+        set_size(&mut header, &mut pax, body);
+        header.set_entry_type(tar::EntryType::Regular);
+        header.set_cksum();
+        FileHead {
+            pax,
+            header,
+            map,
+            body,
+        }
+    }
+
+    fn write(&self, out: &mut impl Write) -> io::Result<()> {
+        write_pax(out, &self.pax, tar::EntryType::XHeader)?;
+        out.write_all(self.header.as_bytes())?;
+        if let Some(map) = &self.map {
+            out.write_all(map)?;
+        }
+        Ok(())
+    }
 }
 
 /// What a member's header says of the file besides its name and size.

@@ -36,7 +36,7 @@ pub struct Settings {
     pub reports_to_stderr: bool,
     /// A second Ctrl-C ends the run at once (verbs that write no temp files).
     pub exit_at_once: bool,
-    /// Known before the run: manifest lines that could not be used.
+    /// Known before the run: PATHs that are not there, manifest lines that could not be used.
     pub failures: Vec<String>,
     /// The state database to record verdicts and copies in, if any.
     pub state: Option<PathBuf>,
@@ -82,6 +82,16 @@ impl Settings {
             },
             ..Config::new(work)
         };
+        // A PATH that is not there is a mistyped name, not a file that vanished: said once,
+        // counted as no file, and the exit code is 3.
+        let (roots, absent): (Vec<_>, Vec<_>) = roots.into_iter().partition(|r| {
+            !matches!(std::fs::symlink_metadata(r),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+        });
+        let failures = absent
+            .iter()
+            .map(|r| format!("{}: no such file or directory", intact::text::escape(r)))
+            .collect();
         Ok(Settings {
             verb,
             config,
@@ -92,7 +102,7 @@ impl Settings {
             background: common.speed == Speed::Background,
             reports_to_stderr: false,
             exit_at_once: true,
-            failures: Vec::new(),
+            failures,
             state: None,
             metrics: None,
             scrub: None,
@@ -132,7 +142,7 @@ impl Settings {
     /// Reads the manifest `file` for `root` into the configuration: lines it cannot use are
     /// warned about now and make the exit code 3.
     pub fn manifest(&mut self, file: &Path, root: &Path, algo: Algo) -> anyhow::Result<()> {
-        let reading = || format!("reading {}", file.display());
+        let reading = || format!("reading {}", intact::text::escape(file));
         let input = std::fs::File::open(file).with_context(reading)?;
         let parsed = manifest::read(std::io::BufReader::with_capacity(1 << 20, input), algo)
             .with_context(reading)?;

@@ -35,7 +35,7 @@ pub fn create(a: CreateArgs) -> anyhow::Result<Exit> {
     };
     crate::cli::settings::output(&a.dest, "the archive")?;
     let mut writer = archive::Writer::create(&a.dest, &s.roots, opts)
-        .with_context(|| format!("creating {}", a.dest.display()))?;
+        .with_context(|| format!("creating {}", escape(&a.dest)))?;
     for stale in std::mem::take(&mut writer.removed) {
         super::removed(&stale);
     }

@@ -19,7 +19,7 @@ pub fn run(a: ExportArgs) -> anyhow::Result<Exit> {
                 super::removed(&stale);
             }
             Listing::file(&s.roots, file.clone())
-                .with_context(|| format!("creating {}", file.display()))?
+                .with_context(|| format!("creating {}", intact::text::escape(&file)))?
         }
         None => {
             s.reports_to_stderr = true;

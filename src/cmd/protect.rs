@@ -3,7 +3,7 @@
 use crate::cli::ProtectArgs;
 use crate::cli::settings::{Settings, usage};
 use intact::engine::Work;
-use intact::parity::Protector;
+use intact::parity::{OpenError, Protector};
 use intact::report::{Exit, Verb};
 
 pub fn run(a: ProtectArgs) -> anyhow::Result<Exit> {
@@ -24,10 +24,9 @@ pub fn run(a: ProtectArgs) -> anyhow::Result<Exit> {
         s.config.mtime_window_ns,
         &super::STOP,
     )
-    .map_err(|e| match e.kind() {
-        // A store given for another tree than the one it protects.
-        std::io::ErrorKind::InvalidInput => usage(e.to_string()),
-        _ => anyhow::Error::new(e),
+    .map_err(|e| match e {
+        OpenError::OtherTree { .. } => usage(e.to_string()),
+        OpenError::Io { .. } => anyhow::Error::new(e),
     })?;
     for stale in removed {
         super::removed(&stale);

@@ -22,6 +22,9 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
     s.record(&a.state);
     s.metrics = a.metrics.file()?;
     let mut failures = Failures::default();
+    for failure in std::mem::take(&mut s.failures) {
+        failures.0.fail(failure);
+    }
     let mut state = s
         .state
         .as_deref()

@@ -30,7 +30,52 @@ pub struct BadLine {
     /// 1-based line number.
     pub line: usize,
     /// Why.
-    pub why: String,
+    pub why: Unusable,
+}
+
+/// Why a manifest line cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Unusable {
+    /// Too short for a digest, a separator and a name.
+    #[error("too short for a digest and a name")]
+    TooShort,
+    /// Not `  ` or ` *` between the digest and the name.
+    #[error("expected two characters (\"  \" or \" *\") after the digest")]
+    Separator,
+    /// A BSD-style line without its `) = `.
+    #[error("BSD line without \") = \"")]
+    BsdUnclosed,
+    /// A BSD-style line whose name is empty, or a line with an empty name.
+    #[error("empty name")]
+    EmptyName,
+    /// Not 64 hex digits where the digest goes.
+    #[error("not a 64-digit hex digest")]
+    Digest,
+    /// A backslash in an escaped name that is not `\\`, `\n` or `\r`.
+    #[error("bad escape in name")]
+    Escape,
+    /// A hashdeep line with another number of columns than its header.
+    #[error("{found} columns instead of {expected}")]
+    Columns {
+        /// Columns on the line.
+        found: usize,
+        /// Columns in the header.
+        expected: usize,
+    },
+    /// A hashdeep header that lists no SHA-256.
+    #[error("hashdeep header without a sha256 column")]
+    NoSha256,
+    /// Longer than any file name.
+    #[error("longer than {MAX_LINE} bytes, which no file name is")]
+    TooLong,
+    /// A path that leads out of the root (absolute elsewhere, or through `..`).
+    #[error("{path} is not a path inside {root}: not followed")]
+    Outside {
+        /// The path, escaped.
+        path: String,
+        /// The root, escaped.
+        root: String,
+    },
 }
 
 impl fmt::Display for BadLine {
@@ -46,16 +91,6 @@ pub struct Parsed {
     pub entries: Vec<Entry>,
     /// Lines skipped as unreadable.
     pub bad: Vec<BadLine>,
-}
-
-impl Parsed {
-    /// The entries by path (a later line for the same path wins, as in a re-run).
-    pub fn by_path(&self) -> HashMap<Vec<u8>, Digest> {
-        self.entries
-            .iter()
-            .map(|e| (e.path.clone(), e.digest))
-            .collect()
-    }
 }
 
 /// A manifest as the engine uses it: what each file under a root should hash to.
@@ -93,11 +128,10 @@ impl Expected {
             }) else {
                 outside.push(BadLine {
                     line: e.line,
-                    why: format!(
-                        "{} is not a path inside {}: not followed",
-                        crate::text::escape(Path::new(OsStr::from_bytes(&e.path))),
-                        crate::text::escape(root)
-                    ),
+                    why: Unusable::Outside {
+                        path: crate::text::escape(Path::new(OsStr::from_bytes(&e.path))),
+                        root: crate::text::escape(root),
+                    },
                 });
                 continue;
             };
@@ -190,7 +224,7 @@ pub fn read(mut input: impl BufRead, algo: Algo) -> io::Result<Parsed> {
             Some(true) => parser.line(number, &line),
             Some(false) => parser.out.bad.push(BadLine {
                 line: number,
-                why: format!("longer than {MAX_LINE} bytes, which no file name is"),
+                why: Unusable::TooLong,
             }),
         }
     }
@@ -266,7 +300,7 @@ impl Parser {
                     return;
                 }
                 None if line.starts_with(b"%%%% HASHDEEP") => return,
-                None => Err("hashdeep header without a sha256 column".to_string()),
+                None => Err(Unusable::NoSha256),
             }
         } else if line.starts_with(b"#") || line.starts_with(b";") {
             // Comments: hashdeep's `##` lines, rhash's and SFV's `;`.
@@ -279,7 +313,7 @@ impl Parser {
         match result {
             Ok(entry) if entry.path.is_empty() => self.out.bad.push(BadLine {
                 line: number,
-                why: "empty name".into(),
+                why: Unusable::EmptyName,
             }),
             Ok(entry) => self.out.entries.push(Entry {
                 line: number,
@@ -292,7 +326,7 @@ impl Parser {
 
 /// `HEX  NAME`, `HEX *NAME` (binary mode), or BSD `ALGO (NAME) = HEX`; an escaped line
 /// starts with a backslash.
-fn parse_line(line: &[u8], algo: Algo) -> Result<Entry, String> {
+fn parse_line(line: &[u8], algo: Algo) -> Result<Entry, Unusable> {
     let (escaped, line) = match line.strip_prefix(b"\\") {
         Some(rest) => (true, rest),
         None => (false, line),
@@ -301,19 +335,19 @@ fn parse_line(line: &[u8], algo: Algo) -> Result<Entry, String> {
         return Ok(entry);
     }
     if line.len() < 66 {
-        return Err("too short for a digest and a name".into());
+        return Err(Unusable::TooShort);
     }
     let (hex, rest) = line.split_at(64);
     let digest = hex_digest(algo, hex)?;
     let name = match rest {
         [b' ', b' ' | b'*', name @ ..] if !name.is_empty() => name,
-        _ => return Err("expected two characters (\"  \" or \" *\") after the digest".into()),
+        _ => return Err(Unusable::Separator),
     };
     entry(digest, name, escaped)
 }
 
 /// An entry for `name` as written (unescaped if the line said so); its line is set later.
-fn entry(digest: Digest, name: &[u8], escaped: bool) -> Result<Entry, String> {
+fn entry(digest: Digest, name: &[u8], escaped: bool) -> Result<Entry, Unusable> {
     Ok(Entry {
         digest,
         path: if escaped {
@@ -326,7 +360,7 @@ fn entry(digest: Digest, name: &[u8], escaped: bool) -> Result<Entry, String> {
 }
 
 /// `SHA256 (name) = hex` as `sha256sum --tag`, `b3sum`-style tools and `rhash --bsd` write.
-fn parse_bsd(line: &[u8], escaped: bool) -> Result<Option<Entry>, String> {
+fn parse_bsd(line: &[u8], escaped: bool) -> Result<Option<Entry>, Unusable> {
     let Some(open) = line.iter().position(|&b| b == b'(') else {
         return Ok(None);
     };
@@ -336,26 +370,26 @@ fn parse_bsd(line: &[u8], escaped: bool) -> Result<Option<Entry>, String> {
         _ => return Ok(None),
     };
     let Some(close) = line.windows(4).rposition(|w| w == b") = ") else {
-        return Err("BSD line without \") = \"".into());
+        return Err(Unusable::BsdUnclosed);
     };
     if close < open + 1 {
-        return Err("BSD line with an empty name".into());
+        return Err(Unusable::EmptyName);
     }
     let name = &line[open + 1..close];
     let digest = hex_digest(algo, &line[close + 4..])?;
     entry(digest, name, escaped).map(Some)
 }
 
-fn hex_digest(algo: Algo, hex: &[u8]) -> Result<Digest, String> {
+fn hex_digest(algo: Algo, hex: &[u8]) -> Result<Digest, Unusable> {
     let mut bytes = [0u8; 32];
     if hex.len() != 64 || hex::decode_to_slice(hex, &mut bytes).is_err() {
-        return Err("not a 64-digit hex digest".into());
+        return Err(Unusable::Digest);
     }
     Ok(Digest { algo, bytes })
 }
 
 /// Reverses coreutils' escaping: `\\` → `\`, `\n` → newline, `\r` → carriage return.
-fn unescape(name: &[u8]) -> Result<Vec<u8>, String> {
+fn unescape(name: &[u8]) -> Result<Vec<u8>, Unusable> {
     let mut out = Vec::with_capacity(name.len());
     let mut it = name.iter();
     while let Some(&b) = it.next() {
@@ -367,7 +401,7 @@ fn unescape(name: &[u8]) -> Result<Vec<u8>, String> {
             Some(b'\\') => out.push(b'\\'),
             Some(b'n') => out.push(b'\n'),
             Some(b'r') => out.push(b'\r'),
-            _ => return Err("bad escape in name".into()),
+            _ => return Err(Unusable::Escape),
         }
     }
     Ok(out)
@@ -392,15 +426,14 @@ impl HashdeepColumns {
         })
     }
 
-    fn parse(&self, line: &[u8]) -> Result<Entry, String> {
+    fn parse(&self, line: &[u8]) -> Result<Entry, Unusable> {
         // The name is the last column and may itself hold commas.
         let fields: Vec<&[u8]> = line.splitn(self.count, |&b| b == b',').collect();
         if fields.len() != self.count {
-            return Err(format!(
-                "{} columns instead of {}",
-                fields.len(),
-                self.count
-            ));
+            return Err(Unusable::Columns {
+                found: fields.len(),
+                expected: self.count,
+            });
         }
         Ok(Entry {
             digest: hex_digest(Algo::Sha256, fields[self.digest])?,

@@ -408,7 +408,7 @@ pub fn run_from(
         // With a manifest, what it lists but the tree lacks is reported at the end.
         let mut seen = HashSet::new();
         // Files with several names found damaged: their other names carry the damage too.
-        let mut damaged: HashMap<Inode, (Status, PathBuf)> = HashMap::new();
+        let mut damaged = Damaged::new();
         for (seq, reports) in done_rx {
             pending.insert(seq, reports);
             while let Some(reports) = pending.remove(&next) {
@@ -548,22 +548,23 @@ fn walk_in_batches(
     walked
 }
 
+/// The damage of each file with several names, as its first name was judged.
+pub(crate) type Damaged = HashMap<Inode, (Status, Option<Action>, PathBuf)>;
+
 /// The damage found in a file with several names, said under each of them: the first name
 /// met was read (once), and the others are reported as carrying the same bytes. (A sink that
 /// verifies files itself says it again, for the damage it finds.)
-pub(crate) fn name_damage(
-    report: &mut FileReport,
-    inode: Inode,
-    damaged: &mut HashMap<Inode, (Status, PathBuf)>,
-) {
+pub(crate) fn name_damage(report: &mut FileReport, inode: Inode, damaged: &mut Damaged) {
     if report.skip != Some(SkipReason::HardLink) {
         if report.status.is_damage() {
-            damaged.insert(inode, (report.status, report.path.clone()));
+            damaged.insert(inode, (report.status, report.action, report.path.clone()));
         }
         return;
     }
-    if let Some((status, first)) = damaged.get(&inode) {
+    if let Some((status, action, first)) = damaged.get(&inode) {
+        // Counted under each name, as its status is: "2 corrupt, 2 kept", one unit.
         report.status = *status;
+        report.action = *action;
         report.detail = Some(format!(
             "another name of {}, which is {}",
             crate::text::escape(first),

@@ -22,7 +22,7 @@ use crate::core::classify::Status;
 use crate::core::digest::Digest;
 use crate::engine::{Action, FileError, FileReport, SinkReads};
 use crate::fs::read::{AlignedBuf, BUF_SIZE, HashError, ReadOptions, hash_file};
-use crate::fs::walk::{Inode, Stat};
+use crate::fs::walk::Stat;
 use crate::sink::{Failure, Out, Sink};
 
 /// Where a tree's parity store is by default: in the tree (beside a file given as PATH).
@@ -49,7 +49,7 @@ pub struct Protector {
     /// mtimes closer than this count as equal, judging a file the engine left unread.
     window: u64,
     /// Files with several names found damaged, and the first name.
-    damaged: HashMap<Inode, (Status, PathBuf)>,
+    damaged: crate::engine::Damaged,
     cancel: &'static AtomicBool,
 }
 
@@ -74,7 +74,7 @@ impl Protector {
         threads: usize,
         window: u64,
         cancel: &'static AtomicBool,
-    ) -> io::Result<(Protector, Vec<PathBuf>)> {
+    ) -> Result<(Protector, Vec<PathBuf>), super::OpenError> {
         let mut stores = Vec::new();
         let mut removed = Vec::new();
         for root in roots {
@@ -85,12 +85,7 @@ impl Protector {
             } else {
                 crate::fs::atomic::parent(root)
             };
-            let mut store = Store::open(&dir, base, redundancy, threads).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("opening the parity store {}: {e}", dir.display()),
-                )
-            })?;
+            let mut store = Store::open(&dir, base, redundancy, threads)?;
             removed.append(&mut store.removed);
             stores.push(store);
         }
@@ -169,9 +164,9 @@ impl Protector {
                 if report.status != Status::Ok {
                     return Ok((None, false));
                 }
-                self.stores[i].outcome(&digest) == Outcome::Durable
+                matches!(self.stores[i].outcome(&digest), Outcome::Durable)
             }
-            Added::Already => self.stores[i].outcome(&digest) == Outcome::Durable,
+            Added::Already => matches!(self.stores[i].outcome(&digest), Outcome::Durable),
         };
         Ok((Some((i, digest)), already))
     }
@@ -216,7 +211,7 @@ impl Protector {
         self.running -= self.done.try_iter().count();
         while let Some(head) = self.held.front() {
             let outcome = head.wait.map(|(i, d)| self.stores[i].outcome(&d));
-            if outcome == Some(Outcome::Pending) && !last {
+            if matches!(outcome, Some(Outcome::Pending)) && !last {
                 break;
             }
             let Held {

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::source::{Attempts, Search};
+use super::source::{Attempts, Search, Unusable};
 use crate::archive::Chunk;
 use crate::text::escape;
 
@@ -43,9 +43,9 @@ trait Repository {
     /// How it is named in reports (`restic:REPO`).
     fn name(&self) -> String;
     /// Its versions.
-    fn versions(&self) -> Result<Vec<Version>, String>;
+    fn versions(&self) -> Result<Vec<Version>, Unusable>;
     /// The files of a version: each path as the tool lists it, and its size.
-    fn list(&self, v: &Version, each: &mut dyn FnMut(String, u64)) -> Result<(), String>;
+    fn list(&self, v: &Version, each: &mut dyn FnMut(String, u64)) -> Result<(), Unusable>;
     /// The command that prints the file at `path` (as the version holds it) of a version.
     fn dump(&self, v: &Version, path: &[u8]) -> Command;
 }
@@ -71,10 +71,13 @@ impl Repository for Restic {
         format!("restic:{}", shown(&self.0))
     }
 
-    fn versions(&self) -> Result<Vec<Version>, String> {
+    fn versions(&self) -> Result<Vec<Version>, Unusable> {
         let out = output(self.restic().args(["snapshots", "--json"]), "restic")?;
         let snapshots: Vec<serde_json::Value> =
-            serde_json::from_slice(&out).map_err(|e| format!("restic snapshots: {e}"))?;
+            serde_json::from_slice(&out).map_err(|source| Unusable::Output {
+                what: "restic snapshots",
+                source,
+            })?;
         Ok(snapshots
             .iter()
             .filter_map(|s| {
@@ -90,7 +93,7 @@ impl Repository for Restic {
             .collect())
     }
 
-    fn list(&self, v: &Version, each: &mut dyn FnMut(String, u64)) -> Result<(), String> {
+    fn list(&self, v: &Version, each: &mut dyn FnMut(String, u64)) -> Result<(), Unusable> {
         lines(
             self.restic().args(["ls", "--json", &v.id]),
             "restic",
@@ -146,7 +149,7 @@ impl Repository for Borg {
         }
     }
 
-    fn versions(&self) -> Result<Vec<Version>, String> {
+    fn versions(&self) -> Result<Vec<Version>, Unusable> {
         let mut c = self.borg();
         c.args(["list", "--json"]);
         if let Some(repo) = &self.repo {
@@ -154,7 +157,10 @@ impl Repository for Borg {
         }
         let out = output(&mut c, "borg")?;
         let listed: serde_json::Value =
-            serde_json::from_slice(&out).map_err(|e| format!("borg list: {e}"))?;
+            serde_json::from_slice(&out).map_err(|source| Unusable::Output {
+                what: "borg list",
+                source,
+            })?;
         let archives = listed["archives"].as_array().cloned().unwrap_or_default();
         Ok(archives
             .iter()
@@ -171,7 +177,7 @@ impl Repository for Borg {
             .collect())
     }
 
-    fn list(&self, v: &Version, each: &mut dyn FnMut(String, u64)) -> Result<(), String> {
+    fn list(&self, v: &Version, each: &mut dyn FnMut(String, u64)) -> Result<(), Unusable> {
         let mut c = self.borg();
         c.args(["list", "--json-lines"])
             .arg(self.location(Some(&v.id)));
@@ -236,7 +242,7 @@ impl<R: Repository + Send> Search for Backup<R> {
         self.0.name()
     }
 
-    fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), String> {
+    fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), Unusable> {
         let mut versions = self.0.versions()?;
         // Newest first (tools list oldest first: of two made in the same second, the one
         // listed later is the newer).
@@ -357,7 +363,7 @@ fn same_path(abs: &[u8], listed: &str) -> Option<Vec<u8>> {
 
 /// Runs `cmd` and gives what it prints; an error says what it said when it failed (or that
 /// the tool is not there).
-fn output(cmd: &mut Command, tool: &str) -> Result<Vec<u8>, String> {
+fn output(cmd: &mut Command, tool: &str) -> Result<Vec<u8>, Unusable> {
     let out = cmd
         .stdin(Stdio::null())
         .output()
@@ -375,7 +381,7 @@ fn lines(
     cmd: &mut Command,
     tool: &str,
     mut each: impl FnMut(&serde_json::Value),
-) -> Result<(), String> {
+) -> Result<(), Unusable> {
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -398,7 +404,7 @@ fn lines(
             each(&v);
         }
     }
-    let status = child.wait().map_err(|e| format!("{tool}: {e}"))?;
+    let status = child.wait().map_err(|e| missing(tool, e))?;
     let said_text = errors.join().unwrap_or_default();
     if status.success() {
         Ok(())
@@ -454,16 +460,27 @@ pub(super) fn stream(
 }
 
 /// What a tool that could not be started means.
-fn missing(tool: &str, e: io::Error) -> String {
-    if e.kind() == io::ErrorKind::NotFound {
-        format!("{tool} is not installed (no `{tool}` on PATH)")
+fn missing(tool: &str, source: io::Error) -> Unusable {
+    if source.kind() == io::ErrorKind::NotFound {
+        Unusable::NoTool(tool.into())
     } else {
-        format!("cannot run {tool}: {e}")
+        Unusable::CannotRun {
+            tool: tool.into(),
+            source,
+        }
     }
 }
 
 /// What a tool said when it failed, on one line (its complaint may span several).
-fn said(tool: &str, stderr: &[u8], status: std::process::ExitStatus) -> String {
+fn said(tool: &str, stderr: &[u8], status: std::process::ExitStatus) -> Unusable {
+    Unusable::Failed {
+        tool: tool.into(),
+        said: words(stderr, status),
+    }
+}
+
+/// A failed tool's complaint on one line, or its exit status if it said nothing.
+fn words(stderr: &[u8], status: std::process::ExitStatus) -> String {
     let text = String::from_utf8_lossy(stderr);
     let lines: Vec<&str> = text
         .lines()
@@ -471,7 +488,7 @@ fn said(tool: &str, stderr: &[u8], status: std::process::ExitStatus) -> String {
         .filter(|l| !l.is_empty())
         .collect();
     if lines.is_empty() {
-        return format!("{tool} failed ({status})");
+        return format!("failed ({status})");
     }
     let mut line = lines.join(" ");
     if line.len() > 300 {
@@ -482,7 +499,7 @@ fn said(tool: &str, stderr: &[u8], status: std::process::ExitStatus) -> String {
         line.truncate(cut);
         line.push_str(" ...");
     }
-    format!("{tool}: {line}")
+    line
 }
 
 /// A command that prints a good copy of a file (`--from-command 'ssh nas cat /srv/{}'`):
@@ -496,7 +513,7 @@ impl Search for FromCommand {
         format!("the command `{}`", self.0)
     }
 
-    fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), String> {
+    fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), Unusable> {
         for i in 0..work.count() {
             if cancel.load(Ordering::Relaxed) {
                 break;

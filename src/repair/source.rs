@@ -47,7 +47,46 @@ pub(crate) trait Search {
     /// How it is named in reports.
     fn name(&self) -> String;
     /// Offers every copy found of what is wanted; `Err` if the source cannot be used at all.
-    fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), String>;
+    fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), Unusable>;
+}
+
+/// Why a source cannot be used at all: each damaged file's report says so, and the other
+/// sources are still tried.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Unusable {
+    /// It could not be read.
+    #[error("unreadable: {0}")]
+    Unreadable(#[from] io::Error),
+    /// The archive could not be read to its end.
+    #[error("unreadable: {0}")]
+    Archive(#[from] archive::ReadError),
+    /// The tool that reads it is not installed.
+    #[error("{0} is not installed (no `{0}` on PATH)")]
+    NoTool(String),
+    /// The tool that reads it could not be run.
+    #[error("cannot run {tool}: {source}")]
+    CannotRun {
+        /// The tool.
+        tool: String,
+        /// Why.
+        source: io::Error,
+    },
+    /// The tool failed, saying this (its first few hundred characters, on one line).
+    #[error("{tool}: {said}")]
+    Failed {
+        /// The tool.
+        tool: String,
+        /// What it said, or its exit status.
+        said: String,
+    },
+    /// The tool printed what could not be read as what it should print.
+    #[error("{what}: {source}")]
+    Output {
+        /// The command (`restic snapshots`).
+        what: &'static str,
+        /// Why.
+        source: serde_json::Error,
+    },
 }
 
 /// The source at `path`: a restic or borg repository (`restic:REPO`, `borg:REPO`, unless a
@@ -97,7 +136,7 @@ impl Search for Archive {
         escape(&self.0)
     }
 
-    fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), String> {
+    fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), Unusable> {
         let wanted = wanted(work);
         let shown = self.name();
         // Frames are read on every core; a member that is wanted takes the work for the
@@ -133,7 +172,7 @@ impl Search for Archive {
                 ControlFlow::Continue(())
             }
         })
-        .map_err(|e| format!("unreadable: {e}"))
+        .map_err(Unusable::from)
     }
 }
 
@@ -145,7 +184,7 @@ impl Search for Tree {
         escape(&self.0)
     }
 
-    fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), String> {
+    fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), Unusable> {
         let wanted = wanted(work);
         let mut candidates: HashMap<Digest, Vec<PathBuf>> = HashMap::new();
         walk_tags(std::slice::from_ref(&self.0), cancel, |path, tags| {
@@ -192,8 +231,8 @@ impl Search for Par2Set {
         format!("PAR2 set {}", escape(&self.0))
     }
 
-    fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), String> {
-        let set = parity::load(&self.0).map_err(|e| e.to_string())?;
+    fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), Unusable> {
+        let set = parity::load(&self.0)?;
         let base = crate::fs::atomic::parent(&self.0);
         let paths: Vec<Option<PathBuf>> = set
             .files
@@ -232,8 +271,8 @@ impl Search for ParityStore {
         format!("parity in {}", escape(&self.0))
     }
 
-    fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), String> {
-        let store = Store::read(&self.0).map_err(|e| format!("unreadable: {e}"))?;
+    fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), Unusable> {
+        let store = Store::read(&self.0)?;
         let from = self.name();
         let mut by_digest = None;
         // Damaged files by the set that protects them, in the order first wanted: a pack's

@@ -62,6 +62,40 @@ fn hard_links_are_hashed_once() {
     assert_eq!(j.status("a"), "ok");
     // The tag lives on the inode, so every name carries it.
     assert_eq!(getxattr(&t.path("c"), TAG), getxattr(&a, TAG));
+
+    // Damage is counted in one unit, names, for its status and for what was done.
+    flip_byte(&a, 500);
+    let j = intact!("update", "--json", t.root()).expect_code(1).json();
+    assert_eq!(j.count("corrupt"), 3);
+    assert_eq!(j.summary["actions"]["kept"], 3);
+    for name in ["a", "b", "c"] {
+        assert_eq!(j.file(name)["action"], "kept", "{name}");
+    }
+}
+
+#[test]
+fn a_path_that_is_not_there_is_said_so_and_counts_no_file() {
+    let t = Tree::new();
+    t.write("a", b"here");
+    intact!("tag", "-q", t.root()).expect_code(0);
+    let typo = t.path("nope");
+    let j = intact!("check", "--json", &typo, t.root())
+        .expect_code(3)
+        .json();
+    assert_eq!(j.summary["files"], 1);
+    assert_eq!(j.status("a"), "ok");
+    let errors = j.summary["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    let said = errors[0].as_str().unwrap();
+    assert!(said.ends_with("nope: no such file or directory"), "{said}");
+    let r = intact!("check", &typo).expect_code(3);
+    assert!(!r.stdout.contains("vanished"), "{}", r.stdout);
+    assert!(r.stderr.contains("check: 0 files"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("no such file or directory"),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]
