@@ -391,6 +391,8 @@ impl<W: Write, E: Write> Reporter<W, E> {
         }
         let verb = self.style.verb;
         let exit = self.summary.exit(verb);
+        // The lines come before the summary where both reach one terminal.
+        self.out.flush()?;
         if self.style.json {
             serde_json::to_writer(&mut self.out, &JsonSummary::new(verb, &self.summary, exit))?;
             writeln!(self.out)?;

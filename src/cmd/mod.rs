@@ -33,6 +33,9 @@ pub static STOP: AtomicBool = AtomicBool::new(false);
 /// Set by a signal only: the run is reported as interrupted.
 static SIGNALLED: AtomicBool = AtomicBool::new(false);
 
+/// The reporter of a run: reports to stdout (or stderr), the summary to stderr.
+type Speaker = Reporter<Box<dyn Write>, io::Stderr>;
+
 /// Runs the engine over `s.roots` (a scrub: over its plan) with `sink` between it and the
 /// reporter, recording in the state database and writing metrics if asked; the exit code is
 /// the one the summary states.
@@ -43,38 +46,92 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
         }
     }
     on_signals(s.exit_at_once)?;
+    let mut reporter = speaker(&s);
+    let mut config = s.config.clone();
+    let state = begin(&s, &mut config, &mut reporter);
+    let start = Instant::now();
+    let mut ran = run(&s, &mut config, sink, &mut reporter, state);
+    reporter.summary.elapsed = start.elapsed();
+    reporter.summary.interrupted = SIGNALLED.load(Ordering::SeqCst);
+    let output = conclude(&s, &mut ran, &mut reporter);
+    close(&s, &mut ran.state, &mut reporter);
+    if let Some(output) = &output
+        && output.kind() != io::ErrorKind::BrokenPipe
+    {
+        reporter.fail(format!("writing output: {output}"));
+    }
+    record(&s, &mut ran, &mut reporter);
+    Ok(match output {
+        // A closed pipe (`intact check | head`) ends the run quietly.
+        Some(e) if e.kind() == io::ErrorKind::BrokenPipe => reporter.summary.exit(s.verb),
+        _ => finish(&mut reporter, s.verb),
+    })
+}
+
+/// The reporter for `s`, told the failures known before the run.
+fn speaker(s: &Settings) -> Speaker {
     let out: Box<dyn Write> = if s.reports_to_stderr {
         Box::new(io::stderr())
     } else {
-        Box::new(io::BufWriter::new(io::stdout().lock()))
+        let stdout = io::stdout().lock();
+        // Lines for a person appear as they are found; for a pipe, in blocks.
+        if stdout.is_terminal() {
+            Box::new(io::LineWriter::new(stdout))
+        } else {
+            Box::new(io::BufWriter::new(stdout))
+        }
     };
     let mut reporter = Reporter::new(s.verb, s.json, s.verbosity, out, io::stderr());
     for failure in &s.failures {
         reporter.fail(failure.clone());
     }
-    let mut config = s.config.clone();
-    let mut state = s
-        .state
-        .as_deref()
-        .and_then(|db| open_state(db, &mut reporter));
-    if let Some(state) = &mut state {
-        state.begin_run(s.verb.name(), &s.roots);
-        // Every verb that judges data knows the damage found before: those that write
-        // (update's rules: archive, protect) would otherwise re-tag a touched damaged file.
-        if config.work.reads_data() {
-            config.known_damage = Some(std::sync::Arc::new(state.known_damage()));
-        }
+    reporter
+}
+
+/// Opens the state database (if any) and begins the run's record in it.
+fn begin(s: &Settings, config: &mut engine::Config, reporter: &mut Speaker) -> Option<State> {
+    let mut state = s.state.as_deref().and_then(|db| open_state(db, reporter))?;
+    state.begin_run(s.verb.name(), &s.roots);
+    // Every verb that judges data knows the damage found before: those that write
+    // (update's rules: archive, protect) would otherwise re-tag a touched damaged file.
+    if config.work.reads_data() {
+        config.known_damage = Some(std::sync::Arc::new(state.known_damage()));
     }
+    Some(state)
+}
+
+/// What a run left to conclude.
+struct Ran {
+    /// How the walk ended.
+    walked: Result<(), ignore::Error>,
+    /// The work itself could not be done.
+    failure: Option<intact::sink::Failure>,
+    /// Writing the reports failed (a closed pipe, a full disk).
+    output: Option<io::Error>,
+    state: Option<State>,
+    /// A scrub's plan.
+    plan: Option<intact::scrub::Plan>,
+    /// Files and tagged files seen under each root.
+    per_root: Vec<(u64, u64)>,
+}
+
+/// The engine's reports through `sink` to the reporter, with the progress bar.
+fn run(
+    s: &Settings,
+    config: &mut engine::Config,
+    sink: &mut dyn Sink,
+    reporter: &mut Speaker,
+    state: Option<State>,
+) -> Ran {
     let progress = Progress::default();
     let show_bar = s.progress && s.config.work.reads_data() && io::stderr().is_terminal();
-    let start = Instant::now();
     let mut plan = None;
     let mut planned = None;
     let mut per_root = vec![(0u64, 0u64); s.roots.len()];
     let counted = AtomicU64::new(0);
     let (walked, failure, output, state) = std::thread::scope(|scope| {
         let mut front = Front {
-            reporter: &mut reporter,
+            reporter,
             bar: None,
             error: None,
             state,
@@ -82,7 +139,7 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
             lines_on_terminal: s.reports_to_stderr || io::stdout().is_terminal(),
         };
         let source = match &s.scrub {
-            Some(scrub) => match scrub::prepare(&s, scrub, &mut config, &mut front) {
+            Some(scrub) => match scrub::prepare(s, scrub, config, &mut front) {
                 Ok((p, queue)) => {
                     plan = Some(p);
                     planned = Some(queue.planned.1);
@@ -95,11 +152,12 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
             },
             None => engine::Source::Walk,
         };
+        let config = &*config;
         let bar =
-            show_bar.then(|| progress_bar(scope, &s.roots, &config, planned, &progress, &counted));
+            show_bar.then(|| progress_bar(scope, &s.roots, config, planned, &progress, &counted));
         front.bar = bar.as_ref();
         let mut failure = None;
-        let walked = engine::run_from(&config, &s.roots, source, &STOP, &progress, |report| {
+        let walked = engine::run_from(config, &s.roots, source, &STOP, &progress, |report| {
             if failure.is_none()
                 && front.error.is_none()
                 && let Err(f) = sink.take(report, &mut front)
@@ -128,11 +186,22 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
         }
         (walked, failure, front.error, front.state)
     });
-    let mut state = state;
-    reporter.summary.elapsed = start.elapsed();
-    reporter.summary.interrupted = SIGNALLED.load(Ordering::SeqCst);
-    let mut output = output;
-    match failure {
+    Ran {
+        walked,
+        failure,
+        output,
+        state,
+        plan,
+        per_root,
+    }
+}
+
+/// Says how the run ended beyond its files: the work's failure, what the state database
+/// knows that the run did not see, a scrub's cycle, a PATH under which nothing was verified.
+/// Returns the error writing the output met, if any.
+fn conclude(s: &Settings, ran: &mut Ran, reporter: &mut Speaker) -> Option<io::Error> {
+    let mut output = ran.output.take();
+    match ran.failure.take() {
         // The manifest's own stdout closed: as for the reports' (`intact export | head`).
         Some(f) if f.stdout && f.error.kind() == io::ErrorKind::BrokenPipe => {
             output = Some(f.error)
@@ -140,31 +209,35 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
         Some(f) => reporter.fail(f.to_string()),
         None => {}
     }
-    if let Err(e) = walked {
+    if let Err(e) = &ran.walked {
         reporter.fail(format!("walking: {e}"));
     }
     let interrupted = STOP.load(Ordering::SeqCst);
+    let (plan, state) = (ran.plan.as_ref(), &mut ran.state);
     if output.is_none() {
         let said =
-            tell_what_is_known(&s, plan.as_ref(), state.as_mut(), &mut reporter).and_then(|()| {
-                match &plan {
-                    Some(plan) => scrub::conclude(plan, state.as_mut(), &mut reporter, interrupted),
-                    None => Ok(()),
-                }
+            tell_what_is_known(s, plan, state.as_mut(), reporter).and_then(|()| match plan {
+                Some(plan) => scrub::conclude(plan, state.as_mut(), reporter, interrupted),
+                None => Ok(()),
             });
         if let Err(e) = said {
             output = Some(e);
         }
     }
     if s.verifies_only() && !interrupted {
-        let counts = plan.as_ref().map_or(&per_root, |p| &p.per_root);
+        let counts = plan.map_or(&ran.per_root, |p| &p.per_root);
         for (root, &(files, tagged)) in s.roots.iter().zip(counts) {
             if let Some(why) = nothing_verified(root, files, tagged) {
                 reporter.fail(why);
             }
         }
     }
-    if let Some(state) = &mut state {
+    output
+}
+
+/// Commits what the run recorded; a database found damaged is moved aside and rebuilt.
+fn close(s: &Settings, state: &mut Option<State>, reporter: &mut Speaker) {
+    if let Some(state) = state {
         state.commit();
         if let Some(failed) = state.failed.take() {
             reporter.fail(failed);
@@ -182,14 +255,12 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
             ),
         });
     }
-    if let Some(output) = &output
-        && output.kind() != io::ErrorKind::BrokenPipe
-    {
-        reporter.fail(format!("writing output: {output}"));
-    }
-    // The run's record, then its metrics, then the summary: each says the exit code the
-    // process returns (a failure of one is a failure the next ones state).
-    if let Some(st) = &mut state {
+}
+
+/// The run's record, then its metrics (the summary comes last): each says the exit code the
+/// process returns (a failure of one is a failure the next ones state).
+fn record(s: &Settings, ran: &mut Ran, reporter: &mut Speaker) {
+    if let Some(st) = &mut ran.state {
         let summary = &reporter.summary;
         st.end_run(
             summary.files(),
@@ -201,32 +272,28 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
             reporter.fail(failed);
         }
     }
-    if let Some(path) = &s.metrics {
-        let summary = &reporter.summary;
-        let mut m = Metrics::of(&s.roots);
-        m.run(
-            s.verb.name(),
-            summary,
-            summary.exit(s.verb) as i32,
-            intact::state::now(),
-        );
-        let ages = match &plan {
-            Some(plan) => plan.ages().ok(),
-            None => state.as_ref().and_then(|st| st.seen_summary()),
-        };
-        if let Some((never, oldest)) = ages {
-            let never = never + summary.count(intact::core::classify::Status::New);
-            verification_ages(&mut m, s.verb.name(), never, oldest);
-        }
-        if let Err(e) = m.write(path) {
-            reporter.fail(format!("writing the metrics {}: {}", escape(path), e));
-        }
+    let Some(path) = &s.metrics else {
+        return;
+    };
+    let summary = &reporter.summary;
+    let mut m = Metrics::of(&s.roots);
+    m.run(
+        s.verb.name(),
+        summary,
+        summary.exit(s.verb) as i32,
+        intact::state::now(),
+    );
+    let ages = match &ran.plan {
+        Some(plan) => plan.ages().ok(),
+        None => ran.state.as_ref().and_then(|st| st.seen_summary()),
+    };
+    if let Some((never, oldest)) = ages {
+        let never = never + summary.count(intact::core::classify::Status::New);
+        verification_ages(&mut m, s.verb.name(), never, oldest);
     }
-    Ok(match output {
-        // A closed pipe (`intact check | head`) ends the run quietly.
-        Some(e) if e.kind() == io::ErrorKind::BrokenPipe => reporter.summary.exit(s.verb),
-        _ => finish(&mut reporter, s.verb),
-    })
+    if let Err(e) = m.write(path) {
+        reporter.fail(format!("writing the metrics {}: {}", escape(path), e));
+    }
 }
 
 /// Tells what the state database knows that this run did not see: damage earlier runs found
@@ -329,7 +396,7 @@ pub(crate) fn lost_note(lost: &intact::state::Lost, unchecked: u64) -> String {
 }
 
 /// Prints the summary; the exit code it states.
-fn finish(reporter: &mut Reporter<Box<dyn Write>, io::Stderr>, verb: intact::report::Verb) -> Exit {
+fn finish(reporter: &mut Speaker, verb: intact::report::Verb) -> Exit {
     reporter
         .finish()
         .unwrap_or_else(|_| reporter.summary.exit(verb).merge(Exit::Trouble))

@@ -136,8 +136,13 @@ fn the_bar_knows_its_total_and_stays_on_the_terminal() {
 
     // Per-file lines on the same terminal: each whole, at the start of its line.
     let log = on_a_terminal(&t, 100, &format!("check --no-state {m}"), None);
-    let lines: Vec<&str> = log.split('\n').filter(|l| l.contains("small")).collect();
+    let lines: Vec<&str> = log.split('\n').filter(|l| l.contains("new  ")).collect();
     assert_eq!(lines.len(), 20, "{log:?}");
+    // As they are found, not after the summary.
+    assert!(
+        log.rfind("new  ") < log.find("check: "),
+        "lines after the summary: {log:?}"
+    );
     for line in lines {
         let shown = line.rsplit('\r').find(|s| !s.is_empty()).unwrap_or(line);
         assert!(
