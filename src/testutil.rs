@@ -1,19 +1,17 @@
 //! Helpers shared by the unit tests of the parsers.
 
-/// A small deterministic xorshift generator: the same cases on every run.
-pub struct Rng(u64);
+/// A seeded generator (fastrand's, as every test of the workspace uses): the same cases on
+/// every run.
+pub struct Rng(fastrand::Rng);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Rng(seed | 1)
+        Rng(fastrand::Rng::with_seed(seed))
     }
 
     /// A number in `0..n` (0 when `n` is 0).
     pub fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 % n.max(1) as u64) as usize
+        self.0.usize(..n.max(1))
     }
 }
 

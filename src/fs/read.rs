@@ -452,7 +452,12 @@ mod tests {
             // file system lets clean pages go (tmpfs keeps them: nothing to test there).
             sys::drop_pages(&file, 0, len as u64);
             if sys::read_cached(&file, &mut [0u8], 0).is_some() {
-                eprintln!("pages not dropped here: cold reads not tested");
+                // CI's disk drops them: a skip there would land untested code.
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "pages not dropped under CI"
+                );
+                eprintln!("SKIPPED: pages not dropped here: cold reads not tested");
                 return;
             }
             let (cold, woken) = Cold::new();

@@ -388,18 +388,9 @@ pub fn flip_byte(path: &Path, offset: u64) {
 
 /// Deterministic pseudo-random bytes.
 pub fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407)
-        | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
+    let mut v = vec![0; len];
+    fastrand::Rng::with_seed(seed).fill(&mut v);
+    v
 }
 
 /// A mount point inside a tree, unmounted on drop.

@@ -31,23 +31,18 @@ fn reap(mut child: Child) -> Option<i32> {
 
 /// Runs `cmd`, sends it `sig` after a pseudo-random delay below `max` (different each
 /// call), and waits for it to end.
-fn kill_within(cmd: Cmd, max: Duration, sig: i32, seed: &mut u64) {
+fn kill_within(cmd: Cmd, max: Duration, sig: i32, rng: &mut fastrand::Rng) {
     let child = cmd.command().spawn().unwrap();
-    *seed ^= *seed << 13;
-    *seed ^= *seed >> 7;
-    *seed ^= *seed << 17;
-    std::thread::sleep(max.mul_f64((*seed % 1000) as f64 / 1000.0));
+    std::thread::sleep(max.mul_f64(rng.f64()));
     signal(&child, sig);
     reap(child);
 }
 
-fn seed() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as u64;
-    eprintln!("random delays seeded with {nanos}");
-    nanos | 1
+/// Random delays, different each run; the seed is said, to tell a failing run apart.
+fn delays() -> fastrand::Rng {
+    let seed = fastrand::u64(..);
+    eprintln!("random delays seeded with {seed}");
+    fastrand::Rng::with_seed(seed)
 }
 
 /// The status a check gives `name` under `root`, asserting the exit code fits it.
@@ -128,7 +123,7 @@ fn killing_the_rewrite_of_a_hard_linked_file_never_hides_its_damage() {
 
 #[test]
 fn kills_at_random_moments_leave_old_bytes_or_verified_new_ones() {
-    let mut seed = seed();
+    let mut delays = delays();
     let t = Tree::new();
     let src = t.path("src");
     let mut good = Vec::new();
@@ -167,7 +162,7 @@ fn kills_at_random_moments_leave_old_bytes_or_verified_new_ones() {
         let took = start.elapsed();
         flip_all(&good);
         let repair = cmd!("repair", "--discard-damaged", &src, "--from", &archive);
-        kill_within(repair, took, sig, &mut seed);
+        kill_within(repair, took, sig, &mut delays);
         let j = intact!("check", "--json", &src).json();
         for (f, bytes) in &good {
             let name = f.strip_prefix(&src).unwrap().to_str().unwrap();
@@ -191,7 +186,7 @@ fn kills_at_random_moments_leave_old_bytes_or_verified_new_ones() {
             cmd!("archive", "create", &again, &src),
             took,
             sig,
-            &mut seed,
+            &mut delays,
         );
         if again.exists() {
             intact!("archive", "verify", &again).expect_code(0);
@@ -202,7 +197,7 @@ fn kills_at_random_moments_leave_old_bytes_or_verified_new_ones() {
             cmd!("protect", "--store", &store, &src),
             took,
             sig,
-            &mut seed,
+            &mut delays,
         );
         // Every index in place names a complete set that par2cmdline accepts.
         for index in par2_indexes(&store) {

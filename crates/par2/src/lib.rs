@@ -18,15 +18,9 @@ pub mod sha256;
 /// Deterministic pseudo-random bytes for the unit tests.
 #[cfg(test)]
 fn test_data(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    let mut v = vec![0; len];
+    fastrand::Rng::with_seed(seed).fill(&mut v);
+    v
 }
 
 use std::collections::{BTreeMap, HashMap};

@@ -320,13 +320,8 @@ mod tests {
             ),
             (kind::RECOVERY, [1u8; 68].to_vec()),
         ];
-        let mut x = 0x2545f4914f6cdd1du64;
-        let mut next = |n: usize| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % n.max(1) as u64) as usize
-        };
+        let mut rng = fastrand::Rng::with_seed(0x2545f4914f6cdd1d);
+        let mut next = |n: usize| rng.usize(..n.max(1));
         let mut mutate = |mut m: Vec<u8>| {
             for _ in 0..1 + next(4) {
                 let at = next(m.len() + 1);

@@ -9,15 +9,9 @@ use std::process::Command;
 use intact_par2::{Files, Input, Plan, Set, Through, create, volume_name};
 
 fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    let mut v = vec![0; len];
+    fastrand::Rng::with_seed(seed).fill(&mut v);
+    v
 }
 
 fn par2(dir: &Path, args: &[&str]) -> (bool, String) {
