@@ -43,6 +43,7 @@ impl Default for Md5 {
 }
 
 impl Md5 {
+    /// A hash of nothing yet.
     pub fn new() -> Self {
         Md5 {
             state: INIT,
@@ -59,6 +60,7 @@ impl Md5 {
         h.finalize()
     }
 
+    /// Hashes `data` after what came before.
     pub fn update(&mut self, data: impl AsRef<[u8]>) {
         self.update_along(data.as_ref(), &mut |_| {});
     }
@@ -91,6 +93,7 @@ impl Md5 {
         along(tail);
     }
 
+    /// The digest of everything given.
     pub fn finalize(mut self) -> Id {
         let (last, blocks) = final_blocks(&self.pending[..self.pending_len], self.len);
         for block in last[..blocks * 64].chunks_exact(64) {

@@ -29,6 +29,7 @@ const INIT: [u32; 8] = [
 ];
 
 impl Sha256 {
+    /// A hash of nothing yet.
     pub fn new() -> Self {
         Sha256 {
             state: INIT,
@@ -38,6 +39,7 @@ impl Sha256 {
         }
     }
 
+    /// Hashes `data` after what came before.
     pub fn update(&mut self, mut data: &[u8]) {
         self.len = self.len.wrapping_add(data.len() as u64);
         if self.pending_len > 0 {
@@ -57,6 +59,7 @@ impl Sha256 {
         self.pending_len = tail.len();
     }
 
+    /// The digest of everything given.
     pub fn finalize(mut self) -> [u8; 32] {
         let n = self.pending_len;
         let mut last = [0u8; 128];

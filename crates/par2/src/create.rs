@@ -1,0 +1,545 @@
+//! Making a recovery set: the first pass reads every file through, hashing it (MD5 of every
+//! slice and of the file, CRC32s) while its slices are multiplied into the recovery slices;
+//! where those exceed the memory given, later passes read strips of each slice again.
+
+use std::io;
+use std::sync::Mutex;
+
+use crate::md5x::{self, Md5};
+use crate::mul::{accumulate, shared};
+use crate::packet::{self, Id, kind};
+use crate::{CREATOR, Error, FileEntry, Files, Input, Through, Volume, gf, lock, read_full};
+
+/// A set made by [`create`]: its index, and what it wrote to the volume.
+pub struct Created {
+    /// The set's ID.
+    pub id: Id,
+    /// `NAME.par2`: the description packets, no recovery data.
+    pub index: Vec<u8>,
+    /// How many recovery slices the volume holds.
+    pub recovery_count: u32,
+    /// The files, in set order.
+    pub files: Vec<FileEntry>,
+}
+
+/// How a set is to be made.
+#[derive(Clone, Copy, Debug)]
+pub struct Plan {
+    /// Bytes per slice: a positive multiple of 4.
+    pub slice_size: u64,
+    /// Recovery slices to make.
+    pub recovery_count: u32,
+    /// Threads that share the arithmetic.
+    pub threads: usize,
+    /// About how much memory the recovery data being computed and the slices being read may
+    /// hold. Where the recovery data is larger, it is computed in passes over ranges of the
+    /// slices (strips): the first reads the files through, hashing them; each later one
+    /// reads only its range of each slice, checked against a CRC32 the first pass took, and
+    /// the volume is the same. The first pass holds two batches of whole slices whatever
+    /// this says: up to [`FIRST_BATCH`] each, or one slice where slices are larger.
+    pub memory: u64,
+}
+
+/// Makes a recovery set over `inputs`, reading the files from `files` (each opened once for
+/// its first 16 KiB and once to be read through; read again in ranges if the recovery data
+/// exceeds the plan's memory), and writes its volume (recovery slices, then the
+/// descriptions, as par2cmdline does, so the volume alone will do) to `volume`. A file that
+/// is shorter than its input says, or changes between passes, is [`Error::Changed`].
+pub fn create(
+    inputs: &[Input],
+    files: &mut dyn Files,
+    plan: &Plan,
+    volume: &mut dyn Volume,
+) -> Result<Created, Error> {
+    let (slice_size, recovery_count) = (plan.slice_size, plan.recovery_count);
+    if slice_size == 0 || !slice_size.is_multiple_of(4) {
+        return Err(Error::Malformed(
+            "slice size must be a positive multiple of 4".into(),
+        ));
+    }
+    let total_slices: u64 = inputs.iter().map(|f| f.len.div_ceil(slice_size)).sum();
+    if total_slices > gf::MAX_INPUT_SLICES as u64 {
+        return Err(Error::Malformed(format!(
+            "{total_slices} slices: at most 32768"
+        )));
+    }
+    if recovery_count > 65535 {
+        return Err(Error::Malformed("at most 65535 recovery slices".into()));
+    }
+    // File IDs need each file's first 16 KiB; the set's order is by file ID.
+    let mut ids = Vec::with_capacity(inputs.len());
+    let mut head = vec![0u8; 16 << 10];
+    for (i, f) in inputs.iter().enumerate() {
+        let n = read_full(
+            &mut *files.open(i)?,
+            &mut head[..f.len.min(16 << 10) as usize],
+        )?;
+        let md5_16k: Id = Md5::digest(&head[..n]);
+        ids.push((packet::file_id(&md5_16k, f.len, &f.name), md5_16k, i));
+    }
+    // The set's order is by file ID read as a little-endian 128-bit number, as the
+    // specification's integers are (and par2cmdline compares them).
+    ids.sort_by_key(|(id, _, _)| u128::from_le_bytes(*id));
+    ids.dedup_by(|a, b| a.0 == b.0);
+    // The set ID is the main packet's MD5: known before any recovery data. Empty files have
+    // no slices: they are described but listed apart from the recovery set (the
+    // specification's non-recovery files; par2cmdline 0.8.1 mis-counts them as damaged when
+    // they are in the recovery set).
+    let (full, empty): (Vec<&Ordered>, Vec<&Ordered>) =
+        ids.iter().partition(|(_, _, i)| inputs[*i].len > 0);
+    let mut main = packet::main_body(slice_size, &full.iter().map(|e| e.0).collect::<Vec<_>>());
+    for e in &empty {
+        main.extend_from_slice(&e.0);
+    }
+    let set: Id = Md5::digest(&main);
+
+    // Each recovery slice's packet: placed in the volume up front, its MD5 fed piece by piece.
+    let packet_len = 64 + 4 + slice_size;
+    let mut hashes: Vec<Md5> = (0..recovery_count)
+        .map(|e| {
+            let mut h = Md5::new();
+            h.update(set);
+            h.update(kind::RECOVERY);
+            h.update(e.to_le_bytes());
+            h
+        })
+        .collect();
+    // A batch being read, one being multiplied and its native copy take three eighths of
+    // the memory, the recovery strip the rest. The first pass reads whole slices, two
+    // batches at a time: 16 a batch (their MD5s are computed 16 at once), or as many as
+    // [`FIRST_BATCH`] holds (at least one) where slices are larger.
+    let batch_bytes = (plan.memory / 8).max(1) as usize;
+    let first_batch = (16 * slice_size as usize)
+        .min(FIRST_BATCH.max(slice_size as usize))
+        .max(batch_bytes);
+    // The first pass holds whole slices, later ones only their strips: their strips are
+    // wider (a set of 2,000 slices of 400 KiB at 10% in 12 passes instead of 27: each pass
+    // costs a read call per slice and the constants of every product again).
+    let width = |held: usize| {
+        let budget = plan.memory.saturating_sub(held as u64).max(plan.memory / 4);
+        match budget / (recovery_count.max(1) as u64) {
+            w if w >= slice_size => slice_size,
+            w => (w / 128 * 128).max(128).min(slice_size),
+        }
+    };
+    let first_width = width((2 * first_batch).max(3 * batch_bytes)) as usize;
+    let later_width = width(3 * batch_bytes) as usize;
+    let size = slice_size as usize;
+    let strips = std::iter::successors(Some(0..first_width), |s| {
+        (s.end < size).then(|| s.end..(s.end + later_width).min(size))
+    })
+    .collect();
+    let making = Making {
+        inputs,
+        ids: &ids,
+        constants: gf::input_constants(total_slices as usize),
+        size: slice_size as usize,
+        recovery_count,
+        threads: plan.threads,
+        batch_bytes,
+        first_batch,
+        strips,
+        spare: Mutex::new(Vec::new()),
+        spare_native: Mutex::new(Vec::new()),
+    };
+    let mut entries: Vec<(FileEntry, std::ops::Range<usize>)> = Vec::with_capacity(ids.len());
+    // Each slice's MD5 and CRC32, by global index: computed in the first pass, beside the
+    // multiplication; and with several strips, the CRC32 of each slice's range in each.
+    let mut checksums: Vec<(Id, u32)> = vec![([0; 16], 0); total_slices as usize];
+    let mut pieces: Vec<u32> = vec![
+        0;
+        if making.strips.len() > 1 {
+            checksums.len() * making.strips.len()
+        } else {
+            0
+        }
+    ];
+    let mut rows = Vec::new();
+    for (strip, range) in making.strips.iter().enumerate() {
+        let mut recovery = making.pass(
+            files,
+            strip,
+            (strip == 0).then_some((&mut entries, &mut checksums)),
+            &mut pieces,
+            std::mem::take(&mut rows),
+        )?;
+        for (e, data) in recovery.iter_mut().enumerate() {
+            gf::from_native(data);
+            hashes[e].update(&**data);
+            volume.seek(io::SeekFrom::Start(
+                e as u64 * packet_len + 68 + range.start as u64,
+            ))?;
+            volume.write_all(data)?;
+        }
+        // Later passes use the same buffers: freed and taken again, each pass's would be
+        // fresh pages to the kernel (a set of 12 passes faulted in 0.7 GB). Not the first
+        // pass's: whole slices, and its strip is narrower.
+        if strip > 0 {
+            rows = recovery;
+        } else {
+            lock(&making.spare).clear();
+            lock(&making.spare_native).clear();
+        }
+    }
+    // The headers, now that each packet's MD5 is known.
+    for (e, h) in hashes.into_iter().enumerate() {
+        let mut header = Vec::with_capacity(68);
+        header.extend_from_slice(packet::MAGIC);
+        header.extend_from_slice(&packet_len.to_le_bytes());
+        header.extend_from_slice(&h.finalize());
+        header.extend_from_slice(&set);
+        header.extend_from_slice(kind::RECOVERY);
+        header.extend_from_slice(&(e as u32).to_le_bytes());
+        volume.seek(io::SeekFrom::Start(e as u64 * packet_len))?;
+        volume.write_all(&header)?;
+    }
+    let entries: Vec<FileEntry> = entries
+        .into_iter()
+        .map(|(mut e, range)| {
+            e.slices = checksums[range].to_vec();
+            e
+        })
+        .collect();
+    let mut critical = packet::encode(&set, kind::MAIN, &[&main]);
+    for e in &entries {
+        critical.extend(packet::encode(
+            &set,
+            kind::FILE_DESC,
+            &[&e.id, &e.md5, &e.md5_16k, &e.len.to_le_bytes(), &e.name],
+        ));
+        if e.len == 0 {
+            continue;
+        }
+        let mut ifsc = Vec::with_capacity(16 + 20 * e.slices.len());
+        ifsc.extend_from_slice(&e.id);
+        for (md5, crc) in &e.slices {
+            ifsc.extend_from_slice(md5);
+            ifsc.extend_from_slice(&crc.to_le_bytes());
+        }
+        critical.extend(packet::encode(&set, kind::IFSC, &[&ifsc]));
+    }
+    critical.extend(packet::encode(&set, kind::CREATOR, &[CREATOR.as_bytes()]));
+    volume.seek(io::SeekFrom::Start(recovery_count as u64 * packet_len))?;
+    volume.write_all(&critical)?;
+    Ok(Created {
+        id: set,
+        index: critical,
+        recovery_count,
+        files: entries,
+    })
+}
+
+/// Bytes of whole slices in a batch of the first pass, beyond which it has fewer than 16
+/// (whose MD5s are computed at once, one a SIMD lane): with 2,000 slices, a file of 4 GiB
+/// or more. Fewer lanes cost little: the batch's MD5s run beside the file's own, which is
+/// slower still; and memory stays bounded up to files of 2,000 x 16 MiB.
+pub const FIRST_BATCH: usize = 16 << 20;
+
+/// A file in set order: its ID, the MD5 of its first 16 KiB, its index among the inputs.
+type Ordered = (Id, Id, usize);
+
+/// What the first pass learns of the files: their entries with the range of their slices,
+/// and every slice's MD5 and CRC32.
+type Description<'a> = (
+    &'a mut Vec<(FileEntry, std::ops::Range<usize>)>,
+    &'a mut Vec<(Id, u32)>,
+);
+
+/// A set being made: what every pass needs.
+struct Making<'a> {
+    inputs: &'a [Input],
+    ids: &'a [Ordered],
+    constants: Vec<u16>,
+    size: usize,
+    recovery_count: u32,
+    threads: usize,
+    /// Bytes of slices' ranges read before they are handed to the arithmetic; of whole
+    /// slices in the first pass.
+    batch_bytes: usize,
+    first_batch: usize,
+    /// Passes, each over one range of every slice (a strip).
+    strips: Vec<std::ops::Range<usize>>,
+    /// Buffers of slices and of their native copies go back here once a batch is done: a
+    /// fresh buffer per slice cost page faults and clearing in the kernel.
+    spare: Mutex<Vec<gf::Buffer>>,
+    spare_native: Mutex<Vec<gf::Buffer>>,
+}
+
+/// A batch's recovery slices back from the arithmetic, the index of its first slice, and
+/// (first pass) its slices' checksums and the CRC32 of each one's strips.
+type Done = (Vec<gf::Buffer>, usize, Vec<(Id, u32)>, Vec<u32>);
+
+impl Making<'_> {
+    /// One pass: every slice's bytes in the strip multiplied into the recovery slices,
+    /// returned in the native layout. The first pass (`describe`) reads the files through,
+    /// describes them (their entries and each slice's checksums) and takes each strip's
+    /// CRC32 into `pieces`; later ones read their strip of each slice and check it against
+    /// that. While one batch is multiplied on `threads` threads, the next is read.
+    fn pass(
+        &self,
+        files: &mut dyn Files,
+        strip: usize,
+        mut describe: Option<Description<'_>>,
+        pieces: &mut [u32],
+        mut recovery: Vec<gf::Buffer>,
+    ) -> Result<Vec<gf::Buffer>, Error> {
+        let first = describe.is_some();
+        let (size, strips, range) = (self.size, self.strips.len(), &self.strips[strip]);
+        recovery.resize_with(self.recovery_count as usize, Default::default);
+        for r in &mut recovery {
+            r.resize(range.len());
+            r.fill(0);
+        }
+        // The first pass holds whole slices (for their checksums), later ones their strip.
+        let held = if first { size } else { range.len() };
+        let batch = if first {
+            self.first_batch
+        } else {
+            self.batch_bytes
+        };
+        let batch_slices = batch.div_ceil(held).max(1);
+        let mut batch: Vec<(gf::Buffer, u16)> = Vec::with_capacity(batch_slices);
+        let mut slice_index = 0;
+        let (spare, spare_native) = (&self.spare, &self.spare_native);
+        let work = Batching {
+            cut: range.clone(),
+            first,
+            strips: &self.strips,
+            threads: self.threads,
+            spare,
+            spare_native,
+        };
+        std::thread::scope(|s| -> Result<(), Error> {
+            let mut running: Option<Running<'_>> = None;
+            let finish = |running: &mut Option<Running<'_>>,
+                          describe: &mut Option<Description<'_>>,
+                          pieces: &mut [u32]| {
+                running.take().map(|r| {
+                    let (rec, at, sums, crcs) = match r {
+                        Running::Thread(h) => h.join().expect("no panic"),
+                        Running::Done(done) => done,
+                    };
+                    if let Some((_, checksums)) = describe {
+                        checksums[at..at + sums.len()].copy_from_slice(&sums);
+                        // Empty when there is one strip (and `pieces` too).
+                        if !crcs.is_empty() {
+                            pieces[at * strips..][..crcs.len()].copy_from_slice(&crcs);
+                        }
+                    }
+                    rec
+                })
+            };
+            let work = &work;
+            // While a batch is worked on by another thread, the next is read; the last one
+            // has nothing to overlap with, and is worked on here.
+            let mut hand_over = |batch: Vec<(gf::Buffer, u16)>,
+                                 at: usize,
+                                 last: bool,
+                                 running: &mut Option<_>,
+                                 describe: &mut Option<_>,
+                                 pieces: &mut [u32]| {
+                let rec = finish(running, describe, pieces)
+                    .unwrap_or_else(|| std::mem::take(&mut recovery));
+                *running = Some(match last {
+                    true => Running::Done(work.run(batch, rec, at)),
+                    false => Running::Thread(s.spawn(move || work.run(batch, rec, at))),
+                });
+            };
+            let mut batch_first = 0;
+            for &(id, md5_16k, i) in self.ids {
+                let f = &self.inputs[i];
+                let changed = || Error::Changed(i);
+                let first_slice = slice_index;
+                let mut whole = Md5::new();
+                let mut reading = match first {
+                    true => Reading::Through(files.open(i)?),
+                    false => Reading::At(&mut *files),
+                };
+                let mut offset = 0u64;
+                while offset < f.len {
+                    let mut buf = take_spare(spare);
+                    buf.resize(held);
+                    match &mut reading {
+                        Reading::Through(reader) => {
+                            let want = (f.len - offset).min(size as u64) as usize;
+                            if read_full(&mut **reader, &mut buf[..want])? < want {
+                                return Err(changed());
+                            }
+                            // The last slice of a file is padded with zeros.
+                            buf[want..].fill(0);
+                            match reader.sha256() {
+                                Some(sha) => whole.update_with_sha256(&buf[..want], sha),
+                                None => whole
+                                    .update_along(&buf[..want], &mut |piece| reader.along(piece)),
+                            }
+                        }
+                        Reading::At(files) => {
+                            let at = offset + range.start as u64;
+                            let want = f.len.saturating_sub(at).min(held as u64) as usize;
+                            if read_full_at(&mut **files, i, at, &mut buf[..want])? < want {
+                                return Err(changed());
+                            }
+                            buf[want..].fill(0);
+                            if crc32fast::hash(&buf) != pieces[slice_index * strips + strip] {
+                                return Err(changed());
+                            }
+                        }
+                    }
+                    batch.push((buf, self.constants[slice_index]));
+                    slice_index += 1;
+                    offset += size as u64;
+                    if batch.len() == batch_slices {
+                        hand_over(
+                            std::mem::take(&mut batch),
+                            batch_first,
+                            false,
+                            &mut running,
+                            &mut describe,
+                            pieces,
+                        );
+                        batch_first = slice_index;
+                    }
+                }
+                if let Some((entries, _)) = describe.as_mut() {
+                    entries.push((
+                        FileEntry {
+                            id,
+                            md5: whole.finalize(),
+                            md5_16k,
+                            len: f.len,
+                            name: f.name.clone(),
+                            slices: Vec::new(),
+                        },
+                        first_slice..slice_index,
+                    ));
+                }
+            }
+            hand_over(
+                std::mem::take(&mut batch),
+                batch_first,
+                true,
+                &mut running,
+                &mut describe,
+                pieces,
+            );
+            recovery = finish(&mut running, &mut describe, pieces).unwrap_or_default();
+            Ok(())
+        })?;
+        Ok(recovery)
+    }
+}
+
+/// A batch being worked on: on a thread of its own, or (the last) done already.
+enum Running<'s> {
+    Thread(std::thread::ScopedJoinHandle<'s, Done>),
+    Done(Done),
+}
+
+/// What a pass does to each batch of slices it has read.
+struct Batching<'a> {
+    /// The range of each whole slice that the first pass multiplies (later ones read only it).
+    cut: std::ops::Range<usize>,
+    /// The first pass: the slices are whole, and their checksums are taken too.
+    first: bool,
+    /// The range of every slice each pass computes.
+    strips: &'a [std::ops::Range<usize>],
+    threads: usize,
+    /// Where the buffers go back to, for the next batches.
+    spare: &'a Mutex<Vec<gf::Buffer>>,
+    spare_native: &'a Mutex<Vec<gf::Buffer>>,
+}
+
+impl Batching<'_> {
+    /// Multiplies the batch (whose first slice is number `at`) into the recovery strips
+    /// `rec`; in the first pass, takes its slices' MD5s and CRC32s (and each strip's CRC32)
+    /// beside, where the work is large enough to share.
+    fn run(&self, mut batch: Vec<(gf::Buffer, u16)>, mut rec: Vec<gf::Buffer>, at: usize) -> Done {
+        // The first pass's checksums need the plain bytes and the multiplication a native
+        // copy of the strip: both at once. Later passes read just their strip, put in the
+        // native layout where it is (a copy of every strip was 2% of the CPU).
+        let native: Vec<(gf::Buffer, u16)> = if self.first {
+            batch
+                .iter()
+                .map(|(b, c)| {
+                    let mut n = take_spare(self.spare_native);
+                    n.copy_from(&b[self.cut.clone()]);
+                    gf::to_native(&mut n);
+                    (n, *c)
+                })
+                .collect()
+        } else {
+            for (b, _) in &mut batch {
+                gf::to_native(b);
+            }
+            std::mem::take(&mut batch)
+        };
+        let checksums = || {
+            if !self.first {
+                return (Vec::new(), Vec::new());
+            }
+            let slices: Vec<&[u8]> = batch.iter().map(|(b, _)| &b[..]).collect();
+            let mut crcs = Vec::new();
+            let sums = md5x::digest_many(&slices)
+                .into_iter()
+                .zip(&slices)
+                .map(|(md5, b)| {
+                    if self.strips.len() == 1 {
+                        return (md5, crc32fast::hash(b));
+                    }
+                    let mut whole = crc32fast::Hasher::new();
+                    for strip in self.strips {
+                        let mut h = crc32fast::Hasher::new();
+                        h.update(&b[strip.clone()]);
+                        crcs.push(h.clone().finalize());
+                        whole.combine(&h);
+                    }
+                    (md5, whole.finalize())
+                })
+                .collect::<Vec<(Id, u32)>>();
+            (sums, crcs)
+        };
+        let (sums, crcs) = if shared(&rec, &native, self.threads) > 1 {
+            std::thread::scope(|t| {
+                let sums = t.spawn(checksums);
+                accumulate(&mut rec, &native, self.threads);
+                sums.join().expect("no panic")
+            })
+        } else {
+            accumulate(&mut rec, &native, 1);
+            checksums()
+        };
+        let natives = if self.first {
+            self.spare_native
+        } else {
+            self.spare
+        };
+        lock(natives).extend(native.into_iter().map(|(n, _)| n));
+        lock(self.spare).extend(batch.into_iter().map(|(b, _)| b));
+        (rec, at, sums, crcs)
+    }
+}
+
+/// A buffer given back by a finished batch, or a new one.
+fn take_spare(spare: &Mutex<Vec<gf::Buffer>>) -> gf::Buffer {
+    lock(spare).pop().unwrap_or_default()
+}
+
+/// How a pass reads a file: the first through, hashing it; later ones a strip of each slice.
+enum Reading<'f> {
+    Through(Box<dyn Through + 'f>),
+    At(&'f mut dyn Files),
+}
+
+/// Reads file `i` from `offset` until `buf` is full or the file ends; how many bytes.
+fn read_full_at(files: &mut dyn Files, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match files.read_at(i, offset + n as u64, &mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
