@@ -202,42 +202,77 @@ impl Batch {
     /// Makes every waiting file durable, puts each in place in the order added, then makes
     /// the renames durable. After a failure, the files not yet in place are removed.
     pub fn commit(&mut self) -> io::Result<()> {
-        let Some((first, _)) = self.pending.first() else {
-            return Ok(());
-        };
-        sync_fs(&self.pending, first)?;
-        let mut dirs: Vec<(u64, u64, OwnedFd)> = Vec::new();
+        let mut syncs = Syncs::default();
         for (mut temp, dest) in std::mem::take(&mut self.pending) {
+            syncs.data(&temp)?;
             let name = dest.file_name().unwrap_or(dest.as_os_str());
             temp.rename(name, false)?;
-            let st = rustix::fs::fstat(&temp.dir)?;
-            let id = (st.st_dev as u64, st.st_ino as u64);
-            if !dirs.iter().any(|(d, i, _)| (*d, *i) == id) {
-                dirs.push((id.0, id.1, temp.dir.try_clone()?));
-            }
+            syncs.renamed_in(&temp)?;
         }
-        for (_, _, dir) in dirs {
-            rustix::fs::fsync(dir)?;
+        for (_, synced) in syncs.dirs() {
+            synced?;
         }
         Ok(())
     }
 }
 
-/// Flushes the data of the waiting files: one `syncfs` on Linux, an fsync each elsewhere.
-fn sync_fs(pending: &[(Temp, PathBuf)], first: &Temp) -> io::Result<()> {
-    #[cfg(target_os = "linux")]
-    {
-        let _ = pending;
-        rustix::fs::syncfs(&first.file)?;
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = first;
-        for (temp, _) in pending {
-            temp.file.sync_all()?;
+/// The syncs that make many temp files and their renames durable, for every writer of many
+/// files: the data of all of them at once before any is put in place (one `syncfs` per file
+/// system on Linux; an fsync each elsewhere), and the renames with one fsync per directory.
+/// No name ever holds bytes before they are durable.
+#[derive(Default)]
+pub struct Syncs {
+    /// Each file system synced (by device), and how that went.
+    filesystems: Vec<(u64, io::Result<()>)>,
+    /// Each directory renamed in (device, inode).
+    dirs: Vec<((u64, u64), OwnedFd)>,
+}
+
+impl Syncs {
+    /// Makes `temp`'s data durable: on Linux with every file written on its file system
+    /// (the first call for that file system syncs it; all of a batch are written by then).
+    pub fn data(&mut self, temp: &Temp) -> io::Result<()> {
+        #[cfg(target_os = "linux")]
+        {
+            let dev = identity(&temp.file)?.0;
+            if !self.filesystems.iter().any(|(d, _)| *d == dev) {
+                let done = rustix::fs::syncfs(&temp.file).map_err(io::Error::from);
+                self.filesystems.push((dev, done));
+            }
+            match self.filesystems.iter().find(|(d, _)| *d == dev) {
+                Some((_, Err(e))) => Err(io::Error::new(e.kind(), e.to_string())),
+                _ => Ok(()),
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            temp.file.sync_all()
         }
     }
-    Ok(())
+
+    /// Notes that `temp` was put in place in its directory; that directory's identity.
+    pub fn renamed_in(&mut self, temp: &Temp) -> io::Result<(u64, u64)> {
+        let id = identity(&temp.dir)?;
+        if !self.dirs.iter().any(|(d, _)| *d == id) {
+            self.dirs.push((id, temp.dir.try_clone()?));
+        }
+        Ok(id)
+    }
+
+    /// Makes the renames durable: each directory's identity, and how its fsync went.
+    pub fn dirs(self) -> Vec<((u64, u64), io::Result<()>)> {
+        self.dirs
+            .into_iter()
+            .map(|(id, dir)| (id, rustix::fs::fsync(dir).map_err(io::Error::from)))
+            .collect()
+    }
+}
+
+/// The device and inode of an open file or directory.
+#[allow(clippy::unnecessary_cast)] // The stat fields' types differ between systems.
+fn identity(fd: impl AsFd) -> io::Result<(u64, u64)> {
+    let st = rustix::fs::fstat(fd)?;
+    Ok((st.st_dev as u64, st.st_ino as u64))
 }
 
 /// The directory a path is in (`.` for a bare name).

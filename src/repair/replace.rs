@@ -24,7 +24,7 @@ use crate::core::digest::Hasher;
 use crate::core::tag::{Timestamp, names};
 use crate::engine::FileReport;
 use crate::fs::anchor::Anchor;
-use crate::fs::atomic::{self, Temp};
+use crate::fs::atomic::{self, Syncs, Temp};
 use crate::fs::xattr;
 
 /// Restores the damaged file of `report` (under `anchor`'s root) from the bytes `fill`
@@ -347,29 +347,19 @@ pub(super) struct Pending {
 /// kill at any moment leaves each file either its damaged bytes or its verified new ones.
 /// The results are in the order of `pending`.
 pub(super) fn commit(pending: Vec<Pending>) -> Vec<Result<Restored, Refused>> {
-    let mut synced: Vec<(u64, io::Result<()>)> = Vec::new();
-    // Each copy put in place, with its directory (device, inode).
+    let mut syncs = Syncs::default();
+    // Each copy put in place, with its directory's identity.
     let placed: Vec<_> = pending
         .into_iter()
         .map(|mut p| {
-            let put = durable(&p, &mut synced)
+            let put = syncs
+                .data(&p.temp)
                 .and_then(|()| place(&mut p))
-                .and_then(|linked| Ok((linked, identity(p.temp.dir())?)));
+                .and_then(|linked| Ok((linked, syncs.renamed_in(&p.temp)?)));
             (p, put)
         })
         .collect();
-    // The renames, made durable: one fsync of each directory.
-    let mut dirs: Vec<((u64, u64), io::Result<()>)> = Vec::new();
-    for (p, put) in &placed {
-        if let Ok((_, id)) = put
-            && !dirs.iter().any(|(d, _)| d == id)
-        {
-            dirs.push((
-                *id,
-                rustix::fs::fsync(p.temp.dir()).map_err(io::Error::from),
-            ));
-        }
-    }
+    let dirs = syncs.dirs();
     placed
         .into_iter()
         .map(|(p, put)| {
@@ -385,38 +375,8 @@ pub(super) fn commit(pending: Vec<Pending>) -> Vec<Result<Restored, Refused>> {
         .collect()
 }
 
-/// The device and inode of an open directory.
-#[allow(clippy::unnecessary_cast)] // The stat fields' types differ between systems.
-fn identity(dir: &OwnedFd) -> io::Result<(u64, u64)> {
-    let st = rustix::fs::fstat(dir)?;
-    Ok((st.st_dev as u64, st.st_ino as u64))
-}
-
 /// The damaged inode's temp name, and the name to keep it under once the repair is in place.
 type Linked = (OsString, OsString);
-
-/// Makes the bytes of `p`'s copy durable: on Linux with one `syncfs` of its file system for
-/// the whole batch (`synced` remembers each file system's), elsewhere with an fsync of it.
-fn durable(p: &Pending, synced: &mut Vec<(u64, io::Result<()>)>) -> io::Result<()> {
-    #[cfg(target_os = "linux")]
-    {
-        let dev = p.meta.dev();
-        if !synced.iter().any(|(d, _)| *d == dev) {
-            // Every copy of the batch was written before the first is put in place.
-            let done = rustix::fs::syncfs(p.temp.file()).map_err(io::Error::from);
-            synced.push((dev, done));
-        }
-        match synced.iter().find(|(d, _)| *d == dev) {
-            Some((_, Err(e))) => Err(io::Error::new(e.kind(), e.to_string())),
-            _ => Ok(()),
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = synced;
-        p.temp.file().sync_all()
-    }
-}
 
 /// Makes sure the damaged file is still the one the check judged: same size, same mtime,
 /// same tag (an edit since the check must not be overwritten).
