@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::core::classify::Status;
-use crate::engine::{Action, FileReport};
+use crate::engine::{Action, FileReport, Work};
 use crate::fs::walk::SkipReason;
 use crate::text::{bytes, escape, group};
 
@@ -69,6 +69,40 @@ impl Verb {
             Verb::Scrub => "scrub",
             Verb::Status => "status",
         }
+    }
+
+    /// What the engine does to each file for it (`scrub --update` updates instead).
+    pub fn work(self) -> Work {
+        match self {
+            Verb::Tag => Work::Tag,
+            Verb::Check | Verb::Scrub | Verb::Repair | Verb::Verify => Work::Check,
+            Verb::Update | Verb::Archive | Verb::Protect => Work::Update,
+            Verb::Strip => Work::Strip,
+            Verb::Show | Verb::Status => Work::Show,
+            Verb::Export => Work::Export,
+            Verb::Import => Work::Import,
+        }
+    }
+
+    /// Whether it changes files, and so removes the temp files of killed runs where it
+    /// meets them (the others only report them).
+    pub fn changes_files(self) -> bool {
+        matches!(
+            self,
+            Verb::Tag
+                | Verb::Update
+                | Verb::Strip
+                | Verb::Import
+                | Verb::Archive
+                | Verb::Protect
+                | Verb::Repair
+        )
+    }
+
+    /// Whether it writes files of its own through temp files (an archive, parity, repaired
+    /// copies): a second Ctrl-C still waits for them to be cleaned up.
+    pub fn writes_temps(self) -> bool {
+        matches!(self, Verb::Archive | Verb::Protect | Verb::Repair)
     }
 }
 
@@ -124,6 +158,9 @@ pub struct Summary {
     /// What could not be done beyond single files (an archive or parity store that could
     /// not be written, manifest lines that could not be used): each makes the exit code 3.
     pub failures: Vec<String>,
+    /// Damage beyond single files (an archive whose own stream is damaged): each makes the
+    /// exit code 1.
+    pub damage: Vec<String>,
     /// Damage found by earlier runs, still there, that this run did not read: it counts as
     /// damage all the same (exit 1), run after run, until it is dealt with.
     pub outstanding: u64,
@@ -173,6 +210,7 @@ impl Summary {
         (self.count(Status::Corrupt) + self.count(Status::Mismatch))
             .saturating_sub(self.action(Action::Accepted))
             + self.outstanding
+            + self.damage.len() as u64
     }
 
     /// Regular files looked at: every report but the skipped entries.
@@ -377,6 +415,11 @@ impl<W: Write, E: Write> Reporter<W, E> {
         self.summary.failures.push(what);
     }
 
+    /// Damage beyond single files: printed with the summary, and the exit code is 1.
+    pub fn damaged(&mut self, what: String) {
+        self.summary.damage.push(what);
+    }
+
     /// Whether rendering `r` writes anything (so a progress bar must step aside).
     pub fn prints(&self, r: &FileReport) -> bool {
         self.style.json || !r.malformed.is_empty() || self.style.shows(r)
@@ -420,6 +463,9 @@ impl<W: Write, E: Write> Reporter<W, E> {
             }
         }
         if !self.style.json {
+            for damage in &self.summary.damage {
+                writeln!(self.err, "intact: damaged: {damage}")?;
+            }
             for failure in &self.summary.failures {
                 writeln!(self.err, "intact: error: {failure}")?;
             }
@@ -706,6 +752,9 @@ struct JsonSummary {
     removed: u64,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     errors: Vec<String>,
+    /// Damage beyond single files (an archive's own stream).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    damage: Vec<String>,
     exit_code: i32,
     #[serde(flatten)]
     extra: serde_json::Map<String, serde_json::Value>,
@@ -732,6 +781,7 @@ impl JsonSummary {
             damaged_outstanding: s.outstanding,
             removed: s.removed,
             errors: s.failures.clone(),
+            damage: s.damage.clone(),
             exit_code: exit as i32,
             extra: s.extra.clone(),
         }

@@ -137,7 +137,7 @@ pub fn plan(
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         )?;
         engine::run(&show, roots, cancel, &Progress::default(), |report| {
-            let row = match (&report.tag, report.id, report.size, report.status) {
+            let row = match (&report.tag, report.inode, report.size, report.status) {
                 (_, _, _, Status::Skipped | Status::Error) => None,
                 (Some(tag), Some(id), Some(size), _) => Some((Some(tag.digest), id, size)),
                 (None, Some(id), Some(size), _) if untagged_too => Some((None, id, size)),

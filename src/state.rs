@@ -555,7 +555,7 @@ impl State {
             Fact::Repaired => std::fs::symlink_metadata(&report.path)
                 .ok()
                 .map(|m| (m.dev(), m.ino())),
-            _ => report.id,
+            _ => report.inode,
         };
         let (Some((dev, ino)), Some(size)) = (id, report.size) else {
             return;
@@ -585,7 +585,7 @@ impl State {
             t,
             status: report.status.name(),
             damage,
-            old_ino: report.id.map(|(_, ino)| ino as i64),
+            old_ino: report.inode.map(|(_, ino)| ino as i64),
         };
         self.pending_since.get_or_insert_with(Instant::now);
         self.pending.push(row);
@@ -1279,7 +1279,7 @@ mod tests {
         let digest = digest_bytes(Algo::Sha256, b"x");
         for i in 0..files {
             let mut r = FileReport::new(dir.join(format!("f{i}")), Status::Ok);
-            r.id = Some((1, i + 1));
+            r.inode = Some((1, i + 1));
             r.size = Some(1);
             r.digest = Some(digest);
             r.action = Some(Action::Archived);

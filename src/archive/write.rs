@@ -18,7 +18,7 @@ use crate::core::tag::{self, Timestamp, names};
 use crate::engine::{Action, FileError, FileReport};
 use crate::fs::anchor::Anchor;
 use crate::fs::atomic::Temp;
-use crate::fs::read::AlignedBuf;
+use crate::fs::hash::AlignedBuf;
 use crate::fs::walk::{SkipReason, Stat};
 use crate::fs::xattr::{self, Attrs};
 use crate::sink::{Failure, Out, Sink};
@@ -67,7 +67,7 @@ impl Writer {
             anchors: roots.iter().map(|r| Anchor::new(r)).collect(),
             links: HashMap::new(),
             damaged: HashMap::new(),
-            buf: AlignedBuf::new(crate::fs::read::BUF_SIZE),
+            buf: AlignedBuf::new(crate::fs::hash::BUF_SIZE),
             opts,
             frame: 0,
             frame_bytes: 0,
@@ -109,7 +109,7 @@ impl Writer {
     pub fn add(&mut self, report: &mut FileReport) -> io::Result<()> {
         let added = self.add_member_of(report);
         // Damage found here, in a file the engine left unread, is said under its other names.
-        if let Some(inode) = report.inode {
+        if let Some(inode) = report.linked {
             crate::engine::name_damage(report, inode, &mut self.damaged);
         }
         added
@@ -194,7 +194,7 @@ impl Writer {
         // it turns out damaged.
         let mut whole = None;
         if let Some(tag) = &unread
-            && before.size <= crate::fs::read::BUF_SIZE as u64
+            && before.size <= crate::fs::hash::BUF_SIZE as u64
         {
             let data = &mut self.buf.as_mut_slice()[..before.size as usize];
             if let Err(e) = read_whole(&file, data) {

@@ -59,12 +59,7 @@ pub struct Scrub {
 
 impl Settings {
     /// Settings for `verb`, doing `work` on `roots`, from the options every walking verb has.
-    pub fn new(
-        verb: Verb,
-        work: Work,
-        roots: Vec<PathBuf>,
-        common: &Common,
-    ) -> anyhow::Result<Settings> {
+    pub fn new(verb: Verb, roots: Vec<PathBuf>, common: &Common) -> anyhow::Result<Settings> {
         // Parity stores are intact's own data, checked by their own checksums: walks pass
         // them by (a store named as PATH is still walked).
         let mut excludes = common.exclude.clone();
@@ -80,7 +75,8 @@ impl Settings {
                 excludes,
                 state: None,
             },
-            ..Config::new(work)
+            remove_leftovers: verb.changes_files(),
+            ..Config::new(verb.work())
         };
         // A PATH that is not there is a mistyped name, not a file that vanished: said once,
         // counted as no file, and the exit code is 3.
@@ -101,12 +97,19 @@ impl Settings {
             progress: !common.output.quiet && !common.output.no_progress,
             background: common.speed == Speed::Background,
             reports_to_stderr: false,
-            exit_at_once: true,
+            exit_at_once: !verb.writes_temps(),
             failures,
             state: None,
             metrics: None,
             scrub: None,
         })
+    }
+
+    /// Whether the run may change files at all (`archive --untagged`, `repair --dry-run` and
+    /// a scrub without `--update` may not): tags, and the temp files killed runs left.
+    pub fn changes_files(&mut self, yes: bool) {
+        self.config.write = yes;
+        self.config.remove_leftovers = yes && self.verb.changes_files();
     }
 
     /// Records in the state database `a` names (or the default one) unless told not to.

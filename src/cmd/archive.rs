@@ -10,22 +10,19 @@ use anyhow::Context;
 use crate::cli::settings::{Settings, algo, verbosity};
 use crate::cli::{CreateArgs, ListArgs, VerifyArgs};
 use intact::archive;
-use intact::engine::Work;
 use intact::report::{Exit, Reporter, Verb};
 use intact::text::escape;
 
 pub fn create(a: CreateArgs) -> anyhow::Result<Exit> {
-    let mut s = Settings::new(Verb::Archive, Work::Update, a.paths.paths, &a.common)?;
+    let mut s = Settings::new(Verb::Archive, a.paths.paths, &a.common)?;
     s.config.algo = a.algo.map(algo);
     // --untagged: the files are left untouched, tags and leftovers alike.
-    s.config.write = !a.untagged;
-    s.config.remove_leftovers = !a.untagged;
+    s.changes_files(!a.untagged);
     // The archive reads every file.
     s.config.sink_verifies = Some(intact::engine::SinkReads {
         reads: std::sync::Arc::new(|_, _| true),
         takes_open: true,
     });
-    s.exit_at_once = false;
     s.record(&a.state);
     let opts = archive::Options {
         level: a.level,
@@ -68,21 +65,19 @@ pub fn verify(a: VerifyArgs) -> anyhow::Result<Exit> {
         },
     );
     reporter.summary.elapsed = start.elapsed();
-    let mut exit = reporter.finish().context("writing output")?;
-    if let Some(e) = io_error
-        && e.kind() != std::io::ErrorKind::BrokenPipe
-    {
+    // The summary states the exit code, the archive's own damage included.
+    match read {
+        Err(e) if e.damaged => reporter.damaged(format!("{}: {e}", escape(path))),
+        Err(e) => reporter.fail(format!("{}: {e}", escape(path))),
+        Ok(()) => {}
+    }
+    if let Some(e) = io_error {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            return Ok(reporter.summary.exit(Verb::Verify));
+        }
         return Err(e).context("writing output");
     }
-    if let Err(e) = read {
-        eprintln!("intact: error: {}: {e}", escape(path));
-        exit = exit.merge(if e.damaged {
-            Exit::Damage
-        } else {
-            Exit::Trouble
-        });
-    }
-    Ok(exit)
+    reporter.finish().context("writing output")
 }
 
 /// `archive list`: one line per member, like `tar -tv`, with the digest its tag holds.

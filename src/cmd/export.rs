@@ -5,12 +5,11 @@ use anyhow::Context;
 
 use crate::cli::ExportArgs;
 use crate::cli::settings::{Settings, algo};
-use intact::engine::Work;
 use intact::export::Listing;
 use intact::report::{Exit, Verb};
 
 pub fn run(a: ExportArgs) -> anyhow::Result<Exit> {
-    let mut s = Settings::new(Verb::Export, Work::Export, vec![a.path], &a.common)?;
+    let mut s = Settings::new(Verb::Export, vec![a.path], &a.common)?;
     s.config.algo = Some(algo(a.algo));
     let mut listing = match a.output {
         Some(file) => {

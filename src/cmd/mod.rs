@@ -130,7 +130,7 @@ fn run(
     let mut per_root = vec![(0u64, 0u64); s.roots.len()];
     let counted = AtomicU64::new(0);
     let (walked, failure, output, state) = std::thread::scope(|scope| {
-        let mut front = Front {
+        let mut front = Ledger {
             reporter,
             bar: None,
             error: None,
@@ -479,9 +479,10 @@ fn verification_ages(m: &mut Metrics, verb: &str, never: u64, oldest: Option<i64
     }
 }
 
-/// The reporter, as sinks see it: prints step around the progress bar, and an output error
+/// Where the reports of a run end, as sinks see it: each is counted under its root, recorded
+/// in the state database, and printed (stepping around the progress bar); an output error
 /// (a closed pipe) stops the run.
-struct Front<'a> {
+struct Ledger<'a> {
     reporter: &'a mut Reporter<Box<dyn Write>, io::Stderr>,
     bar: Option<&'a ProgressBar>,
     error: Option<io::Error>,
@@ -494,7 +495,7 @@ struct Front<'a> {
     lines_on_terminal: bool,
 }
 
-impl Front<'_> {
+impl Ledger<'_> {
     fn print(&mut self, prints: bool, f: impl FnOnce(&mut Self) -> io::Result<()>) {
         if self.error.is_some() {
             return;
@@ -510,7 +511,7 @@ impl Front<'_> {
     }
 }
 
-impl Front<'_> {
+impl Ledger<'_> {
     /// Counts the report under its root.
     fn count(&mut self, report: &FileReport) {
         if report.status != intact::core::classify::Status::Skipped
@@ -522,7 +523,7 @@ impl Front<'_> {
     }
 }
 
-impl Out for Front<'_> {
+impl Out for Ledger<'_> {
     fn send(&mut self, report: FileReport) {
         self.count(&report);
         if let Some(state) = &mut self.state {

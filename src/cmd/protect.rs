@@ -2,7 +2,6 @@
 
 use crate::cli::ProtectArgs;
 use crate::cli::settings::{Settings, usage};
-use intact::engine::Work;
 use intact::parity::{OpenError, Protector};
 use intact::report::{Exit, Verb};
 
@@ -12,9 +11,7 @@ pub fn run(a: ProtectArgs) -> anyhow::Result<Exit> {
             "--store takes one PATH (names in a store are relative to it)",
         ));
     }
-    let mut s = Settings::new(Verb::Protect, Work::Update, a.paths.paths, &a.common)?;
-    s.config.remove_leftovers = true;
-    s.exit_at_once = false;
+    let mut s = Settings::new(Verb::Protect, a.paths.paths, &a.common)?;
     s.record(&a.state);
     let (mut protector, removed) = Protector::open(
         &s.roots,

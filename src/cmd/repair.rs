@@ -3,7 +3,6 @@
 
 use crate::cli::RepairArgs;
 use crate::cli::settings::{Settings, usage};
-use intact::engine::Work;
 use intact::parity::{self, Store};
 use intact::repair::{self, Keep, Repairer};
 use intact::report::{Exit, Verb};
@@ -29,9 +28,8 @@ pub fn run(a: RepairArgs) -> anyhow::Result<Exit> {
             parity::DEFAULT_DIR
         )));
     }
-    let mut s = Settings::new(Verb::Repair, Work::Check, a.paths.paths, &a.common)?;
-    s.config.remove_leftovers = !a.dry_run;
-    s.exit_at_once = false;
+    let mut s = Settings::new(Verb::Repair, a.paths.paths, &a.common)?;
+    s.changes_files(!a.dry_run);
     // A dry run records nothing, but where it is to find what is missing it reads (and so
     // records its check) too.
     if !a.dry_run || a.missing {

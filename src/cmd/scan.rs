@@ -4,21 +4,19 @@ use std::path::PathBuf;
 
 use crate::cli::settings::{Settings, algo, formats, usage};
 use crate::cli::{CheckArgs, ImportArgs, ShowArgs, StripArgs, TagArgs, UpdateArgs};
-use intact::engine::Work;
 use intact::report::{Exit, Verb};
 use intact::sink::Pass;
 
 pub fn tag(a: TagArgs) -> anyhow::Result<Exit> {
-    let mut s = Settings::new(Verb::Tag, Work::Tag, a.paths.paths, &a.common)?;
+    let mut s = Settings::new(Verb::Tag, a.paths.paths, &a.common)?;
     s.config.algo = Some(algo(a.algo));
     s.config.force = a.force;
     s.config.compat = formats(&a.compat.compat);
-    s.config.remove_leftovers = true;
     super::drive(s, &mut Pass)
 }
 
 pub fn check(a: CheckArgs) -> anyhow::Result<Exit> {
-    let mut s = Settings::new(Verb::Check, Work::Check, a.paths.paths, &a.common)?;
+    let mut s = Settings::new(Verb::Check, a.paths.paths, &a.common)?;
     if let Some(file) = a.manifest {
         let [root] = s.roots.as_slice() else {
             return Err(usage(
@@ -34,25 +32,23 @@ pub fn check(a: CheckArgs) -> anyhow::Result<Exit> {
 }
 
 pub fn update(a: UpdateArgs) -> anyhow::Result<Exit> {
-    let mut s = Settings::new(Verb::Update, Work::Update, a.paths.paths, &a.common)?;
+    let mut s = Settings::new(Verb::Update, a.paths.paths, &a.common)?;
     s.config.algo = a.algo.map(algo);
     s.config.accept_corrupt = a.accept_corrupt;
     s.config.compat = formats(&a.compat.compat);
-    s.config.remove_leftovers = true;
     s.record(&a.state);
     s.metrics = a.metrics.file()?;
     super::drive(s, &mut Pass)
 }
 
 pub fn strip(a: StripArgs) -> anyhow::Result<Exit> {
-    let mut s = Settings::new(Verb::Strip, Work::Strip, a.paths.paths, &a.common)?;
+    let mut s = Settings::new(Verb::Strip, a.paths.paths, &a.common)?;
     s.config.compat = formats(&a.compat);
-    s.config.remove_leftovers = true;
     super::drive(s, &mut Pass)
 }
 
 pub fn show(a: ShowArgs) -> anyhow::Result<Exit> {
-    let s = Settings::new(Verb::Show, Work::Show, a.paths.paths, &a.common)?;
+    let s = Settings::new(Verb::Show, a.paths.paths, &a.common)?;
     super::drive(s, &mut Pass)
 }
 
@@ -63,9 +59,8 @@ pub fn import(a: ImportArgs) -> anyhow::Result<Exit> {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     });
-    let mut s = Settings::new(Verb::Import, Work::Import, vec![dir.clone()], &a.common)?;
+    let mut s = Settings::new(Verb::Import, vec![dir.clone()], &a.common)?;
     s.manifest(&a.manifest, &dir, algo(a.algo))?;
     s.config.compat = formats(&a.compat.compat);
-    s.config.remove_leftovers = true;
     super::drive(s, &mut Pass)
 }

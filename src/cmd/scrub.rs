@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::Front;
+use super::Ledger;
 use crate::cli::ScrubArgs;
 use crate::cli::settings::{Scrub, Settings};
 use intact::engine::{Config, Work};
@@ -14,11 +14,14 @@ use intact::state::{self, State};
 use intact::text::{bytes, group};
 
 pub fn run(a: ScrubArgs) -> anyhow::Result<Exit> {
-    let work = if a.update { Work::Update } else { Work::Check };
-    let mut s = Settings::new(Verb::Scrub, work, a.paths.paths, &a.common)?;
+    let mut s = Settings::new(Verb::Scrub, a.paths.paths, &a.common)?;
+    if a.update {
+        // Update's rules for what is visited: it changes files then.
+        s.config.work = Work::Update;
+        s.config.remove_leftovers = true;
+    }
     s.record(&a.state);
     s.metrics = a.metrics.file()?;
-    s.config.remove_leftovers = a.update;
     s.scrub = Some(Scrub {
         budget: Budget {
             max_bytes: a.max_bytes,
@@ -39,7 +42,7 @@ pub(super) fn prepare(
     s: &Settings,
     scrub: &Scrub,
     config: &mut Config,
-    front: &mut Front<'_>,
+    front: &mut Ledger<'_>,
 ) -> anyhow::Result<(Plan, Queue)> {
     let start = Instant::now();
     let mut plan = intact::scrub::plan(

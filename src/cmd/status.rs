@@ -10,7 +10,6 @@ use anyhow::Context;
 
 use crate::cli::StatusArgs;
 use crate::cli::settings::Settings;
-use intact::engine::Work;
 use intact::metrics::Metrics;
 use intact::report::{Exit, Verb, Verbosity};
 use intact::scrub::{FileState, Gone, Overview};
@@ -18,7 +17,7 @@ use intact::state::{self, Pace};
 use intact::text::{bytes, escape, group, percent, time_ms};
 
 pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
-    let mut s = Settings::new(Verb::Status, Work::Show, a.paths.paths, &a.common)?;
+    let mut s = Settings::new(Verb::Status, a.paths.paths, &a.common)?;
     s.record(&a.state);
     s.metrics = a.metrics.file()?;
     let mut failures = Failures::default();

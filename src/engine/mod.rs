@@ -21,15 +21,15 @@ use crate::core::manifest::Expected;
 use crate::core::tag::{Damage, Format};
 use crate::fs::anchor::Anchor;
 use crate::fs::device::{Cold, Gates};
-use crate::fs::read::AlignedBuf;
+use crate::fs::hash::AlignedBuf;
 use crate::fs::walk::{self, Entry, Inode, SkipReason, WalkOptions};
 use crate::fs::xattr::Attrs;
 
-mod report;
+mod outcome;
 mod worker;
 
-pub(crate) use report::cause;
-pub use report::{Action, FileError, FileReport};
+pub(crate) use outcome::cause;
+pub use outcome::{Action, FileError, FileReport};
 use worker::{Opened, Worker};
 
 /// A file opened ahead of its worker, or why not (`None`: the worker opens it).
@@ -418,7 +418,7 @@ pub fn run_from(
                     if let Some(m) = &config.manifest {
                         seen.insert(m.key(&report.path));
                     }
-                    if let Some(inode) = report.inode {
+                    if let Some(inode) = report.linked {
                         name_damage(&mut report, inode, &mut damaged);
                     }
                     // Files the work reads but its workers did not (a sink reads them, or

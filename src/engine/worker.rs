@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use super::report::{Action, FileError, FileReport};
+use super::outcome::{Action, FileError, FileReport};
 use super::{Config, Held, OpenFile, OpenFiles, Progress, Work};
 use crate::core::classify::{self, SinceDamage, Status};
 use crate::core::digest::{Algo, Digest};
@@ -15,7 +15,7 @@ use crate::core::tag::{self, Damage, Format, Tag, Timestamp};
 use crate::fs::anchor::Anchor;
 use crate::fs::atomic;
 use crate::fs::device::{Cold, Gate, Gates};
-use crate::fs::read::{self, AlignedBuf, HashError, ReadOptions};
+use crate::fs::hash::{self, AlignedBuf, HashError, ReadOptions};
 use crate::fs::walk::{Entry, SkipReason, Stat as Meta};
 use crate::fs::xattr::{self, Stored};
 
@@ -116,7 +116,7 @@ impl Opened {
                     gate.probe_file(file, meta.size);
                 }
                 Some(_) => {}
-                None if meta.size < read::OVERLAP_MIN && !cached() => {
+                None if meta.size < hash::OVERLAP_MIN && !cached() => {
                     let len = buf.len().min(meta.size as usize);
                     // An error here is the worker's to meet and report.
                     let _ = rustix::io::pread(file, &mut buf[..len], 0);
@@ -213,8 +213,8 @@ impl<'a> Worker<'a> {
             holding: None,
             cold,
             bufs: [
-                AlignedBuf::new(read::BUF_SIZE),
-                AlignedBuf::new(read::BUF_SIZE),
+                AlignedBuf::new(hash::BUF_SIZE),
+                AlignedBuf::new(hash::BUF_SIZE),
             ],
             open_files,
         }
@@ -306,7 +306,7 @@ impl Worker<'_> {
                 let report = self.examine(path, stat, opened, anchors, root)?;
                 Some(FileReport {
                     root,
-                    inode,
+                    linked: inode,
                     ..report
                 })
             }
@@ -317,7 +317,7 @@ impl Worker<'_> {
                 inode,
             } => Some(FileReport {
                 root,
-                inode,
+                linked: inode,
                 ..FileReport::skipped(path, reason)
             }),
             Entry::Error { path, root, error } => Some(FileReport {
@@ -389,7 +389,7 @@ impl Worker<'_> {
             });
         }
         let report = FileReport {
-            id: Some((meta.dev, meta.ino)),
+            inode: Some((meta.dev, meta.ino)),
             size: Some(meta.size),
             mtime: Some(meta.mtime),
             tag: stored.best().cloned(),
@@ -836,7 +836,7 @@ impl Worker<'_> {
                 return Err(NoDigest::Changed(change));
             }
         }
-        let (digests, n) = read::hash_file(
+        let (digests, n) = hash::hash_file(
             file,
             algos,
             &mut self.bufs,

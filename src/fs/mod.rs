@@ -5,8 +5,8 @@
 pub mod anchor;
 pub mod atomic;
 pub mod device;
+pub mod hash;
 pub mod mapped;
-pub mod read;
 pub mod sys;
 pub mod walk;
 pub mod xattr;

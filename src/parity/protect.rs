@@ -21,7 +21,7 @@ use super::{Added, DEFAULT_DIR, Job, Outcome, Protectee, Store};
 use crate::core::classify::Status;
 use crate::core::digest::Digest;
 use crate::engine::{Action, FileError, FileReport, SinkReads};
-use crate::fs::read::{AlignedBuf, BUF_SIZE, HashError, ReadOptions, hash_file};
+use crate::fs::hash::{AlignedBuf, BUF_SIZE, HashError, ReadOptions, hash_file};
 use crate::fs::walk::Stat;
 use crate::sink::{Failure, Out, Sink};
 
@@ -251,7 +251,7 @@ impl Protector {
                 }
             }
             // Damage found by a set's first pass is said under the file's other names too.
-            if let Some(inode) = report.inode {
+            if let Some(inode) = report.linked {
                 crate::engine::name_damage(&mut report, inode, &mut self.damaged);
             }
             out.send(report);

@@ -223,7 +223,7 @@ impl Sink for Repairer {
             let mut report = FileReport::new(path.clone(), Status::Missing);
             report.root = root;
             report.size = Some(m.size);
-            report.id = Some((0, m.ino));
+            report.inode = Some((0, m.ino));
             report.tag = Some(crate::core::tag::Tag {
                 format: crate::core::tag::Format::Intact,
                 digest: m.digest,
@@ -256,7 +256,7 @@ impl Sink for Repairer {
             .targets
             .iter()
             .filter(|t| t.report.action == Some(Action::Repaired))
-            .filter_map(|t| Some((t.report.inode?, t.report.path.clone())))
+            .filter_map(|t| Some((t.report.linked?, t.report.path.clone())))
             .collect();
         for held in std::mem::take(&mut self.held) {
             let report = match held {
@@ -450,7 +450,7 @@ impl Work {
 
 /// Another name of a damaged file, said as the repair of its inode went.
 fn other_name(mut report: FileReport, repaired: &[(Inode, PathBuf)]) -> FileReport {
-    if let Some((_, first)) = repaired.iter().find(|(i, _)| Some(*i) == report.inode) {
+    if let Some((_, first)) = repaired.iter().find(|(i, _)| Some(*i) == report.linked) {
         // Every name of the inode was repaired with it, and is said to be.
         report.status = Status::Ok;
         report.action = Some(Action::Repaired);

@@ -318,7 +318,13 @@ fn damage_inside_the_archive_is_found() {
     // A flip in the zstd frame header is damage too, not a usage error.
     flip_byte(&archive, 5);
     let v = intact!("archive", "verify", archive).expect_code(1);
-    assert!(v.stderr.contains("intact: error:"), "{}", v.stderr);
+    assert!(v.stderr.contains("intact: damaged: "), "{}", v.stderr);
+    // The summary says the exit code the process returns.
+    let j = intact!("archive", "verify", "--json", archive)
+        .expect_code(1)
+        .json();
+    assert_eq!(j.summary["exit_code"], 1, "{:?}", j.summary);
+    assert_eq!(j.summary["damage"].as_array().map(Vec::len), Some(1));
 }
 
 #[test]

@@ -154,10 +154,11 @@ pub struct FileReport {
     pub path: PathBuf,
     /// The index of the root (of those given) it was found under.
     pub root: usize,
-    /// Its inode (device, number), if it has several names.
-    pub inode: Option<Inode>,
+    /// Its inode (device, number), if it has several names: what they share (one read,
+    /// damage said under each name).
+    pub linked: Option<Inode>,
     /// Its inode (device, number), once it was opened.
-    pub id: Option<Inode>,
+    pub inode: Option<Inode>,
     /// What was found.
     pub status: Status,
     /// What was done about it.
@@ -193,8 +194,8 @@ impl FileReport {
         FileReport {
             path,
             root: 0,
+            linked: None,
             inode: None,
-            id: None,
             status,
             action: None,
             size: None,
