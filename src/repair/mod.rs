@@ -326,7 +326,7 @@ impl Attempts for Work {
             }
             // A dry run repaired nothing to copy from; the copy is verified.
             let outcome = if self.opts.dry_run {
-                Ok(Staged::Done(Restored::default()))
+                Ok(Staged::Planned)
             } else {
                 self.restore(j, &mut |sink| source::read_file(&good, sink))
             };
@@ -371,6 +371,16 @@ impl Work {
                 }
                 true
             }
+            Ok(Staged::Planned) => {
+                self.done(i);
+                let t = &mut self.targets[i];
+                let mut detail = format!("would be repaired from {from}");
+                if !t.tried.is_empty() {
+                    detail.push_str(&format!("; passed over: {}", t.tried.join("; ")));
+                }
+                t.report.detail = Some(detail);
+                true
+            }
             Ok(Staged::Done(restored)) => self.settle(i, Ok(restored), from),
             Err(refused) => self.settle(i, Err(refused), from),
         }
@@ -400,14 +410,6 @@ impl Work {
         match outcome {
             Ok(Restored { kept, warning }) => {
                 let was = t.report.status.name();
-                if self.opts.dry_run {
-                    let mut detail = format!("would be repaired from {from}");
-                    if !t.tried.is_empty() {
-                        detail.push_str(&format!("; passed over: {}", t.tried.join("; ")));
-                    }
-                    t.report.detail = Some(detail);
-                    return true;
-                }
                 t.report.status = Status::Ok;
                 t.report.action = Some(Action::Repaired);
                 let mut detail = match kept {

@@ -99,7 +99,7 @@ pub(super) fn restore(
         return Err(Refused::CopyDamaged);
     }
     let Some(temp) = temp.take() else {
-        return Ok(Staged::Done(Restored::default()));
+        return Ok(Staged::Planned);
     };
     let keep = keep_at(&opts.keep, name, &want.rel);
     temp.file().set_len(len).map_err(Refused::Target)?;
@@ -266,7 +266,7 @@ pub(super) fn restore_missing(
         return Err(Refused::CopyDamaged);
     }
     let Some(mut temp) = temp else {
-        return Ok(Staged::Done(Restored::default()));
+        return Ok(Staged::Planned);
     };
     let tagged = (|| -> io::Result<()> {
         temp.file().set_len(len)?;
@@ -321,7 +321,9 @@ fn shown_in(dir_path: &Path, mut restored: Restored) -> Restored {
 
 /// What a verified copy became.
 pub(super) enum Staged {
-    /// It is in place (or, in a dry run, would be).
+    /// The copy is verified, and a dry run leaves it at that: the plan, said as such.
+    Planned,
+    /// It is in place.
     Done(Restored),
     /// It waits to be put in place with others ([`commit`]).
     Pending(Box<Pending>),
