@@ -20,6 +20,60 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
     let mut s = Settings::new(Verb::Status, a.paths.paths, &a.common)?;
     s.record(&a.state);
     s.metrics = a.metrics.file()?;
+    let (plan, found) = find(&mut s)?;
+    let mut out = std::io::stdout().lock();
+    if s.json {
+        if s.verbosity == Verbosity::Verbose {
+            plan.files(|f| {
+                let _ = writeln!(out, "{}", file_json(&f));
+            })?;
+        }
+        serde_json::to_writer(&mut out, &Document::new(&plan, &found))?;
+        writeln!(out)?;
+    } else {
+        out.write_all(text(&s, a.damage_lines, &plan, &found).as_bytes())?;
+        if s.verbosity == Verbosity::Verbose {
+            plan.files(|f| {
+                let _ = writeln!(out, "{}", file_line(&f));
+            })?;
+        }
+        for e in &found.errors {
+            eprintln!("intact: error: {e}");
+        }
+    }
+    out.flush()?;
+    if let Some(path) = &s.metrics {
+        let m = metrics(
+            &s,
+            &found.overview,
+            &found.gone,
+            found.cycle.as_ref(),
+            found.exit,
+        );
+        m.write(path)
+            .with_context(|| format!("writing the metrics {}", escape(path)))?;
+    }
+    Ok(found.exit)
+}
+
+/// What status finds in the tags and the state database.
+struct Found {
+    overview: Overview,
+    gone: Vec<Gone>,
+    /// When the history was lost with a damaged database, and the files not checked since.
+    lost: Option<(i64, u64)>,
+    /// Why damage is not known, if it is not.
+    unknown: Option<String>,
+    cycle: Option<Cycle>,
+    /// The state database read.
+    db: Option<std::path::PathBuf>,
+    errors: Vec<String>,
+    exit: Exit,
+}
+
+/// Plans the trees (tags and metadata only) against the state database, and finds what
+/// needs attention and how well the trees are covered.
+fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
     let mut failures = Failures::default();
     for failure in std::mem::take(&mut s.failures) {
         failures.0.fail(failure);
@@ -67,87 +121,112 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
     }
     let pace = state.as_ref().and_then(|st| st.pace(&s.roots));
     let cycle = Cycle::estimate(overview.tagged.bytes, pace);
-    let damaged = overview.damage.len() as u64;
     let mut exit = failures.0.summary.exit(Verb::Status);
-    if damaged > 0 {
+    if !overview.damage.is_empty() {
         exit = exit.merge(Exit::Damage);
     }
-    let mut out = std::io::stdout().lock();
-    let errors: Vec<String> = failures.0.summary.failures.clone();
-    if s.json {
-        if s.verbosity == Verbosity::Verbose {
-            plan.files(|f| {
-                let _ = writeln!(out, "{}", file_json(&f));
-            })?;
-        }
-        let json = serde_json::json!({
-            "type": "status",
-            "overview": overview,
-            "removed": gone,
-            "cycle": {
-                "started": (plan.cycle_started > 0).then(|| time_ms(plan.cycle_started)),
-                "files_checked": overview.cycle_verified.files,
-                "bytes_checked": overview.cycle_verified.bytes,
-                "seconds_for_a_cycle": cycle.as_ref().and_then(|c| c.seconds),
-                "runs_for_a_cycle": cycle.as_ref().and_then(|c| c.runs),
+    let errors = failures.0.summary.failures;
+    let found = Found {
+        overview,
+        gone,
+        lost,
+        unknown,
+        cycle,
+        db,
+        errors,
+        exit,
+    };
+    Ok((plan, found))
+}
+
+/// Status for machines: one JSON object.
+#[derive(serde::Serialize)]
+struct Document<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    overview: &'a Overview,
+    removed: &'a [Gone],
+    cycle: CycleJson,
+    history_lost: Option<LostJson>,
+    never_verified: u64,
+    oldest_verification: Option<String>,
+    /// The state database, escaped as every path is.
+    state: Option<String>,
+    errors: &'a [String],
+    exit_code: i32,
+}
+
+#[derive(serde::Serialize)]
+struct CycleJson {
+    started: Option<String>,
+    files_checked: u64,
+    bytes_checked: u64,
+    seconds_for_a_cycle: Option<f64>,
+    runs_for_a_cycle: Option<u64>,
+}
+
+#[derive(serde::Serialize)]
+struct LostJson {
+    at: String,
+    files_not_checked_since: u64,
+}
+
+impl<'a> Document<'a> {
+    fn new(plan: &intact::scrub::Plan, f: &'a Found) -> Self {
+        let o = &f.overview;
+        Document {
+            kind: "status",
+            overview: o,
+            removed: &f.gone,
+            cycle: CycleJson {
+                started: (plan.cycle_started > 0).then(|| time_ms(plan.cycle_started)),
+                files_checked: o.cycle_verified.files,
+                bytes_checked: o.cycle_verified.bytes,
+                seconds_for_a_cycle: f.cycle.as_ref().and_then(|c| c.seconds),
+                runs_for_a_cycle: f.cycle.as_ref().and_then(|c| c.runs),
             },
-            "history_lost": lost.map(|(at, unchecked)| serde_json::json!({
-                "at": time_ms(at),
-                "files_not_checked_since": unchecked,
-            })),
-            "never_verified": overview.ages[0].files,
-            "oldest_verification": overview.oldest.map(time_ms),
-            "state": db,
-            "errors": errors,
-            "exit_code": exit as i32,
-        });
-        writeln!(out, "{json}")?;
-    } else {
-        let width = terminal_width();
-        let text = match s.verbosity {
-            Verbosity::Quiet => attention(&overview, &gone, unknown.as_deref(), a.damage_lines),
-            _ => {
-                let mut text = render(
-                    &overview,
-                    &gone,
-                    unknown.as_deref(),
-                    a.damage_lines,
-                    width,
-                    cycle.as_ref(),
-                );
-                if plan.cycle_started > 0 {
-                    let _ = writeln!(
-                        text,
-                        "cycle       since {}: {} of {} tagged files checked ({})",
-                        time_ms(plan.cycle_started),
-                        group(overview.cycle_verified.files),
-                        group(overview.tagged.files),
-                        bytes(overview.cycle_verified.bytes)
-                    );
-                }
-                if db.is_none() {
-                    text.push_str("(no state database: every file counts as never verified)\n");
-                }
-                text
-            }
-        };
-        out.write_all(text.as_bytes())?;
-        if s.verbosity == Verbosity::Verbose {
-            plan.files(|f| {
-                let _ = writeln!(out, "{}", file_line(&f));
-            })?;
-        }
-        for e in &errors {
-            eprintln!("intact: error: {e}");
+            history_lost: f.lost.map(|(at, unchecked)| LostJson {
+                at: time_ms(at),
+                files_not_checked_since: unchecked,
+            }),
+            never_verified: o.ages[0].files,
+            oldest_verification: o.oldest.map(time_ms),
+            state: f.db.as_deref().map(escape),
+            errors: &f.errors,
+            exit_code: f.exit as i32,
         }
     }
-    out.flush()?;
-    if let Some(path) = &s.metrics {
-        let m = metrics(&s, &overview, &gone, cycle.as_ref(), exit);
-        m.write(path)
-            .with_context(|| format!("writing the metrics {}", escape(path)))?;
+}
+
+/// Status for people: what needs attention, then (unless quiet) coverage.
+fn text(s: &Settings, damage_lines: usize, plan: &intact::scrub::Plan, f: &Found) -> String {
+    let o = &f.overview;
+    if s.verbosity == Verbosity::Quiet {
+        return attention(o, &f.gone, f.unknown.as_deref(), damage_lines);
     }
-    Ok(exit)
+    let width = terminal_width();
+    let mut text = render(
+        o,
+        &f.gone,
+        f.unknown.as_deref(),
+        damage_lines,
+        width,
+        f.cycle.as_ref(),
+    );
+    if plan.cycle_started > 0 {
+        let _ = writeln!(
+            text,
+            "cycle       since {}: {} of {} tagged files checked ({})",
+            time_ms(plan.cycle_started),
+            group(o.cycle_verified.files),
+            group(o.tagged.files),
+            bytes(o.cycle_verified.bytes)
+        );
+    }
+    if f.db.is_none() {
+        text.push_str("(no state database: every file counts as never verified)\n");
+    }
+    text
 }
 
 /// Failures beyond single files (a database that cannot be used, unreadable paths), kept
