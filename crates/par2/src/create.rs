@@ -52,45 +52,10 @@ pub fn create(
     volume: &mut dyn Volume,
 ) -> Result<Created, Error> {
     let (slice_size, recovery_count) = (plan.slice_size, plan.recovery_count);
-    if slice_size == 0 || !slice_size.is_multiple_of(4) {
-        return Err(Error::Malformed(
-            "slice size must be a positive multiple of 4".into(),
-        ));
-    }
-    let total_slices: u64 = inputs.iter().map(|f| f.len.div_ceil(slice_size)).sum();
-    if total_slices > gf::MAX_INPUT_SLICES as u64 {
-        return Err(Error::Malformed(format!(
-            "{total_slices} slices: at most 32768"
-        )));
-    }
-    if recovery_count > 65535 {
-        return Err(Error::Malformed("at most 65535 recovery slices".into()));
-    }
-    // File IDs need each file's first 16 KiB; the set's order is by file ID.
-    let mut ids = Vec::with_capacity(inputs.len());
-    let mut head = vec![0u8; 16 << 10];
-    for (i, f) in inputs.iter().enumerate() {
-        let n = read_full(
-            &mut *files.open(i)?,
-            &mut head[..f.len.min(16 << 10) as usize],
-        )?;
-        let md5_16k: Id = Md5::digest(&head[..n]);
-        ids.push((packet::file_id(&md5_16k, f.len, &f.name), md5_16k, i));
-    }
-    // The set's order is by file ID read as a little-endian 128-bit number, as the
-    // specification's integers are (and par2cmdline compares them).
-    ids.sort_by_key(|(id, _, _)| u128::from_le_bytes(*id));
-    ids.dedup_by(|a, b| a.0 == b.0);
-    // The set ID is the main packet's MD5: known before any recovery data. Empty files have
-    // no slices: they are described but listed apart from the recovery set (the
-    // specification's non-recovery files; par2cmdline 0.8.1 mis-counts them as damaged when
-    // they are in the recovery set).
-    let (full, empty): (Vec<&Ordered>, Vec<&Ordered>) =
-        ids.iter().partition(|(_, _, i)| inputs[*i].len > 0);
-    let mut main = packet::main_body(slice_size, &full.iter().map(|e| e.0).collect::<Vec<_>>());
-    for e in &empty {
-        main.extend_from_slice(&e.0);
-    }
+    let total_slices = plan.check(inputs)?;
+    let ids = order(inputs, files)?;
+    let main = main_body(inputs, &ids, slice_size);
+    // The set ID is the main packet's MD5: known before any recovery data.
     let set: Id = Md5::digest(&main);
 
     // Each recovery slice's packet: placed in the volume up front, its MD5 fed piece by piece.
@@ -104,44 +69,7 @@ pub fn create(
             h
         })
         .collect();
-    // A batch being read, one being multiplied and its native copy take three eighths of
-    // the memory, the recovery strip the rest. The first pass reads whole slices, two
-    // batches at a time: 16 a batch (their MD5s are computed 16 at once), or as many as
-    // [`FIRST_BATCH`] holds (at least one) where slices are larger.
-    let batch_bytes = (plan.memory / 8).max(1) as usize;
-    let first_batch = (16 * slice_size as usize)
-        .min(FIRST_BATCH.max(slice_size as usize))
-        .max(batch_bytes);
-    // The first pass holds whole slices, later ones only their strips: their strips are
-    // wider (a set of 2,000 slices of 400 KiB at 10% in 12 passes instead of 27: each pass
-    // costs a read call per slice and the constants of every product again).
-    let width = |held: usize| {
-        let budget = plan.memory.saturating_sub(held as u64).max(plan.memory / 4);
-        match budget / (recovery_count.max(1) as u64) {
-            w if w >= slice_size => slice_size,
-            w => (w / 128 * 128).max(128).min(slice_size),
-        }
-    };
-    let first_width = width((2 * first_batch).max(3 * batch_bytes)) as usize;
-    let later_width = width(3 * batch_bytes) as usize;
-    let size = slice_size as usize;
-    let strips = std::iter::successors(Some(0..first_width), |s| {
-        (s.end < size).then(|| s.end..(s.end + later_width).min(size))
-    })
-    .collect();
-    let making = Making {
-        inputs,
-        ids: &ids,
-        constants: gf::input_constants(total_slices as usize),
-        size: slice_size as usize,
-        recovery_count,
-        threads: plan.threads,
-        batch_bytes,
-        first_batch,
-        strips,
-        spare: Mutex::new(Vec::new()),
-        spare_native: Mutex::new(Vec::new()),
-    };
+    let making = Making::new(inputs, &ids, plan, total_slices);
     let mut entries: Vec<(FileEntry, std::ops::Range<usize>)> = Vec::with_capacity(ids.len());
     // Each slice's MD5 and CRC32, by global index: computed in the first pass, beside the
     // multiplication; and with several strips, the CRC32 of each slice's range in each.
@@ -183,13 +111,7 @@ pub fn create(
     }
     // The headers, now that each packet's MD5 is known.
     for (e, h) in hashes.into_iter().enumerate() {
-        let mut header = Vec::with_capacity(68);
-        header.extend_from_slice(packet::MAGIC);
-        header.extend_from_slice(&packet_len.to_le_bytes());
-        header.extend_from_slice(&h.finalize());
-        header.extend_from_slice(&set);
-        header.extend_from_slice(kind::RECOVERY);
-        header.extend_from_slice(&(e as u32).to_le_bytes());
+        let header = recovery_header(&set, e as u32, packet_len, h.finalize());
         volume.seek(io::SeekFrom::Start(e as u64 * packet_len))?;
         volume.write_all(&header)?;
     }
@@ -200,10 +122,90 @@ pub fn create(
             e
         })
         .collect();
-    let mut critical = packet::encode(&set, kind::MAIN, &[&main]);
-    for e in &entries {
+    let critical = critical(&set, &main, &entries);
+    volume.seek(io::SeekFrom::Start(recovery_count as u64 * packet_len))?;
+    volume.write_all(&critical)?;
+    Ok(Created {
+        id: set,
+        index: critical,
+        recovery_count,
+        files: entries,
+    })
+}
+
+impl Plan {
+    /// Whether a set can be made over `inputs` this way; how many input slices it has.
+    fn check(&self, inputs: &[Input]) -> Result<u64, Error> {
+        let slice_size = self.slice_size;
+        if slice_size == 0 || !slice_size.is_multiple_of(4) {
+            return Err(Error::Malformed(
+                "slice size must be a positive multiple of 4".into(),
+            ));
+        }
+        let total_slices: u64 = inputs.iter().map(|f| f.len.div_ceil(slice_size)).sum();
+        if total_slices > gf::MAX_INPUT_SLICES as u64 {
+            return Err(Error::Malformed(format!(
+                "{total_slices} slices: at most 32768"
+            )));
+        }
+        if self.recovery_count > 65535 {
+            return Err(Error::Malformed("at most 65535 recovery slices".into()));
+        }
+        Ok(total_slices)
+    }
+}
+
+/// The files in set order: by file ID (which needs each file's first 16 KiB) read as a
+/// little-endian 128-bit number, as the specification's integers are (and par2cmdline
+/// compares them).
+fn order(inputs: &[Input], files: &mut dyn Files) -> Result<Vec<Ordered>, Error> {
+    let mut ids = Vec::with_capacity(inputs.len());
+    let mut head = vec![0u8; 16 << 10];
+    for (i, f) in inputs.iter().enumerate() {
+        let n = read_full(
+            &mut *files.open(i)?,
+            &mut head[..f.len.min(16 << 10) as usize],
+        )?;
+        let md5_16k: Id = Md5::digest(&head[..n]);
+        ids.push((packet::file_id(&md5_16k, f.len, &f.name), md5_16k, i));
+    }
+    ids.sort_by_key(|(id, _, _)| u128::from_le_bytes(*id));
+    ids.dedup_by(|a, b| a.0 == b.0);
+    Ok(ids)
+}
+
+/// The main packet's body. Empty files have no slices: they are described but listed apart
+/// from the recovery set (the specification's non-recovery files; par2cmdline 0.8.1
+/// mis-counts them as damaged when they are in the recovery set).
+fn main_body(inputs: &[Input], ids: &[Ordered], slice_size: u64) -> Vec<u8> {
+    let (full, empty): (Vec<&Ordered>, Vec<&Ordered>) =
+        ids.iter().partition(|(_, _, i)| inputs[*i].len > 0);
+    let mut main = packet::main_body(slice_size, &full.iter().map(|e| e.0).collect::<Vec<_>>());
+    for e in &empty {
+        main.extend_from_slice(&e.0);
+    }
+    main
+}
+
+/// The header of recovery packet `e` of `set`, `len` bytes long with the MD5 `md5`.
+fn recovery_header(set: &Id, e: u32, len: u64, md5: Id) -> Vec<u8> {
+    let mut header = Vec::with_capacity(68);
+    header.extend_from_slice(packet::MAGIC);
+    header.extend_from_slice(&len.to_le_bytes());
+    header.extend_from_slice(&md5);
+    header.extend_from_slice(set);
+    header.extend_from_slice(kind::RECOVERY);
+    header.extend_from_slice(&e.to_le_bytes());
+    header
+}
+
+/// The packets that describe the set (main, each file's description and slice checksums,
+/// creator), which every volume carries after its recovery slices.
+fn critical(set: &Id, main: &[u8], entries: &[FileEntry]) -> Vec<u8> {
+    let mut critical = packet::encode(set, kind::MAIN, &[main]);
+    for e in entries {
         critical.extend(packet::encode(
-            &set,
+            set,
             kind::FILE_DESC,
             &[&e.id, &e.md5, &e.md5_16k, &e.len.to_le_bytes(), &e.name],
         ));
@@ -216,17 +218,10 @@ pub fn create(
             ifsc.extend_from_slice(md5);
             ifsc.extend_from_slice(&crc.to_le_bytes());
         }
-        critical.extend(packet::encode(&set, kind::IFSC, &[&ifsc]));
+        critical.extend(packet::encode(set, kind::IFSC, &[&ifsc]));
     }
-    critical.extend(packet::encode(&set, kind::CREATOR, &[CREATOR.as_bytes()]));
-    volume.seek(io::SeekFrom::Start(recovery_count as u64 * packet_len))?;
-    volume.write_all(&critical)?;
-    Ok(Created {
-        id: set,
-        index: critical,
-        recovery_count,
-        files: entries,
-    })
+    critical.extend(packet::encode(set, kind::CREATOR, &[CREATOR.as_bytes()]));
+    critical
 }
 
 /// Bytes of whole slices in a batch of the first pass, beyond which it has fewer than 16
@@ -269,7 +264,50 @@ struct Making<'a> {
 /// (first pass) its slices' checksums and the CRC32 of each one's strips.
 type Done = (Vec<gf::Buffer>, usize, Vec<(Id, u32)>, Vec<u32>);
 
-impl Making<'_> {
+impl<'a> Making<'a> {
+    /// How a set over `inputs` in the order `ids` is made in the plan's memory: a batch being
+    /// read, one being multiplied and its native copy take three eighths of it, the
+    /// recovery strip the rest. The first pass reads whole slices, two batches at a time: 16
+    /// a batch (their MD5s are computed 16 at once), or as many as [`FIRST_BATCH`] holds (at
+    /// least one) where slices are larger.
+    fn new(inputs: &'a [Input], ids: &'a [Ordered], plan: &Plan, total_slices: u64) -> Self {
+        let (slice_size, recovery_count) = (plan.slice_size, plan.recovery_count);
+        let batch_bytes = (plan.memory / 8).max(1) as usize;
+        let first_batch = (16 * slice_size as usize)
+            .min(FIRST_BATCH.max(slice_size as usize))
+            .max(batch_bytes);
+        // The first pass holds whole slices, later ones only their strips: their strips are
+        // wider (a set of 2,000 slices of 400 KiB at 10% in 12 passes instead of 27: each
+        // pass costs a read call per slice and the constants of every product again).
+        let width = |held: usize| {
+            let budget = plan.memory.saturating_sub(held as u64).max(plan.memory / 4);
+            match budget / (recovery_count.max(1) as u64) {
+                w if w >= slice_size => slice_size,
+                w => (w / 128 * 128).max(128).min(slice_size),
+            }
+        };
+        let first_width = width((2 * first_batch).max(3 * batch_bytes)) as usize;
+        let later_width = width(3 * batch_bytes) as usize;
+        let size = slice_size as usize;
+        let strips = std::iter::successors(Some(0..first_width), |s| {
+            (s.end < size).then(|| s.end..(s.end + later_width).min(size))
+        })
+        .collect();
+        Making {
+            inputs,
+            ids,
+            constants: gf::input_constants(total_slices as usize),
+            size,
+            recovery_count,
+            threads: plan.threads,
+            batch_bytes,
+            first_batch,
+            strips,
+            spare: Mutex::new(Vec::new()),
+            spare_native: Mutex::new(Vec::new()),
+        }
+    }
+
     /// One pass: every slice's bytes in the strip multiplied into the recovery slices,
     /// returned in the native layout. The first pass (`describe`) reads the files through,
     /// describes them (their entries and each slice's checksums) and takes each strip's
