@@ -59,39 +59,13 @@ fn pages(cmd: &clap::Command, dir: &Path) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("writing {}: {e}", intact::text::escape(&file)))
 }
 
-/// The page of `cmd`.
+/// The page of `cmd`: clap_mangen's, with the notes after the options rendered here.
 fn page(cmd: &clap::Command, out: &mut dyn Write) -> std::io::Result<()> {
-    let mut text = Vec::new();
-    sections(cmd, &mut text)?;
-    // Each section rendered alone starts with roff's preamble (defining the apostrophe):
-    // once is enough.
-    let text = String::from_utf8_lossy(&text);
-    let mut preamble = PREAMBLE.len();
-    for line in text.lines() {
-        if preamble > 0 && PREAMBLE.contains(&line) {
-            preamble -= 1;
-        } else if PREAMBLE.contains(&line) {
-            continue;
-        }
-        writeln!(out, "{line}")?;
-    }
-    Ok(())
-}
-
-const PREAMBLE: [&str; 2] = [r".ie \n(.g .ds Aq \(aq", r".el .ds Aq '"];
-
-fn sections(cmd: &clap::Command, out: &mut dyn Write) -> std::io::Result<()> {
-    let man = clap_mangen::Man::new(cmd.clone());
-    man.render_title(out)?;
-    man.render_name_section(out)?;
-    man.render_synopsis_section(out)?;
-    man.render_description_section(out)?;
-    if cmd.get_arguments().any(|a| !a.is_hide_set()) {
-        man.render_options_section(out)?;
-    }
-    if cmd.get_subcommands().any(|s| !s.is_hide_set()) {
-        man.render_subcommands_section(out)?;
-    }
+    let bare = cmd
+        .clone()
+        .after_help(None::<&str>)
+        .after_long_help(None::<&str>);
+    clap_mangen::Man::new(bare).render(out)?;
     notes(cmd, out)?;
     if cmd.get_display_name().is_some_and(|n| n.contains('-')) {
         let mut roff = Roff::new();
@@ -99,7 +73,7 @@ fn sections(cmd: &clap::Command, out: &mut dyn Write) -> std::io::Result<()> {
             .text([bold("intact"), roman("(1)")]);
         out.write_all(roff.to_roff().as_bytes())?;
     }
-    man.render_version_section(out)
+    Ok(())
 }
 
 /// The text after the options: paragraphs of prose under NOTES, and a list of `CODE  words`
