@@ -23,9 +23,8 @@ use crate::fs::sys;
 
 /// How much of a file is mapped at a time. A worker holds two windows (one hashed, the next
 /// being read in), and mapped pages count in its RSS. BLAKE3 spreads a window over every
-/// core, so it takes [`WINDOW`]; SHA-256 hashes one on one core and takes half: 4 MiB a
-/// window costs it 2% (five 800 MiB files, warm), where BLAKE3 on one large file would lose
-/// 4% at 4 MiB and 20% at 2 MiB. 64 MiB windows were no faster, and made check's RSS 270 MB.
+/// core: on one large file it would lose 4% at 4 MiB and 20% at 2 MiB. 64 MiB windows were
+/// no faster, and made check's RSS 270 MB.
 pub const WINDOW: usize = 8 << 20;
 
 /// Maps being hashed, by address range; a slot is free while `start` is 0.
