@@ -16,6 +16,7 @@ use intact::report::Exit;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     raise_file_limit();
+    return_large_blocks();
     let json = cli.command.json_verb();
     let outcome = match cli.command {
         Command::Tag(a) => scan::tag(a),
@@ -54,6 +55,18 @@ fn main() -> ExitCode {
         exit
     });
     ExitCode::from(exit as u8)
+}
+
+/// Blocks of 1 MiB and more (parity's buffers, sized per set) are mapped and returned to the
+/// system when freed. glibc's default threshold climbs with every such block freed, after
+/// which they come from its per-thread heaps and stay resident there: `protect` of a copy of
+/// /usr/share (44,000 files) peaked at 75 MiB with its heap holding 30 (49 MiB with this).
+fn return_large_blocks() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets a parameter of the allocator; called before any thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
 }
 
 /// Files are opened ahead of the workers, a few batches' worth: more than the 1,024
