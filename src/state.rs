@@ -1354,21 +1354,9 @@ mod tests {
 
     /// Records `files` files of `dir` as verified and archived by `state`'s run.
     fn archived(state: &mut State, dir: &Path, files: u64) {
-        let digest = digest_bytes(Algo::Sha256, b"x");
         for i in 0..files {
-            let mut r = FileReport::new(dir.join(format!("f{i}")), Status::Ok);
-            r.inode = Some((1, i + 1));
-            r.size = Some(1);
-            r.digest = Some(digest);
+            let mut r = verified(&dir.join(format!("f{i}")), i + 1);
             r.action = Some(Action::Archived);
-            r.tag = Some(Tag {
-                format: Format::Intact,
-                digest,
-                size: Some(1),
-                mtime: None,
-                mtime_slack_ns: 0,
-                tagged: None,
-            });
             state.record(&r);
             // Written as they come, not kept until the archive is durable (a tree of 200,000
             // files once kept 77 MiB of rows here).
@@ -1379,6 +1367,22 @@ mod tests {
             );
         }
         state.commit();
+    }
+
+    /// The report of a file of one byte, inode `ino`, found to match its tag.
+    fn verified(path: &Path, ino: u64) -> FileReport {
+        let digest = digest_bytes(Algo::Sha256, b"x");
+        let mut r = FileReport::new(path.to_path_buf(), Status::Ok);
+        (r.inode, r.size, r.digest) = (Some((1, ino)), Some(1), Some(digest));
+        r.tag = Some(Tag {
+            format: Format::Intact,
+            digest,
+            size: Some(1),
+            mtime: None,
+            mtime_slack_ns: 0,
+            tagged: None,
+        });
+        r
     }
 
     fn count(state: &State, sql: &str) -> i64 {
@@ -1404,18 +1408,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("state.db");
         let mut state = run(&db);
-        let digest = digest_bytes(Algo::Sha256, b"x");
-        let mut r = FileReport::new(dir.path().join("f"), Status::Ok);
-        (r.inode, r.size, r.digest) = (Some((1, 1)), Some(1), Some(digest));
-        r.tag = Some(Tag {
-            format: Format::Intact,
-            digest,
-            size: Some(1),
-            mtime: None,
-            mtime_slack_ns: 0,
-            tagged: None,
-        });
-        state.record(&r);
+        state.record(&verified(&dir.path().join("f"), 1));
         state.send();
         let other = Connection::open(&db).unwrap();
         let seen = || -> i64 {
