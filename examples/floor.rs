@@ -23,11 +23,7 @@ use sha2::{Digest, Sha256};
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let mode = match args.first().map(String::as_str) {
-        Some(flag @ ("--set" | "--same-work")) => {
-            let flag = flag.to_string();
-            args.remove(0);
-            flag
-        }
+        Some("--set" | "--same-work") => args.remove(0),
         _ => String::new(),
     };
     let [threads, dir] = &args[..] else {

@@ -594,9 +594,7 @@ impl State {
 
     /// Writes the queued rows and waits until every row recorded so far is written.
     pub fn commit(&mut self) {
-        if self.writer.uncommitted || !self.pending.is_empty() {
-            self.hand_over(true);
-        }
+        self.hand_over(true);
         self.collect(true);
     }
 
@@ -623,10 +621,7 @@ impl State {
             commit,
         };
         match &self.writer.rows {
-            Some(tx) if tx.send(batch).is_ok() => {
-                self.writer.in_flight += 1;
-                self.writer.uncommitted = !commit;
-            }
+            Some(tx) if tx.send(batch).is_ok() => self.writer.in_flight += 1,
             _ => self.fail(writer_gone()),
         }
     }
@@ -819,8 +814,6 @@ struct Writer {
     results: Receiver<rusqlite::Result<()>>,
     /// Batches sent and not yet reported on.
     in_flight: usize,
-    /// Rows were sent since the last word to commit.
-    uncommitted: bool,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -843,7 +836,6 @@ impl Writer {
             rows: Some(rows),
             results,
             in_flight: 0,
-            uncommitted: false,
             thread: Some(thread),
         })
     }
