@@ -81,9 +81,10 @@ pub struct ReadOptions<'a> {
     /// The file is on a spinning disk: read what is cached freely, but take this gate
     /// before the first read that would have to wait for the disk.
     pub gate: Option<&'a Gate>,
-    /// Watch for data that is not cached: the first read of the file goes to the page cache
-    /// alone (`RWF_NOWAIT`, the read that was to be made anyway), and meets this when it
-    /// would have had to wait for the device.
+    /// Watch for data that is not cached: reads go to the page cache alone (`RWF_NOWAIT`,
+    /// the reads that were to be made anyway) until one would have had to wait for the
+    /// device, which meets this. Not the first read only: the kernel's read-ahead (8 MiB on
+    /// a virtio disk) may have brought in the start of a file whose rest is cold.
     pub cold: Option<&'a Cold>,
 }
 
@@ -312,7 +313,7 @@ impl ChunkReader<'_, '_> {
             if self.cancel.load(Ordering::Relaxed) {
                 return Err(HashError::Interrupted);
             }
-            let watching = self.opts.cold.is_some() && self.total == 0;
+            let watching = self.opts.cold.is_some();
             if self.pass.is_none() && (self.opts.gate.is_some() || watching) {
                 match sys::read_cached(self.file, buf, self.total) {
                     Some(Ok(n)) if n > 0 || self.total >= self.size => return Ok(self.advance(n)),
