@@ -338,6 +338,7 @@ pub fn run_from(
     let (cold, woken) = Cold::new();
     let cold = &cold;
     let open_files = &Arc::new(OpenFiles::new());
+    let slots = &Slots::new(threads);
     // Dropped when the walk ends (or its thread fails): readers still asleep then go home.
     let (walked_tx, walked_rx) = bounded::<()>(0);
 
@@ -384,7 +385,7 @@ pub fn run_from(
             });
         }
         drop((ahead_tx, woken, walked_rx));
-        for _ in 0..threads {
+        for _ in 0..threads + slots.spare {
             let mut inbox = Inbox {
                 ahead: Some(ahead_rx.clone()),
                 jobs: Some(job_rx.clone()),
@@ -393,8 +394,14 @@ pub fn run_from(
             let open_files = open_files.clone();
             s.spawn(move || {
                 let mut worker = Worker::new(config, cancel, progress, gates, cold, open_files);
-                while let Some((seq, batch)) = inbox.next() {
-                    let reports = worker.batch(batch, anchors);
+                loop {
+                    // The slot first: a worker holding a batch it cannot start would keep
+                    // the output, and with it the walk, waiting.
+                    let slot = slots.take();
+                    let Some((seq, batch)) = inbox.next() else {
+                        break;
+                    };
+                    let reports = worker.batch(batch, anchors, slot);
                     if done_tx.send((seq, reports)).is_err() {
                         break;
                     }
@@ -445,6 +452,84 @@ pub fn run_from(
         }
         walked
     })
+}
+
+/// The right to hash: `threads` workers at a time, while spare workers wait. SHA-256 of one
+/// file runs on one core, so a few large files on as many cores end with one of them hashed
+/// alone (five of 800 MiB on two cores: three files' time for two and a half files' work);
+/// a worker about to hash a large file hands its slot on to a spare one, and the large files
+/// share the cores until they are done. Only where the workers are as many as the cores: a
+/// run asked for fewer threads (`--threads`, background) uses no more cores than that.
+pub(crate) struct Slots {
+    free: Receiver<()>,
+    back: Sender<()>,
+    /// Workers beyond `threads`.
+    spare: usize,
+    /// Large files being hashed by workers that lent their slot.
+    lent: AtomicUsize,
+}
+
+impl Slots {
+    fn new(threads: usize) -> Slots {
+        let (back, free) = bounded(threads);
+        for _ in 0..threads {
+            back.send(()).expect("room for every slot");
+        }
+        // Up to three large files per core at once: five of 800 MiB on two cores all run.
+        let spare = if threads >= cores() { 2 * threads } else { 0 };
+        Slots {
+            free,
+            back,
+            spare,
+            lent: AtomicUsize::new(0),
+        }
+    }
+
+    /// Waits for a slot.
+    fn take(&self) -> Slot<'_> {
+        let _ = self.free.recv();
+        Slot(Some(self))
+    }
+}
+
+/// A slot of [`Slots`], given back when dropped or lent.
+pub(crate) struct Slot<'s>(Option<&'s Slots>);
+
+impl<'s> Slot<'s> {
+    /// Hands the slot on to a spare worker, if there are any, for the rest of the batch,
+    /// to hash a large file meanwhile.
+    pub(crate) fn lend(&mut self) -> Option<Lent<'s>> {
+        let slots = self.0.take_if(|slots| slots.spare > 0)?;
+        give_back(slots);
+        slots.lent.fetch_add(1, Ordering::Relaxed);
+        Some(Lent(slots))
+    }
+}
+
+/// A large file hashed by a worker that lent its slot, counted while it lives.
+pub(crate) struct Lent<'s>(&'s Slots);
+
+impl<'s> Lent<'s> {
+    /// The number of large files being hashed so (see `ReadOptions::crowd`).
+    pub(crate) fn crowd(&self) -> &'s AtomicUsize {
+        &self.0.lent
+    }
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        self.0.lent.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn give_back(slots: &Slots) {
+    let _ = slots.back.try_send(());
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.take().map(give_back);
+    }
 }
 
 /// What a worker takes batches from: what the readers opened first, and the walk's batches

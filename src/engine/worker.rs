@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use super::outcome::{Action, FileError, FileReport};
-use super::{Config, Held, OpenFile, OpenFiles, Progress, Work};
+use super::{Config, Held, Lent, OpenFile, OpenFiles, Progress, Slot, Work};
 use crate::core::classify::{self, SinceDamage, Status};
 use crate::core::digest::{Algo, Digest};
 use crate::core::tag::{self, Damage, Format, Tag, Timestamp};
@@ -142,6 +142,8 @@ pub(super) struct Worker<'a> {
     bufs: [AlignedBuf; 2],
     /// Counts the files left open for the sink.
     open_files: Arc<OpenFiles>,
+    /// The right to hash, for the batch at hand; lent on for a large file.
+    slot: Option<Slot<'a>>,
 }
 
 /// Why reading a file gave no digest.
@@ -217,17 +219,30 @@ impl<'a> Worker<'a> {
                 AlignedBuf::new(hash::BUF_SIZE),
             ],
             open_files,
+            slot: None,
         }
     }
 }
 
 // Both sides of an Outcome carry a report: boxing the error side would only add an allocation.
 #[allow(clippy::result_large_err)]
-impl Worker<'_> {
+impl<'a> Worker<'a> {
     /// The reports for a batch of what the walk found, in its order. Files opened ahead on a
     /// disk that seeks are read in the order they lie on it, by this worker alone (it holds
     /// the disk's gate for the batch): a sweep instead of seeks between files.
     pub(super) fn batch(
+        &mut self,
+        batch: Vec<(Entry, Option<io::Result<Opened>>)>,
+        anchors: &[Anchor],
+        slot: Slot<'a>,
+    ) -> Vec<Option<FileReport>> {
+        self.slot = Some(slot);
+        let reports = self.batch_in_slot(batch, anchors);
+        self.slot = None;
+        reports
+    }
+
+    fn batch_in_slot(
         &mut self,
         batch: Vec<(Entry, Option<io::Result<Opened>>)>,
         anchors: &[Anchor],
@@ -815,13 +830,14 @@ impl Worker<'_> {
         let gate = closed_gate(&self.gate, self.holding, before.dev);
         // A background scrub has no readers to wake.
         let cold = (!self.cold.met() && !self.config.drop_cache).then_some(self.cold);
-        let opts = ReadOptions {
+        let mut opts = ReadOptions {
             // With O_DIRECT nothing enters the cache, and dropping would evict what the user
             // had cached.
             drop_cache: self.config.drop_cache && !crate::fs::sys::is_direct(file),
             map: !self.config.drop_cache,
             gate: gate.map(|g| &**g),
             cold,
+            crowd: None,
         };
         // A write in the same clock tick as a file's last change would not move its ctime.
         // So a file changed moments ago is left until that tick has passed, then looked at
@@ -836,6 +852,13 @@ impl Worker<'_> {
                 return Err(NoDigest::Changed(change));
             }
         }
+        // A large file (the last of its batch: a batch closes at BATCH_BYTES) is hashed on
+        // one core for long, beside as many others as there are spare workers. A lender does
+        // not take a slot back, so never waits for one: not even holding a disk's gate.
+        let lent = hash::one_core_for_long(algos, before.size, opts)
+            .then(|| self.slot.as_mut().and_then(Slot::lend))
+            .flatten();
+        opts.crowd = lent.as_ref().map(Lent::crowd);
         let (digests, n) = hash::hash_file(
             file,
             algos,

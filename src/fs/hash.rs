@@ -3,12 +3,13 @@
 //! Reading is where the time goes, so the loop reads into one page-aligned buffer per worker
 //! (an unaligned destination makes the kernel's page-cache copy several times slower) and
 //! never allocates per file. Large files are read by a second thread while the first hashes,
-//! or, for BLAKE3 (which hashes on every core), through memory maps ([`crate::fs::mapped`]).
+//! or, where every core hashes (BLAKE3 of one file, SHA-256 of several at once), through
+//! memory maps ([`crate::fs::mapped`]).
 
 use std::alloc::Layout;
 use std::fs::File;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crate::core::digest::{Algo, Digest, Hasher};
 use crate::fs::device::{Cold, Gate, Pass};
@@ -86,6 +87,13 @@ pub struct ReadOptions<'a> {
     /// device, which meets this. Not the first read only: the kernel's read-ahead (8 MiB on
     /// a virtio disk) may have brought in the start of a file whose rest is cold.
     pub cold: Option<&'a Cold>,
+    /// The number of large files being hashed at once, this one among them. While there are
+    /// others, every core hashes, and copying out of the page cache takes time from hashing
+    /// where a map's page tables cost little (five 800 MiB files on two cores: 1.84 s read,
+    /// 1.60 s mapped). Alone, the copy runs on a core that would otherwise idle, and a map
+    /// only adds its page-table fill (4% on one file in 4 KiB pages, nothing where the page
+    /// cache holds 2 MiB folios).
+    pub crowd: Option<&'a AtomicUsize>,
 }
 
 /// Why hashing stopped early.
@@ -140,21 +148,59 @@ pub fn hash_file(
         while let n @ 1.. = reader.next(buf)? {
             feed(&buf[..n]);
         }
-    } else if !maps(algos, opts) || !mapped(&mut reader, &mut feed)? {
-        overlapped(&mut reader, bufs, feed)?;
+    } else {
+        // Read until maps pay (from the start for BLAKE3, once crowded for SHA-256), then
+        // map; where a map cannot be made, read the rest.
+        let mut may_map = opts.map;
+        loop {
+            if may_map && maps(algos, opts) {
+                let window = match all_cores(algos, opts) {
+                    true => mapped::WINDOW,
+                    false => ONE_CORE_WINDOW,
+                };
+                if mapped(&mut reader, &mut feed, window)? {
+                    break;
+                }
+                may_map = false;
+            }
+            if overlapped(&mut reader, bufs, &mut feed, || {
+                may_map && maps(algos, opts)
+            })? {
+                break;
+            }
+        }
     }
     reader.finish();
     let total = reader.total;
     Ok((hashers.into_iter().map(Hasher::finalize).collect(), total))
 }
 
-/// Whether a large file is hashed through maps. Only BLAKE3's: it spreads a window over
-/// every core, where copying out of the page cache would cost as much as the hashing.
-/// SHA-256 hashes on one core while the reader thread copies on another, so the copy is free
-/// and a map's page-table fill and unmapping are not (measured on one 2 GiB file: 0.95x
-/// `openssl speed` one core through 4 MiB maps, 1.00x with reads, and 10 MiB RSS).
+/// Whether a large file is hashed through maps: BLAKE3's, which spreads a window over every
+/// core, where copying out of the page cache would cost as much as the hashing; SHA-256's
+/// only when crowded. Alone, SHA-256 hashes on one core while the reader thread copies on
+/// another, so the copy is free and a map's page-table fill and unmapping are not (measured
+/// on one 2 GiB file: 0.95x `openssl speed` one core through 4 MiB maps, 1.00x with reads,
+/// and 10 MiB RSS).
 fn maps(algos: &[Algo], opts: ReadOptions<'_>) -> bool {
+    let crowded = opts.crowd.is_some_and(|n| n.load(Ordering::Relaxed) > 1);
+    opts.map && (all_cores(algos, opts) || crowded)
+}
+
+/// The maps of a file hashed on one core, which needs no window to spread: mapped pages
+/// count in RSS, and several such files are hashed at once (five 800 MiB files on two
+/// cores: 1.75 s and 29 MiB in 2 MiB windows, 1.69 s and 50 MiB in 4 MiB, 1.70 s and 91 MiB
+/// in 8 MiB).
+const ONE_CORE_WINDOW: usize = 4 << 20;
+
+/// Whether hashing a large file spreads over every core.
+fn all_cores(algos: &[Algo], opts: ReadOptions<'_>) -> bool {
     opts.map && algos.contains(&Algo::Blake3)
+}
+
+/// Whether hashing a file of `size` keeps one core, and only one, busy for long (tens of
+/// milliseconds): SHA-256 of a large file, which cannot be split.
+pub fn one_core_for_long(algos: &[Algo], size: u64, opts: ReadOptions<'_>) -> bool {
+    size >= 2 * OVERLAP_MIN && !all_cores(algos, opts)
 }
 
 /// Hashes through memory maps, a window of at most [`mapped::WINDOW`] bytes at a time, without copying
@@ -164,10 +210,11 @@ fn maps(algos: &[Algo], opts: ReadOptions<'_>) -> bool {
 fn mapped(
     reader: &mut ChunkReader<'_, '_>,
     feed: &mut impl FnMut(&[u8]),
+    most: usize,
 ) -> Result<bool, HashError> {
     let (file, size, gated) = (reader.file, reader.size, reader.opts.gate.is_some());
     let watch = reader.opts.cold.is_some();
-    let window = |offset: u64| (size - offset).min(mapped::WINDOW as u64) as usize;
+    let window = |offset: u64| (size - offset).min(most as u64) as usize;
     // The next window is mapped and populated by a helper thread while this one is hashed:
     // filling page tables is one thread's work, which would otherwise leave the hashing
     // cores idle between windows.
@@ -256,12 +303,14 @@ fn first_read_error(file: &File, offset: u64, len: usize) -> Option<io::Error> {
 }
 
 /// Double buffering: a scoped reader thread fills one buffer while the caller hashes the
-/// other; the buffers travel between the two over channels.
+/// other; the buffers travel between the two over channels. Returns whether the file was
+/// read to its end: false if `stop` said so first (after what was read is hashed).
 fn overlapped(
     reader: &mut ChunkReader<'_, '_>,
     bufs: &mut [AlignedBuf; 2],
-    mut feed: impl FnMut(&[u8]),
-) -> Result<(), HashError> {
+    feed: &mut impl FnMut(&[u8]),
+    stop: impl Fn() -> bool,
+) -> Result<bool, HashError> {
     let (free_tx, free_rx) = crossbeam_channel::bounded::<&mut AlignedBuf>(2);
     let (full_tx, full_rx) =
         crossbeam_channel::bounded::<Result<(&mut AlignedBuf, usize), HashError>>(2);
@@ -278,16 +327,23 @@ fn overlapped(
                 }
             }
         });
+        let mut free_tx = Some(free_tx);
         for chunk in &full_rx {
             let (buf, n) = chunk?;
             if n == 0 {
-                break;
+                return Ok(true);
             }
             feed(&buf.as_mut_slice()[..n]);
+            // Stopped, the reader ends after the read in its hands, which is hashed next.
+            if stop() {
+                free_tx = None;
+            }
             // The reader may already have stopped on an error it sent; that error is next.
-            let _ = free_tx.send(buf);
+            if let Some(free) = &free_tx {
+                let _ = free.send(buf);
+            }
         }
-        Ok(())
+        Ok(free_tx.is_some())
     })
 }
 
@@ -388,6 +444,36 @@ mod tests {
     }
 
     #[test]
+    fn reading_then_mapping_the_rest_hashes_the_whole_file_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let data: Vec<u8> = (0..20 * BUF_SIZE).map(|i| (i ^ (i >> 13)) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let file = File::open(&path).unwrap();
+        let mut bufs = [AlignedBuf::new(BUF_SIZE), AlignedBuf::new(BUF_SIZE)];
+        let cancel = AtomicBool::new(false);
+        let mut reader = ChunkReader {
+            file: &file,
+            opts: ReadOptions::default(),
+            cancel: &cancel,
+            size: data.len() as u64,
+            total: 0,
+            dropped: 0,
+            pass: None,
+        };
+        let mut hasher = Hasher::new(Algo::Sha256);
+        let mut feed = |chunk: &[u8]| hasher.update(chunk);
+        // Told to stop at the first chunk: the read in the reader's hands is hashed too.
+        assert!(!overlapped(&mut reader, &mut bufs, &mut feed, || true).unwrap());
+        let switched_at = reader.total;
+        assert!(switched_at > 0 && switched_at < data.len() as u64);
+        assert_eq!(switched_at % BUF_SIZE as u64, 0);
+        assert!(mapped(&mut reader, &mut feed, ONE_CORE_WINDOW).unwrap());
+        assert_eq!(reader.total, data.len() as u64);
+        assert_eq!(hasher.finalize(), digest_bytes(Algo::Sha256, &data));
+    }
+
+    #[test]
     fn cached_data_never_waits_at_the_gate() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
@@ -408,6 +494,7 @@ mod tests {
                 map: true,
                 gate: Some(&gate),
                 cold: None,
+                crowd: None,
             },
             &AtomicBool::new(false),
             &AtomicU64::new(0),
@@ -422,11 +509,19 @@ mod tests {
     fn only_a_read_that_waits_for_the_device_meets_cold_data() {
         let dir = tempfile::tempdir().unwrap();
         let mut bufs = [AlignedBuf::new(BUF_SIZE), AlignedBuf::new(BUF_SIZE)];
-        // Small files read into the buffer; large ones are read ahead (SHA-256) or go
-        // through maps (BLAKE3).
-        let cases = [Algo::Sha256, Algo::Blake3].map(|a| [(a, 3 * BUF_SIZE), (a, 9 * BUF_SIZE)]);
-        for (algo, len) in cases.into_iter().flatten() {
-            let path = dir.path().join(format!("f{len}{algo:?}"));
+        // Small files read into the buffer; large ones are read ahead (SHA-256 alone) or go
+        // through maps (BLAKE3, SHA-256 crowded).
+        let crowd = AtomicUsize::new(2);
+        let cases = [
+            (Algo::Sha256, None),
+            (Algo::Sha256, Some(&crowd)),
+            (Algo::Blake3, None),
+        ]
+        .map(|(a, c)| [(a, c, 3 * BUF_SIZE), (a, c, 9 * BUF_SIZE)]);
+        for (algo, crowd, len) in cases.into_iter().flatten() {
+            let path = dir
+                .path()
+                .join(format!("f{len}{algo:?}{}", crowd.is_some()));
             std::fs::write(&path, vec![5u8; len]).unwrap();
             let file = File::open(&path).unwrap();
             file.sync_all().unwrap();
@@ -439,6 +534,7 @@ mod tests {
                     ReadOptions {
                         map: true,
                         cold: Some(cold),
+                        crowd,
                         ..ReadOptions::default()
                     },
                     &AtomicBool::new(false),
@@ -517,6 +613,7 @@ mod tests {
                         map: !drop_cache,
                         gate: None,
                         cold: None,
+                        crowd: None,
                     },
                     &AtomicBool::new(false),
                     &done,

@@ -371,3 +371,41 @@ fn an_edit_in_the_second_a_file_was_tagged_is_not_corruption_on_whole_second_tim
         assert_eq!(j.files[0]["status"], "modified", "round {round}");
     }
 }
+
+#[test]
+fn large_files_hashed_side_by_side_keep_their_own_verdicts_in_walk_order() {
+    // Large enough that each worker lends its slot on and SHA-256 goes from reading to
+    // mapping once the others crowd in; small files between them take the slots lent.
+    let t = Tree::new();
+    for i in 0..5u64 {
+        t.write(format!("d/{i}-large"), data(17 << 20, i));
+        t.write(format!("d/{i}-small"), data(5_000, 10 + i));
+    }
+    intact!("tag", t.root()).expect_code(0);
+    flip_byte(&t.path("d/3-large"), (17 << 20) - 5);
+    flip_byte(&t.path("d/1-small"), 10);
+    let paths = |j: &Json| -> Vec<String> {
+        j.files
+            .iter()
+            .map(|f| f["path"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let one = intact!("check", "--json", "--no-state", "--threads", "1", t.root())
+        .expect_code(1)
+        .json();
+    let j = intact!("check", "--json", "--no-state", t.root())
+        .expect_code(1)
+        .json();
+    assert_eq!(paths(&j), paths(&one), "the output order is the walk's");
+    assert_eq!(j.status("3-large"), "corrupt");
+    assert_eq!(j.status("1-small"), "corrupt");
+    assert_eq!(j.count("ok"), 8);
+    for f in &j.files {
+        let name = f["path"].as_str().unwrap();
+        let same = one.files.iter().find(|o| o["path"] == f["path"]).unwrap();
+        assert_eq!(
+            f["actual"], same["actual"],
+            "{name}: the digest of its own bytes"
+        );
+    }
+}
