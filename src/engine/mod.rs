@@ -496,6 +496,14 @@ impl Slots {
 pub(crate) struct Slot<'s>(Option<&'s Slots>);
 
 impl<'s> Slot<'s> {
+    /// The number of large files hashed by workers that lent their slot (see
+    /// `ReadOptions::crowd`); `None` without spare workers, where no slot is lent.
+    pub(crate) fn crowd(&self) -> Option<&'s AtomicUsize> {
+        self.0
+            .filter(|slots| slots.spare > 0)
+            .map(|slots| &slots.lent)
+    }
+
     /// Hands the slot on to a spare worker, if there are any, for the rest of the batch,
     /// to hash a large file meanwhile.
     pub(crate) fn lend(&mut self) -> Option<Lent<'s>> {
@@ -508,13 +516,6 @@ impl<'s> Slot<'s> {
 
 /// A large file hashed by a worker that lent its slot, counted while it lives.
 pub(crate) struct Lent<'s>(&'s Slots);
-
-impl<'s> Lent<'s> {
-    /// The number of large files being hashed so (see `ReadOptions::crowd`).
-    pub(crate) fn crowd(&self) -> &'s AtomicUsize {
-        &self.0.lent
-    }
-}
 
 impl Drop for Lent<'_> {
     fn drop(&mut self) {

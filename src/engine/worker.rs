@@ -4,11 +4,11 @@
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 
 use super::outcome::{Action, FileError, FileReport};
-use super::{Config, Held, Lent, OpenFile, OpenFiles, Progress, Slot, Work};
+use super::{Config, Held, OpenFile, OpenFiles, Progress, Slot, Work};
 use crate::core::classify::{self, SinceDamage, Status};
 use crate::core::digest::{Algo, Digest};
 use crate::core::tag::{self, Damage, Format, Tag, Timestamp};
@@ -838,6 +838,7 @@ impl<'a> Worker<'a> {
             gate: gate.map(|g| &**g),
             cold,
             crowd: None,
+            lend: None,
         };
         // A write in the same clock tick as a file's last change would not move its ctime.
         // So a file changed moments ago is left until that tick has passed, then looked at
@@ -852,14 +853,22 @@ impl<'a> Worker<'a> {
                 return Err(NoDigest::Changed(change));
             }
         }
-        // A large file (the last of its batch: a batch closes at BATCH_BYTES) is hashed on
-        // one core for long, beside as many others as there are spare workers. A lender does
-        // not take a slot back, so never waits for one: not even holding a disk's gate.
-        let lent = hash::one_core_for_long(algos, before.size, opts)
-            .then(|| self.slot.as_mut().and_then(Slot::lend))
-            .flatten();
-        opts.crowd = lent.as_ref().map(Lent::crowd);
-        let (digests, n) = hash::hash_file(
+        // A large file (the last of its batch: a batch closes at BATCH_BYTES) hashed on one
+        // core lends its slot, and takes none back, so never waits for one: not even
+        // holding a disk's gate.
+        let crowd = self.slot.as_ref().and_then(Slot::crowd);
+        // (Called on the hashing thread, held by the reader's too: hence the locks.)
+        let slot = Mutex::new(self.slot.take());
+        let lent = Mutex::new(None);
+        let lend = || {
+            let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(l) = slot.as_mut().and_then(Slot::lend) {
+                *lent.lock().unwrap_or_else(|e| e.into_inner()) = Some(l);
+            }
+        };
+        opts.crowd = crowd;
+        opts.lend = Some(&lend);
+        let hashed = hash::hash_file(
             file,
             algos,
             &mut self.bufs,
@@ -867,8 +876,10 @@ impl<'a> Worker<'a> {
             opts,
             self.cancel,
             &self.progress.bytes,
-        )
-        .map_err(|e| match e {
+        );
+        self.slot = slot.into_inner().unwrap_or_else(|e| e.into_inner());
+        drop(lent);
+        let (digests, n) = hashed.map_err(|e| match e {
             HashError::Interrupted => NoDigest::Interrupted,
             HashError::Io(e) => NoDigest::Failed(FileError::Read(e)),
         })?;
