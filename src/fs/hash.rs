@@ -493,6 +493,22 @@ mod tests {
         assert_eq!(hasher.finalize(), digest_bytes(Algo::Sha256, &data));
     }
 
+    /// Drops the (written back) pages of `file`, so that the next read has to wait for the
+    /// device; false where the file system keeps them (tmpfs: nothing to test there). CI's
+    /// disk drops them: a skip there would land untested code.
+    fn dropped(file: &File, len: usize) -> bool {
+        sys::drop_pages(file, 0, len as u64);
+        if sys::read_cached(file, &mut [0u8], 0).is_none() {
+            return true;
+        }
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "pages not dropped under CI"
+        );
+        eprintln!("SKIPPED: pages not dropped here: cold reads not tested");
+        false
+    }
+
     #[test]
     fn a_large_file_lends_its_slot_once_read_warm_and_never_for_cold_data() {
         let dir = tempfile::tempdir().unwrap();
@@ -527,13 +543,7 @@ mod tests {
             0,
             "BLAKE3 spreads over every core itself"
         );
-        sys::drop_pages(&file, 0, len as u64);
-        if sys::read_cached(&file, &mut [0u8], 0).is_some() {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "pages not dropped under CI"
-            );
-            eprintln!("SKIPPED: pages not dropped here: cold reads not tested");
+        if !dropped(&file, len) {
             return;
         }
         let (cold, _woken) = Cold::new();
@@ -622,16 +632,7 @@ mod tests {
                 "cached data met as cold ({len} bytes, {algo:?})"
             );
             assert!(woken.try_recv().is_err(), "woken for nothing");
-            // Written back and dropped: the next read has to wait for the device, where the
-            // file system lets clean pages go (tmpfs keeps them: nothing to test there).
-            sys::drop_pages(&file, 0, len as u64);
-            if sys::read_cached(&file, &mut [0u8], 0).is_some() {
-                // CI's disk drops them: a skip there would land untested code.
-                assert!(
-                    std::env::var_os("CI").is_none(),
-                    "pages not dropped under CI"
-                );
-                eprintln!("SKIPPED: pages not dropped here: cold reads not tested");
+            if !dropped(&file, len) {
                 return;
             }
             let (cold, woken) = Cold::new();
