@@ -210,6 +210,10 @@ const WINDOW: usize = 64;
 /// fill the queue of an SSD, NVMe or virtio disk (measured on virtio: 16 parallel readers
 /// reach its speed on 256 KiB files, 4 do not).
 const READERS: usize = 16;
+/// A reader's stack: it opens, stats and reads into a buffer of its own, and sixteen of the
+/// default 2 MiB counted 32 MiB against a data limit (`ulimit -d`), which the spare workers
+/// (see [`Slots`]) then broke at 64 MiB.
+const READER_STACK: usize = 256 << 10;
 
 /// Files held open beyond the thread that opened them at once (read ahead for the workers,
 /// or left open for the sink): half of what the process may open (the workers, the walk,
@@ -356,7 +360,8 @@ pub fn run_from(
         for _ in 0..READERS {
             let (job_rx, ahead_tx) = (job_rx.clone(), ahead_tx.clone());
             let (woken, walked_rx) = (woken.clone(), walked_rx.clone());
-            s.spawn(move || {
+            let reader = std::thread::Builder::new().stack_size(READER_STACK);
+            let spawned = reader.spawn_scoped(s, move || {
                 select! {
                     recv(woken) -> _ => {},
                     recv(walked_rx) -> _ => {},
@@ -383,6 +388,7 @@ pub fn run_from(
                     }
                 }
             });
+            spawned.expect("spawning a reader");
         }
         drop((ahead_tx, woken, walked_rx));
         for _ in 0..threads + slots.spare {
