@@ -402,12 +402,14 @@ pub fn run_from(
                 let mut worker = Worker::new(config, cancel, progress, gates, cold, open_files);
                 loop {
                     // The slot first: a worker holding a batch it cannot start would keep
-                    // the output, and with it the walk, waiting.
-                    let slot = slots.take();
+                    // the output, and with it the walk, waiting. It keeps its slot from one
+                    // batch to the next until it lends it: passing it on at every batch woke
+                    // a waiting spare each time (2,000 files of 256 KiB: 4% slower).
+                    worker.hold(slots);
                     let Some((seq, batch)) = inbox.next() else {
                         break;
                     };
-                    let reports = worker.batch(batch, anchors, slot);
+                    let reports = worker.batch(batch, anchors);
                     if done_tx.send((seq, reports)).is_err() {
                         break;
                     }
@@ -502,6 +504,11 @@ impl Slots {
 pub(crate) struct Slot<'s>(Option<&'s Slots>);
 
 impl<'s> Slot<'s> {
+    /// Whether it is still this worker's (not lent).
+    pub(crate) fn held(&self) -> bool {
+        self.0.is_some()
+    }
+
     /// The number of large files hashed by workers that lent their slot (see
     /// `ReadOptions::crowd`); `None` without spare workers, where no slot is lent.
     pub(crate) fn crowd(&self) -> Option<&'s AtomicUsize> {

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use super::outcome::{Action, FileError, FileReport};
-use super::{Config, Held, OpenFile, OpenFiles, Progress, Slot, Work};
+use super::{Config, Held, OpenFile, OpenFiles, Progress, Slot, Slots, Work};
 use crate::core::classify::{self, SinceDamage, Status};
 use crate::core::digest::{Algo, Digest};
 use crate::core::tag::{self, Damage, Format, Tag, Timestamp};
@@ -142,7 +142,7 @@ pub(super) struct Worker<'a> {
     bufs: [AlignedBuf; 2],
     /// Counts the files left open for the sink.
     open_files: Arc<OpenFiles>,
-    /// The right to hash, for the batch at hand; lent on for a large file.
+    /// The right to hash, kept from batch to batch; lent on for a large file.
     slot: Option<Slot<'a>>,
 }
 
@@ -227,22 +227,17 @@ impl<'a> Worker<'a> {
 // Both sides of an Outcome carry a report: boxing the error side would only add an allocation.
 #[allow(clippy::result_large_err)]
 impl<'a> Worker<'a> {
+    /// Waits for a slot of `slots`, unless it holds one (see [`Slots`]).
+    pub(super) fn hold(&mut self, slots: &'a Slots) {
+        if !self.slot.as_ref().is_some_and(Slot::held) {
+            self.slot = Some(slots.take());
+        }
+    }
+
     /// The reports for a batch of what the walk found, in its order. Files opened ahead on a
     /// disk that seeks are read in the order they lie on it, by this worker alone (it holds
     /// the disk's gate for the batch): a sweep instead of seeks between files.
     pub(super) fn batch(
-        &mut self,
-        batch: Vec<(Entry, Option<io::Result<Opened>>)>,
-        anchors: &[Anchor],
-        slot: Slot<'a>,
-    ) -> Vec<Option<FileReport>> {
-        self.slot = Some(slot);
-        let reports = self.batch_in_slot(batch, anchors);
-        self.slot = None;
-        reports
-    }
-
-    fn batch_in_slot(
         &mut self,
         batch: Vec<(Entry, Option<io::Result<Opened>>)>,
         anchors: &[Anchor],
