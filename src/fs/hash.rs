@@ -95,9 +95,10 @@ pub struct ReadOptions<'a> {
     /// cache holds 2 MiB folios).
     pub crowd: Option<&'a AtomicUsize>,
     /// Called once a large file hashed on one core (SHA-256) is seen coming from the page
-    /// cache: its worker hands its slot on, so that other large files share the cores with it
-    /// (see `engine::Slots`). Not for cold data, which comes at the disk's pace, not the
-    /// cores' (five cold 800 MiB files on this VM's disk: 4.1 s with it, 3.3 s without).
+    /// cache (its first 8 MiB): its worker hands its slot on, so that other large files share
+    /// the cores with it (see `engine::Slots`). Not for cold data, which comes at the disk's
+    /// pace, not the cores' (five cold 800 MiB files on this VM's disk: 4.1 s with it, 3.3 s
+    /// without).
     pub lend: Option<&'a (dyn Fn() + Sync)>,
 }
 
@@ -157,24 +158,32 @@ pub fn hash_file(
         // Read until maps pay (from the start for BLAKE3, once crowded for SHA-256), then
         // map; where a map cannot be made, read the rest.
         let mut may_map = opts.map;
-        let lent = std::cell::Cell::new(false);
-        let share = || {
+        // Once the first OVERLAP_MIN came warm: a file's first chunks may be cached by the
+        // kernel's read-ahead (started by a look at whether it is cached) while the rest is
+        // cold, and cold data comes at the disk's pace, which sharing does not help.
+        // Crowded, it lends at once: it goes on through maps, past the chunks counted here.
+        let (chunks, lent) = (std::cell::Cell::new(0), std::cell::Cell::new(false));
+        let share = |crowded: bool| {
+            chunks.set(chunks.get() + 1);
             let long = size >= 2 * OVERLAP_MIN && !all_cores(algos, opts);
-            if long && warm(opts) && !lent.replace(true) {
+            let due = crowded || chunks.get() >= OVERLAP_MIN / BUF_SIZE as u64;
+            if long && due && warm(opts) && !lent.replace(true) {
                 opts.lend.inspect(|lend| lend());
             }
         };
         loop {
             if may_map && maps(algos, opts) {
+                share(true);
                 if mapped(&mut reader, &mut feed, all_cores(algos, opts))? {
                     break;
                 }
                 may_map = false;
             }
-            // After each chunk: the first one read warm lends the slot; once crowded, map.
+            // After each chunk: lend the slot once read warm for long enough; once crowded, map.
             if overlapped(&mut reader, bufs, &mut feed, || {
-                share();
-                may_map && maps(algos, opts)
+                let crowded = may_map && maps(algos, opts);
+                share(crowded);
+                crowded
             })? {
                 break;
             }
