@@ -162,13 +162,15 @@ pub fn hash_file(
         // kernel's read-ahead (started by a look at whether it is cached) while the rest is
         // cold, and cold data comes at the disk's pace, which sharing does not help.
         // Crowded, it lends at once: it goes on through maps, past the chunks counted here.
+        let lend = opts
+            .lend
+            .filter(|_| size >= 2 * OVERLAP_MIN && !all_cores(algos, opts));
         let (chunks, lent) = (std::cell::Cell::new(0), std::cell::Cell::new(false));
         let share = |crowded: bool| {
             chunks.set(chunks.get() + 1);
-            let long = size >= 2 * OVERLAP_MIN && !all_cores(algos, opts);
             let due = crowded || chunks.get() >= OVERLAP_MIN / BUF_SIZE as u64;
-            if long && due && warm(opts) && !lent.replace(true) {
-                opts.lend.inspect(|lend| lend());
+            if let Some(lend) = lend.filter(|_| due && warm(opts) && !lent.replace(true)) {
+                lend();
             }
         };
         loop {
