@@ -222,7 +222,9 @@ impl Batch {
 /// No name ever holds bytes before they are durable.
 #[derive(Default)]
 pub struct Syncs {
-    /// Each file system synced (by device), and how that went.
+    /// Each file system synced (by device), and how that went (elsewhere each file is
+    /// synced on its own).
+    #[cfg(target_os = "linux")]
     filesystems: Vec<(u64, io::Result<()>)>,
     /// Each directory renamed in (device, inode).
     dirs: Vec<((u64, u64), OwnedFd)>,
