@@ -1177,7 +1177,7 @@ pub fn absolute(path: &Path) -> PathBuf {
 fn absolute_from(cwd: &Path, path: &Path) -> PathBuf {
     // The walk's paths are most often already in the form that `components` gives, or are
     // that under the working directory (`intact check photos`): building them again was
-    // most of recording a file (a fifth of recording's instructions on 20,000 files).
+    // most of recording a file (55 M of the 364 M instructions recording 20,000 cost).
     let b = path.as_os_str().as_bytes();
     let formed = !b.is_empty()
         && b != b"."
