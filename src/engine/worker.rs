@@ -852,13 +852,14 @@ impl<'a> Worker<'a> {
         // core lends its slot, and takes none back, so never waits for one: not even
         // holding a disk's gate.
         let crowd = self.slot.as_ref().and_then(Slot::crowd);
-        // (Called on the hashing thread, held by the reader's too: hence the locks.)
-        let slot = Mutex::new(self.slot.take());
-        let lent = Mutex::new(None);
+        // The slot, and once lent the count of the file lent for, while it is hashed.
+        // (Called on the hashing thread, held by the reader's too: hence the lock.)
+        let held = Mutex::new((self.slot.take(), None));
         let lend = || {
-            let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(l) = slot.as_mut().and_then(Slot::lend) {
-                *lent.lock().unwrap_or_else(|e| e.into_inner()) = Some(l);
+            let mut held = held.lock().unwrap_or_else(|e| e.into_inner());
+            let (slot, lent) = &mut *held;
+            if lent.is_none() {
+                *lent = slot.as_mut().and_then(Slot::lend);
             }
         };
         opts.crowd = crowd;
@@ -872,7 +873,8 @@ impl<'a> Worker<'a> {
             self.cancel,
             &self.progress.bytes,
         );
-        self.slot = slot.into_inner().unwrap_or_else(|e| e.into_inner());
+        let (slot, lent) = held.into_inner().unwrap_or_else(|e| e.into_inner());
+        self.slot = slot;
         drop(lent);
         let (digests, n) = hashed.map_err(|e| match e {
             HashError::Interrupted => NoDigest::Interrupted,

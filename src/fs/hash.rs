@@ -585,9 +585,7 @@ mod tests {
                 drop_cache: false,
                 map: true,
                 gate: Some(&gate),
-                cold: None,
-                crowd: None,
-                lend: None,
+                ..ReadOptions::default()
             },
             &AtomicBool::new(false),
             &AtomicU64::new(0),
@@ -695,10 +693,7 @@ mod tests {
                     ReadOptions {
                         drop_cache,
                         map: !drop_cache,
-                        gate: None,
-                        cold: None,
-                        crowd: None,
-                        lend: None,
+                        ..ReadOptions::default()
                     },
                     &AtomicBool::new(false),
                     &done,
