@@ -144,7 +144,7 @@ def bench_corpus(name, desc, files, dir, intact, runs, limits, cores):
     # check needs tags of the matching algorithm: tag before each check, then check once
     # untimed, so that the timed check is the one a nightly run makes, with the tree's rows
     # in the state database (the first check after a re-tag writes each file's row anew and
-    # drops the old one: x1.2 of that, see --scrub).
+    # drops the old one: on (d) about x1.6 the time of the next).
     samples = {k: [] for k in table}
     for _ in range(runs):
         for tool, (setup, cmd) in table.items():
