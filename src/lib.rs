@@ -14,6 +14,7 @@ pub mod engine;
 pub mod export;
 pub mod fs;
 pub mod metrics;
+pub mod notify;
 pub mod parity;
 pub mod repair;
 pub mod report;

@@ -83,6 +83,15 @@ CREATE TABLE IF NOT EXISTS {s}cycles (
     root BLOB PRIMARY KEY,      -- a scrubbed root, absolute
     started INTEGER NOT NULL    -- when its current cycle began
 );
+-- What the owner was last told of a set of trees (notifications): so that a reminder says
+-- what is new, and an all-clear follows an alarm once. Added to schema 3 as it stands (a
+-- table of its own, created on open): no migration.
+CREATE TABLE IF NOT EXISTS {s}told (
+    roots BLOB PRIMARY KEY,     -- the trees, as runs.roots
+    at INTEGER NOT NULL,        -- when
+    alarm INTEGER NOT NULL,     -- 1 an alarm or reminder, 0 an all-clear
+    items TEXT NOT NULL         -- what it told, one key a line
+);
 CREATE TABLE IF NOT EXISTS {s}lost (
     at INTEGER NOT NULL,        -- when an earlier database was found damaged and replaced
     aside BLOB,                 -- where it was moved
@@ -478,6 +487,39 @@ impl State {
             Err(e) => self.fail(e),
         }
         found
+    }
+
+    /// What the owner was last told about `roots`, if anything.
+    pub fn told(&self, roots: &[PathBuf]) -> Option<crate::notify::Told> {
+        self.conn
+            .query_row(
+                "SELECT at, alarm, items FROM told WHERE roots = ?1",
+                [roots_key(roots)],
+                |r| {
+                    let items: String = r.get(2)?;
+                    Ok(crate::notify::Told {
+                        at: r.get(0)?,
+                        alarm: r.get(1)?,
+                        keys: items.lines().map(String::from).collect(),
+                    })
+                },
+            )
+            .optional()
+            .ok()
+            .flatten()
+    }
+
+    /// Remembers that the owner was told `told` about `roots`.
+    pub fn tell(&mut self, roots: &[PathBuf], told: &crate::notify::Told) {
+        // Keys are one line each: escaped names, texts without newlines.
+        let items: Vec<String> = told.keys.iter().map(|k| k.replace('\n', " ")).collect();
+        let result = self.conn.execute(
+            "INSERT OR REPLACE INTO told (roots, at, alarm, items) VALUES (?1, ?2, ?3, ?4)",
+            params![roots_key(roots), told.at, told.alarm, items.join("\n")],
+        );
+        if let Err(e) = result {
+            self.fail(e);
+        }
     }
 
     /// When this database replaced one found damaged, if it did: what that one knew of damage
