@@ -10,7 +10,7 @@ use clap::Parser;
 
 use cli::settings::Usage;
 use cli::{ArchiveCommand, Cli, Command};
-use cmd::{archive, export, generate, protect, repair, scan, scrub, status};
+use cmd::{archive, export, generate, notify, protect, repair, scan, scrub, status};
 use intact::report::Exit;
 
 fn main() -> ExitCode {
@@ -34,6 +34,7 @@ fn main() -> ExitCode {
         Command::Protect(a) => protect::run(a),
         Command::Repair(a) => repair::run(a),
         Command::Generate(a) => generate::run(a),
+        Command::Notify(a) => notify::test(a),
     };
     let exit = outcome.unwrap_or_else(|e| {
         eprintln!("intact: error: {e:#}");

@@ -70,6 +70,32 @@ impl Metrics {
             &[("verb", verb)],
             s.removed as f64,
         );
+        self.gauge(
+            "tree_missing",
+            "Trees that vanished (none of their recorded files there) or lost many files at once.",
+            &[("verb", verb)],
+            s.vanished as f64,
+        );
+        self.gauge(
+            "files_removed_alarm",
+            "Files gone at once in such numbers that their deletion is held as an alarm, not recorded.",
+            &[("verb", verb)],
+            s.removed_alarm as f64,
+        );
+        self.gauge(
+            "run_interrupted",
+            "1 if the last run was stopped (a signal, a timeout) before it finished.",
+            &[("verb", verb)],
+            f64::from(u8::from(s.interrupted)),
+        );
+        if let Some(failed) = s.notify_failed {
+            self.gauge(
+                "notify_failed",
+                "1 if telling the owner (Apprise, sendmail, the heartbeat) failed in the last run.",
+                &[("verb", verb)],
+                f64::from(u8::from(failed)),
+            );
+        }
         self.end(verb, exit_code, end_ms);
         for st in Status::ALL {
             self.gauge(

@@ -168,6 +168,15 @@ pub struct Summary {
     pub removed: u64,
     /// Verb-specific fields of the JSON summary (a scrub's budget and cycle).
     pub extra: serde_json::Map<String, serde_json::Value>,
+    /// What is wrong, in the words a message to the owner uses.
+    pub findings: crate::notify::Findings,
+    /// Trees that vanished (none of their recorded files there), or lost so many files at
+    /// once that nothing was marked deleted: each is a failure too (exit 3).
+    pub vanished: u64,
+    /// Files whose deletion was held back as an alarm (a mass deletion, a vanished tree).
+    pub removed_alarm: u64,
+    /// Whether telling the owner failed (`None`: nobody is to be told).
+    pub notify_failed: Option<bool>,
 }
 
 impl Summary {
@@ -179,6 +188,27 @@ impl Summary {
         }
         self.bytes += r.bytes_read;
         self.malformed += r.malformed.len() as u64;
+        match r.status {
+            Status::Corrupt | Status::Mismatch if r.action != Some(Action::Accepted) => {
+                // Found before, these same bytes: since then.
+                let found = r
+                    .known_damage
+                    .filter(|k| Some(k.digest) == r.digest)
+                    .map_or_else(crate::state::now, |k| k.found.saturating_mul(1000));
+                let path = crate::state::absolute(&r.path);
+                self.findings.damaged(escape(&path), Some(found));
+            }
+            Status::Error | Status::Changed | Status::Conflict | Status::Missing => {
+                let why = r.error.as_ref().map_or_else(
+                    || r.status.name().to_string(),
+                    |e| format!("{}: {e}", r.status.name()),
+                );
+                let path = crate::state::absolute(&r.path);
+                self.findings
+                    .unverified(format!("{} ({why})", escape(&path)));
+            }
+            _ => {}
+        }
     }
 
     /// Adds another summary's counts to these.
@@ -191,6 +221,7 @@ impl Summary {
         }
         self.bytes += other.bytes;
         self.malformed += other.malformed;
+        self.findings.merge(&other.findings);
     }
 
     /// Reports with `status`.
@@ -347,6 +378,7 @@ impl<W: Write, E: Write> Reporter<W, E> {
     /// (a `"type":"damage"` object in JSON), and it counts as damage.
     pub fn outstanding(&mut self, d: &crate::state::Damaged) -> io::Result<()> {
         self.summary.outstanding += 1;
+        self.summary.findings.damaged(escape(&d.path), d.found);
         if self.style.json {
             return self.json_line("damage", d, &[("found", d.found)]);
         }
@@ -412,11 +444,26 @@ impl<W: Write, E: Write> Reporter<W, E> {
 
     /// A failure beyond single files: printed with the summary, and the exit code is 3.
     pub fn fail(&mut self, what: String) {
+        self.summary
+            .findings
+            .push(crate::notify::Problem::Failure { what: what.clone() });
+        self.summary.failures.push(what);
+    }
+
+    /// A tree that vanished, or lost `files` at once (kept as an alarm, not marked deleted):
+    /// a failure (exit 3) of its own kind.
+    pub fn vanished(&mut self, what: String, files: u64) {
+        self.summary.vanished += 1;
+        self.summary.removed_alarm += files;
+        self.summary
+            .findings
+            .push(crate::notify::Problem::Vanished { what: what.clone() });
         self.summary.failures.push(what);
     }
 
     /// Damage beyond single files: printed with the summary, and the exit code is 1.
     pub fn damaged(&mut self, what: String) {
+        self.summary.findings.damaged(what.clone(), None);
         self.summary.damage.push(what);
     }
 
@@ -468,6 +515,15 @@ impl<W: Write, E: Write> Reporter<W, E> {
             }
             for failure in &self.summary.failures {
                 writeln!(self.err, "intact: error: {failure}")?;
+            }
+            // Said even under -q, where damage's exit code 1 would hide it.
+            if self.summary.interrupted {
+                writeln!(
+                    self.err,
+                    "intact: interrupted: the {} stopped before it finished; what it did not \
+                     reach was not verified",
+                    verb.name()
+                )?;
             }
         }
         self.out.flush()?;
@@ -750,6 +806,11 @@ struct JsonSummary {
     interrupted: bool,
     damaged_outstanding: u64,
     removed: u64,
+    /// Trees that vanished or lost many files at once (nothing was marked deleted).
+    vanished: u64,
+    /// Whether telling the owner failed; absent when nobody is to be told.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    notify_failed: Option<bool>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     errors: Vec<String>,
     /// Damage beyond single files (an archive's own stream).
@@ -780,6 +841,8 @@ impl JsonSummary {
             interrupted: s.interrupted,
             damaged_outstanding: s.outstanding,
             removed: s.removed,
+            vanished: s.vanished,
+            notify_failed: s.notify_failed,
             errors: s.failures.clone(),
             damage: s.damage.clone(),
             exit_code: exit as i32,

@@ -14,14 +14,17 @@ Exit codes:
        without an mtime no longer matches (mismatch); also damage an earlier run found that
        is still there, read by this run or not; wins over every other code
   2    usage error (also an output that is not a regular file: it is never replaced)
-  3    nothing was verified under a PATH (no files, none tagged); the state database could
-       not be used, or was found damaged and rebuilt; some files could not be processed or
+  3    nothing was verified under a PATH (no files, none tagged); a tree vanished or lost
+       more than 10% (and 50) of its files at once (nothing is marked deleted: `scrub
+       --accept-removed`); the owner could not be told (--notify, --heartbeat); the state
+       database could not be used, or was found damaged and rebuilt; some files could not be processed or
        verified: unreadable, vanished, tag could not be written (no xattr support,
        permission, no space), changed while being read, tags in conflict, listed in a
        manifest but missing, unusable manifest lines, malformed tag in check, tagged with
        the other algorithm in export; a PATH that is not there; or the work itself (an
        archive, a manifest, a parity store) could not be written
-  130  interrupted (Ctrl-C, SIGTERM, SIGHUP) before the end";
+  130  interrupted (Ctrl-C, SIGTERM, SIGHUP) before the end (1 if damage is outstanding: a
+       line on stderr says it was interrupted, even with -q)";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -80,6 +83,8 @@ pub enum Command {
     /// Restore damaged files bit-exactly from archives, parity or backup trees, verified first
     #[command(after_help = REPAIR_HELP)]
     Repair(RepairArgs),
+    /// Send a test message through the notification channels (`intact notify --test`)
+    Notify(NotifyTestArgs),
     /// Write the man pages or print a shell completion script
     Generate(GenerateArgs),
 }
@@ -102,7 +107,9 @@ impl Command {
             Command::Archive(ArchiveCommand::Verify(a)) => ("verify", &a.output),
             Command::Protect(a) => ("protect", &a.common.output),
             Command::Repair(a) => ("repair", &a.common.output),
-            Command::Archive(ArchiveCommand::List(_)) | Command::Generate(_) => return None,
+            Command::Archive(ArchiveCommand::List(_))
+            | Command::Generate(_)
+            | Command::Notify(_) => return None,
         };
         output.json.then_some(verb)
     }
@@ -138,6 +145,8 @@ pub struct CheckArgs {
     #[arg(long, value_enum, default_value_t = AlgoArg::Sha256, requires = "manifest")]
     pub algo: AlgoArg,
     #[command(flatten)]
+    pub notify: NotifyArgs,
+    #[command(flatten)]
     pub state: StateArgs,
     #[command(flatten)]
     pub metrics: Metrics,
@@ -159,6 +168,8 @@ pub struct UpdateArgs {
     pub accept_corrupt: bool,
     #[command(flatten)]
     pub compat: Compat,
+    #[command(flatten)]
+    pub notify: NotifyArgs,
     #[command(flatten)]
     pub state: StateArgs,
     #[command(flatten)]
@@ -188,6 +199,13 @@ pub struct ScrubArgs {
     /// corrupt ones). Without it a scrub writes nothing to the files, as check
     #[arg(long)]
     pub update: bool,
+    /// Record the files gone from a tree even when the tree holds none of its files or
+    /// lost more than 10% (and 50) of them at once: without it that is an alarm (exit 3), in
+    /// case a disk did not mount or a folder was deleted by mistake, and nothing is recorded
+    #[arg(long)]
+    pub accept_removed: bool,
+    #[command(flatten)]
+    pub notify: NotifyArgs,
     #[command(flatten)]
     pub state: StateArgs,
     #[command(flatten)]
@@ -203,6 +221,8 @@ pub struct StatusArgs {
     /// List this many damaged files at most (all with --json)
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub damage_lines: usize,
+    #[command(flatten)]
+    pub notify: NotifyArgs,
     #[command(flatten)]
     pub state: StateArgs,
     #[command(flatten)]
@@ -220,6 +240,65 @@ pub struct StateArgs {
     /// --state and INTACT_STATE
     #[arg(long)]
     pub no_state: bool,
+}
+
+/// Telling a person. URLs and tokens are secrets: keep them in the environment
+/// (/etc/default/intact, `chmod 600`) or an Apprise configuration file rather than on a command
+/// line that `ps` shows.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Notifications")]
+pub struct NotifyArgs {
+    /// Tell a person when something is wrong (damage, files not verified, a tree vanished, a
+    /// run cut short), with reminders while it stays so and one all-clear after: an Apprise
+    /// URL (mailto://, ntfy://, gotify://, slack://, matrix://, tgram://, json:// ...; needs
+    /// `apprise`) or sendmail:ADDRESS[,ADDRESS] (the system's sendmail). Repeatable;
+    /// INTACT_NOTIFY holds URLs separated by spaces
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "INTACT_NOTIFY",
+        value_delimiter = ' ',
+        hide_env_values = true
+    )]
+    pub notify: Vec<String>,
+    /// An Apprise configuration file of URLs to tell (keep it `chmod 600`)
+    #[arg(long, value_name = "FILE", env = "INTACT_NOTIFY_CONFIG")]
+    pub notify_config: Option<PathBuf>,
+    /// While something stays wrong, remind at most this often [default: every run]
+    #[arg(long, value_name = "DURATION", env = "INTACT_REMIND_EVERY", value_parser = parse_duration)]
+    pub remind_every: Option<std::time::Duration>,
+    /// After a run that verified what it planned and found nothing wrong, fetch this URL
+    /// (healthchecks.io, Uptime Kuma's push monitor), so that silence from intact itself
+    /// raises an alarm there; with curl
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "INTACT_HEARTBEAT",
+        hide_env_values = true
+    )]
+    pub heartbeat: Option<String>,
+    /// Where good copies are, as for `repair --from`: shown in the commands a message gives.
+    /// INTACT_REPAIR_FROM holds sources separated by spaces
+    #[arg(
+        long,
+        value_name = "SOURCE",
+        env = "INTACT_REPAIR_FROM",
+        value_delimiter = ' '
+    )]
+    pub repair_from: Vec<String>,
+    /// How long a delivery (apprise, sendmail, curl) may take before it is stopped
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub notify_timeout: std::time::Duration,
+}
+
+#[derive(Args, Debug)]
+pub struct NotifyTestArgs {
+    /// Send a test message through the channels (--notify, INTACT_NOTIFY, --notify-config)
+    /// and ping the heartbeat, to prove they reach a person
+    #[arg(long, required = true)]
+    pub test: bool,
+    #[command(flatten)]
+    pub notify: NotifyArgs,
 }
 
 #[derive(Args, Debug)]
@@ -345,6 +424,8 @@ pub struct RepairArgs {
     /// over a file that took it since. Without it, a deletion is left as the owner's choice
     #[arg(long)]
     pub missing: bool,
+    #[command(flatten)]
+    pub notify: NotifyArgs,
     #[command(flatten)]
     pub state: StateArgs,
 }

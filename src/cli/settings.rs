@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use super::{AlgoArg, Common, CompatArg, Output, Speed, StateArgs};
+use super::{AlgoArg, Common, CompatArg, NotifyArgs, Output, Speed, StateArgs};
 use intact::core::digest::Algo;
 use intact::core::manifest::{self, Expected};
 use intact::core::tag::Format;
@@ -44,6 +44,8 @@ pub struct Settings {
     pub metrics: Option<PathBuf>,
     /// A scrub's plan: what to verify, in which order.
     pub scrub: Option<Scrub>,
+    /// Who is told what the run found, and how.
+    pub notify: Option<intact::notify::Setup>,
 }
 
 /// What a scrub verifies.
@@ -55,6 +57,8 @@ pub struct Scrub {
     pub untagged_too: bool,
     /// Start no file after this long.
     pub max_time: Option<std::time::Duration>,
+    /// Record files gone even when so many are that it looks like an accident.
+    pub accept_removed: bool,
 }
 
 impl Settings {
@@ -102,6 +106,7 @@ impl Settings {
             state: None,
             metrics: None,
             scrub: None,
+            notify: None,
         })
     }
 
@@ -121,6 +126,12 @@ impl Settings {
         };
         // A database kept inside a tree is never a file of it.
         self.config.walk.state = self.state.as_deref().and_then(StateFiles::of);
+    }
+
+    /// Tells the owner as `a` says, if it names any channel or a heartbeat.
+    pub fn notify(&mut self, a: &NotifyArgs) -> anyhow::Result<()> {
+        self.notify = setup(a)?;
+        Ok(())
     }
 
     /// Whether the run only verifies (check, a scrub without `--update`): one that verifies
@@ -244,4 +255,38 @@ fn threads(common: &Common) -> usize {
         (None, Speed::Background) => 1,
         (None, _) => intact::engine::cores(),
     }
+}
+
+/// The notification settings `a` names, if it names a channel or a heartbeat.
+pub fn setup(a: &NotifyArgs) -> anyhow::Result<Option<intact::notify::Setup>> {
+    let config = a
+        .notify_config
+        .as_deref()
+        .filter(|c| !c.as_os_str().is_empty());
+    if let Some(c) = config
+        && !c.is_file()
+    {
+        return Err(usage(format!(
+            "the Apprise configuration file {} does not exist",
+            intact::text::escape(c)
+        )));
+    }
+    let channels = intact::notify::parse_channels(&a.notify, config)
+        .map_err(|e| usage(format!("--notify: {e}")))?;
+    let heartbeat = a.heartbeat.clone().filter(|h| !h.trim().is_empty());
+    if channels.is_empty() && heartbeat.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(intact::notify::Setup {
+        channels,
+        remind_every: a.remind_every.unwrap_or_default(),
+        heartbeat,
+        repair_from: a
+            .repair_from
+            .iter()
+            .flat_map(|s| s.split_whitespace())
+            .map(String::from)
+            .collect(),
+        timeout: a.notify_timeout,
+    }))
 }

@@ -5,6 +5,7 @@
 pub mod archive;
 pub mod export;
 pub mod generate;
+pub mod notify;
 pub mod protect;
 pub mod repair;
 pub mod scan;
@@ -60,6 +61,7 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
     {
         reporter.fail(format!("writing output: {output}"));
     }
+    tell_the_owner(&s, &mut ran, &mut reporter);
     record(&s, &mut ran, &mut reporter);
     Ok(match output {
         // A closed pipe (`intact check | head`) ends the run quietly.
@@ -224,7 +226,8 @@ fn conclude(s: &Settings, ran: &mut Ran, reporter: &mut Speaker) -> Option<io::E
             output = Some(e);
         }
     }
-    if s.verifies_only() && !interrupted {
+    // A vanished tree was said as such: "holds no files" would say it twice.
+    if s.verifies_only() && !interrupted && reporter.summary.vanished == 0 {
         let counts = plan.map_or(&ran.per_root, |p| &p.per_root);
         for (root, &(files, tagged)) in s.roots.iter().zip(counts) {
             if let Some(why) = nothing_verified(root, files, tagged) {
@@ -254,6 +257,26 @@ fn close(s: &Settings, state: &mut Option<State>, reporter: &mut Speaker) {
                 s.state.as_deref().map_or("?".into(), escape)
             ),
         });
+    }
+}
+
+/// Tells the owner what the run found (after its verdicts are committed), if anyone is to
+/// be told; a delivery that failed is a failure of the run.
+fn tell_the_owner(s: &Settings, ran: &mut Ran, reporter: &mut Speaker) {
+    let Some(setup) = &s.notify else { return };
+    let summary = &reporter.summary;
+    let failed = notify::tell(
+        setup,
+        s.verb.name(),
+        &s.roots,
+        &summary.findings,
+        summary.interrupted,
+        summary.exit(s.verb),
+        ran.state.as_mut(),
+    );
+    reporter.summary.notify_failed = Some(!failed.is_empty());
+    for f in failed {
+        reporter.fail(f);
     }
 }
 
@@ -328,7 +351,7 @@ fn tell_what_is_known<W: Write, E: Write>(
 
 /// Why a run that only verifies did not do its job under `root`, if it did not: it found no
 /// files there, or none with a tag (a file system without xattrs, a copy that lost them).
-fn nothing_verified(root: &std::path::Path, files: u64, tagged: u64) -> Option<String> {
+pub(super) fn nothing_verified(root: &std::path::Path, files: u64, tagged: u64) -> Option<String> {
     if tagged > 0 {
         return None;
     }

@@ -40,6 +40,10 @@ pub fn run(a: RepairArgs) -> anyhow::Result<Exit> {
             "--missing restores what the state database knew: it needs one (not --no-state)",
         ));
     }
+    // A dry run changes nothing and tells nobody: it is the owner asking.
+    if !a.dry_run {
+        s.notify(&a.notify)?;
+    }
     let opts = repair::Options {
         dry_run: a.dry_run,
         keep,

@@ -28,6 +28,7 @@ pub fn check(a: CheckArgs) -> anyhow::Result<Exit> {
     }
     s.record(&a.state);
     s.metrics = a.metrics.file()?;
+    s.notify(&a.notify)?;
     super::drive(s, &mut Pass)
 }
 
@@ -38,6 +39,7 @@ pub fn update(a: UpdateArgs) -> anyhow::Result<Exit> {
     s.config.compat = formats(&a.compat.compat);
     s.record(&a.state);
     s.metrics = a.metrics.file()?;
+    s.notify(&a.notify)?;
     super::drive(s, &mut Pass)
 }
 

@@ -22,6 +22,7 @@ pub fn run(a: ScrubArgs) -> anyhow::Result<Exit> {
     }
     s.record(&a.state);
     s.metrics = a.metrics.file()?;
+    s.notify(&a.notify)?;
     s.scrub = Some(Scrub {
         budget: Budget {
             max_bytes: a.max_bytes,
@@ -31,6 +32,7 @@ pub fn run(a: ScrubArgs) -> anyhow::Result<Exit> {
         },
         untagged_too: a.update,
         max_time: a.max_time,
+        accept_removed: a.accept_removed,
     });
     super::drive(s, &mut Pass)
 }
@@ -60,14 +62,17 @@ pub(super) fn prepare(
     let schedule = |plan: &mut Plan, db: Option<&std::path::Path>| -> rusqlite::Result<_> {
         plan.attach(db)?;
         plan.start_cycle(now)?;
-        let gone = plan.gone(&s.roots, now, db.is_some())?;
+        let gone = plan.gone(&s.roots, now, db.is_some(), scrub.accept_removed)?;
         Ok((plan.queue(scrub.budget, scrub.untagged_too, now)?, gone))
     };
-    let (queue, gone) = super::on_state(&mut front.state, front.reporter, |db| {
+    let (queue, (gone, alarms)) = super::on_state(&mut front.state, front.reporter, |db| {
         schedule(&mut plan, db)
     })
     .map_err(|e| anyhow::anyhow!("{}", state::why(&e)))?;
     plan.gone_now = gone;
+    for alarm in alarms {
+        front.reporter.vanished(alarm.describe(), alarm.removed);
+    }
     if let Some(state) = &mut front.state {
         // A database opened anew (the old one was damaged) records this run too.
         state.begin_run(s.verb.name(), &s.roots);

@@ -13,13 +13,14 @@ use crate::cli::settings::Settings;
 use intact::metrics::Metrics;
 use intact::report::{Exit, Verb, Verbosity};
 use intact::scrub::{FileState, Gone, Overview};
-use intact::state::{self, Pace};
+use intact::state::{self, Pace, State};
 use intact::text::{bytes, escape, group, percent, time_ms};
 
 pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
     let mut s = Settings::new(Verb::Status, a.paths.paths, &a.common)?;
     s.record(&a.state);
     s.metrics = a.metrics.file()?;
+    s.notify(&a.notify)?;
     let (plan, found) = find(&mut s)?;
     let mut out = std::io::stdout().lock();
     if s.json {
@@ -42,22 +43,51 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
         }
     }
     out.flush()?;
-    if let Some(path) = &s.metrics {
-        let m = metrics(
-            &s,
-            &found.overview,
-            &found.gone,
-            found.cycle.as_ref(),
-            found.exit,
+    let mut exit = found.exit;
+    let mut notify_failed = None;
+    if let Some(setup) = &s.notify {
+        let mut state = s
+            .state
+            .as_deref()
+            .and_then(|db| State::open(db).ok())
+            .map(|(st, _)| st);
+        let failed = super::notify::tell(
+            setup,
+            "status",
+            &s.roots,
+            &found.findings,
+            false,
+            exit,
+            state.as_mut(),
         );
+        notify_failed = Some(!failed.is_empty());
+        for f in failed {
+            eprintln!("intact: error: {f}");
+            exit = exit.merge(Exit::Trouble);
+        }
+    }
+    if let Some(path) = &s.metrics {
+        let mut m = metrics(&s, &found, exit);
+        if let Some(failed) = notify_failed {
+            m.gauge(
+                "notify_failed",
+                "1 if telling the owner (Apprise, sendmail, the heartbeat) failed in the last run.",
+                &[("verb", "status")],
+                f64::from(u8::from(failed)),
+            );
+        }
         m.write(path)
             .with_context(|| format!("writing the metrics {}", escape(path)))?;
     }
-    Ok(found.exit)
+    Ok(exit)
 }
 
 /// What status finds in the tags and the state database.
 struct Found {
+    /// What is wrong, for the owner's message.
+    findings: intact::notify::Findings,
+    /// Trees that vanished or lost many files at once.
+    vanished: u64,
     overview: Overview,
     gone: Vec<Gone>,
     /// When the history was lost with a damaged database, and the files not checked since.
@@ -99,7 +129,19 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
         .and_then(|st| st.path().map(|p| p.to_path_buf()));
     let now = state::now();
     let overview = plan.overview(now)?;
-    let gone = plan.gone(&s.roots, now, false)?;
+    let (gone, alarms) = plan.gone(&s.roots, now, false, false)?;
+    for alarm in &alarms {
+        failures.0.vanished(alarm.describe(), alarm.removed);
+    }
+    // A tree with nothing to verify is not a tree in good health (an unmounted disk, a copy
+    // that lost its tags).
+    if alarms.is_empty() && plan.complete {
+        for (root, &(files, tagged)) in s.roots.iter().zip(&plan.per_root) {
+            if let Some(why) = super::nothing_verified(root, files, tagged) {
+                failures.0.fail(why);
+            }
+        }
+    }
     let mut lost = None;
     let mut unknown = None;
     if s.state.is_some() && state.is_none() {
@@ -125,8 +167,15 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
     if !overview.damage.is_empty() {
         exit = exit.merge(Exit::Damage);
     }
+    let mut findings = std::mem::take(&mut failures.0.summary.findings);
+    for d in &overview.damage {
+        findings.damaged(escape(&d.path), d.found);
+    }
+    let vanished = failures.0.summary.vanished;
     let errors = failures.0.summary.failures;
     let found = Found {
+        findings,
+        vanished,
         overview,
         gone,
         lost,
@@ -306,13 +355,8 @@ impl Cycle {
 }
 
 /// The metrics of a status: what the trees hold, what needs attention, and the run itself.
-fn metrics(
-    s: &Settings,
-    overview: &Overview,
-    gone: &[Gone],
-    cycle: Option<&Cycle>,
-    exit: Exit,
-) -> Metrics {
+fn metrics(s: &Settings, found: &Found, exit: Exit) -> Metrics {
+    let (overview, gone, cycle) = (&found.overview, &found.gone, found.cycle.as_ref());
     let mut m = Metrics::of(&s.roots);
     let v = [("verb", "status")];
     let pairs = [
@@ -330,11 +374,6 @@ fn metrics(
             "files_untagged",
             "Untagged regular files under the roots.",
             overview.untagged.files,
-        ),
-        (
-            "files_damaged",
-            "Files found damaged (by this run or earlier ones) and not yet repaired or accepted.",
-            overview.damage.len() as u64,
         ),
         (
             "files_removed",
@@ -355,6 +394,29 @@ fn metrics(
     for (name, help, value) in pairs {
         m.gauge(name, help, &v, value as f64);
     }
+    // Damage that cannot be known is never said to be none: the count is left out, and an
+    // alert fires on the unknown as on damage.
+    if found.unknown.is_some() {
+        m.gauge(
+            "damage_unknown",
+            "1 if the damage found earlier cannot be known (the state database cannot be read).",
+            &v,
+            1.0,
+        );
+    } else {
+        m.gauge(
+            "files_damaged",
+            "Files found damaged (by this run or earlier ones) and not yet repaired or accepted.",
+            &v,
+            overview.damage.len() as f64,
+        );
+    }
+    m.gauge(
+        "tree_missing",
+        "Trees that vanished (none of their recorded files there) or lost many files at once.",
+        &v,
+        found.vanished as f64,
+    );
     let never = overview.ages[0].files + overview.untagged.files;
     super::verification_ages(&mut m, "status", never, overview.oldest);
     if let Some(secs) = cycle.and_then(|c| c.seconds) {
