@@ -56,6 +56,49 @@ impl Budget {
     }
 }
 
+/// Files gone at once from a tree that make an alarm rather than routine deletions: at least
+/// this many, and more than this percentage of the files known under it (SnapRAID refuses to
+/// sync past a like threshold).
+pub const MASS_REMOVAL: (u64, u64) = (50, 10);
+
+/// A tree that vanished, or lost many files at once: held as an alarm, nothing marked gone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Removal {
+    /// The root.
+    pub root: PathBuf,
+    /// Files the state database knew under it that are gone.
+    pub removed: u64,
+    /// Files it knew under it.
+    pub known: u64,
+    /// Whether the walk found no file at all under it.
+    pub vanished: bool,
+}
+
+impl Removal {
+    /// In words, with what to do.
+    pub fn describe(&self) -> String {
+        let root = crate::text::escape(&self.root);
+        let what = if self.vanished {
+            format!(
+                "{root} holds none of the {} files recorded under it: is its disk mounted, was \
+                 it deleted by mistake?",
+                crate::text::group(self.known)
+            )
+        } else {
+            format!(
+                "{} of the {} files recorded under {root} are gone at once: a disk that did not \
+                 mount, a folder deleted by mistake?",
+                crate::text::group(self.removed),
+                crate::text::group(self.known)
+            )
+        };
+        format!(
+            "{what} Nothing was marked deleted; if the deletion was meant, `intact scrub \
+             --accept-removed {root}` records it"
+        )
+    }
+}
+
 /// How long a file found gone from its tree is remembered (and shown by `status`).
 pub const GONE_KEPT: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
 
@@ -332,9 +375,19 @@ impl Plan {
     /// once); those marked more than [`GONE_KEPT`] ago are forgotten, as are the rows of files
     /// replaced under their path (an editor's save, a restore). Without (`status`), every
     /// file gone within that time is returned.
-    pub fn gone(&self, roots: &[PathBuf], now: i64, mark: bool) -> rusqlite::Result<Vec<Gone>> {
+    ///
+    /// A root under which the walk found no file, or more than [`MASS_REMOVAL`] of whose
+    /// files are gone at once, is returned as a [`Removal`] instead, and nothing under it is
+    /// marked or returned as gone: unless `accept` (the owner said the deletion was meant).
+    pub fn gone(
+        &self,
+        roots: &[PathBuf],
+        now: i64,
+        mark: bool,
+        accept: bool,
+    ) -> rusqlite::Result<(Vec<Gone>, Vec<Removal>)> {
         if !self.complete {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         let conn = self.conn();
         let ranges: Vec<_> = roots.iter().map(|r| state::under(r)).collect();
@@ -355,8 +408,9 @@ impl Plan {
         // Only rows the walk did not meet can be gone: none if the trees hold no more rows
         // than it met, less those found gone before (counts on the path index alone, and on
         // the few gone rows: cheaper than looking each row up).
-        let mut rows = 0i64;
+        let mut known = Vec::with_capacity(ranges.len());
         for (low, high, exact) in &ranges {
+            let mut rows = 0i64;
             for sql in [
                 "SELECT count(*) FROM state.files WHERE path >= ?1 AND path < ?2 AND ?3 = ?3",
                 "SELECT count(*) FROM state.files WHERE path = ?3 AND ?1 = ?1 AND ?2 = ?2",
@@ -365,10 +419,10 @@ impl Plan {
             ] {
                 rows += conn.query_row(sql, params![low, high, exact], |r| r.get::<_, i64>(0))?;
             }
+            known.push(rows.max(0) as u64);
         }
-        let rows = rows.max(0) as u64;
         let mut newly = Vec::new();
-        if rows > self.known {
+        if known.iter().sum::<u64>() > self.known {
             // Each state row looked up among the plan's: by an index built only now that it
             // is needed (cheaper than kept up while inserting, and most runs need none).
             conn.execute_batch("CREATE INDEX IF NOT EXISTS plan_key ON plan (fs, ino, digest)")?;
@@ -378,9 +432,10 @@ impl Plan {
                  AND NOT EXISTS (SELECT 1 FROM plan p WHERE p.fs = files.fs \
                  AND p.ino = files.ino AND p.digest = files.digest)",
             )?;
-            for (low, high, exact) in &ranges {
+            for (i, (low, high, exact)) in ranges.iter().enumerate() {
                 let rows = stmt.query_map(params![low, high, exact], |r| {
                     Ok((
+                        i,
                         Gone::from_row(r)?,
                         r.get::<_, i64>(4)?,
                         r.get::<_, i64>(5)?,
@@ -392,9 +447,36 @@ impl Plan {
                 }
             }
         }
-        for (g, fs, ino, key) in newly {
-            // Something else under its name: the file was replaced, not removed.
-            let replaced = std::fs::symlink_metadata(&g.path).is_ok() && g.damaged.is_none();
+        // Something else under its name: the file was replaced, not removed.
+        let newly: Vec<_> = newly
+            .into_iter()
+            .map(|(i, g, fs, ino, key)| {
+                let replaced = std::fs::symlink_metadata(&g.path).is_ok() && g.damaged.is_none();
+                (i, g, fs, ino, key, replaced)
+            })
+            .collect();
+        // A tree that holds nothing of what it held, or lost a large share at once, is an
+        // alarm: an unmounted disk or a folder deleted by mistake, not routine deletions.
+        let mut alarms = Vec::new();
+        for (i, root) in roots.iter().enumerate() {
+            let removed = newly.iter().filter(|n| n.0 == i && !n.5).count() as u64;
+            let files = self.per_root.get(i).map_or(0, |c| c.0);
+            let vanished = files == 0 && removed > 0;
+            if vanished || (removed >= MASS_REMOVAL.0 && removed * 100 > known[i] * MASS_REMOVAL.1)
+            {
+                alarms.push(Removal {
+                    root: root.clone(),
+                    removed,
+                    known: known[i],
+                    vanished,
+                });
+            }
+        }
+        let held = |i: usize| !accept && alarms.iter().any(|a| a.root == roots[i]);
+        for (i, g, fs, ino, key, replaced) in newly {
+            if held(i) {
+                continue;
+            }
             if mark {
                 let sql = if replaced {
                     "DELETE FROM state.files WHERE fs = ?1 AND ino = ?2 AND digest = ?3"
@@ -411,6 +493,9 @@ impl Plan {
                 });
             }
         }
+        if accept {
+            alarms.clear();
+        }
         if mark {
             conn.execute(
                 "DELETE FROM state.files WHERE gone < ?1",
@@ -418,7 +503,7 @@ impl Plan {
             )?;
         }
         gone.sort_by(|a, b| a.path.cmp(&b.path));
-        Ok(gone)
+        Ok((gone, alarms))
     }
 
     /// The queue of a scrub: tagged files (and untagged ones if `untagged_too`), not yet
