@@ -63,6 +63,9 @@ fn promtool_test(case: &Case, root: &Path, ended: f64) -> String {
         "IntactRunFailed",
         "IntactScrubsStopped",
         "IntactVerificationStale",
+        "IntactTreeVanished",
+        "IntactScrubsInterrupted",
+        "IntactNotifyFailed",
     ] {
         let _ = writeln!(
             t,
@@ -172,6 +175,23 @@ fn the_alert_rules_fire_on_what_intact_writes() {
         .unwrap();
     drop(conn);
     status(&prom("stale"));
+    // A state database that cannot be read: damage unknown, never "0 damaged".
+    let r = cmd!(
+        "status",
+        "-q",
+        "--state",
+        t.path("tree"),
+        "--metrics",
+        prom("unknown"),
+        &tree
+    )
+    .run();
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    // The tree's files gone at once (a disk that did not mount): nothing marked deleted.
+    for i in 0..10 {
+        fs::remove_file(tree.join(format!("f{i}"))).unwrap();
+    }
+    scrub(&prom("vanished"), &[]).expect_code(3);
     let ended = samples(&prom("stale"))
         .iter()
         .find(|(s, _)| s.starts_with("intact_run_end_timestamp_seconds"))
@@ -209,6 +229,27 @@ fn the_alert_rules_fire_on_what_intact_writes() {
             proms: vec![prom("clean")],
             at_hours: 72,
             fire: vec![("IntactScrubsStopped", scrub_labels.clone())],
+        },
+        Case {
+            name: "damage that cannot be known",
+            proms: vec![prom("unknown")],
+            at_hours: 1,
+            fire: vec![
+                ("IntactDamage", vec![("severity", "critical")]),
+                (
+                    "IntactRunFailed",
+                    vec![("verb", "status"), ("severity", "warning")],
+                ),
+            ],
+        },
+        Case {
+            name: "a tree that vanished",
+            proms: vec![prom("vanished")],
+            at_hours: 1,
+            fire: vec![
+                ("IntactTreeVanished", vec![("severity", "critical")]),
+                ("IntactRunFailed", scrub_labels.clone()),
+            ],
         },
         Case {
             name: "files not verified for too long",

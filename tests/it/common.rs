@@ -207,6 +207,12 @@ impl Cmd {
         c.args(&self.args)
             .env("XDG_STATE_HOME", state_home(self.nobody))
             .env_remove("INTACT_STATE")
+            // Nobody is told of a test's findings unless the test says so.
+            .env_remove("INTACT_NOTIFY")
+            .env_remove("INTACT_NOTIFY_CONFIG")
+            .env_remove("INTACT_HEARTBEAT")
+            .env_remove("INTACT_REPAIR_FROM")
+            .env_remove("INTACT_REMIND_EVERY")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

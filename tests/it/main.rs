@@ -16,6 +16,7 @@ mod full_disks;
 mod interop;
 mod kills;
 mod loud;
+mod notify;
 mod output;
 mod parity;
 mod progress;

@@ -1,0 +1,672 @@
+//! The owner hears it: real deliveries through Debian's `apprise` (json:// to an HTTP
+//! receiver, mailto:// to an SMTP server) and msmtp's `sendmail`, every receiver on 127.0.0.1,
+//! started and stopped by the test. Alarms, reminders and the all-clear; the heartbeat; a
+//! failed or hanging delivery; a vanished tree; an interrupted run; unknown damage.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::common::*;
+
+/// Debian's Python, which has python3-aiosmtpd and runs apprise (the PATH's may not).
+const PYTHON: &str = "/usr/bin/python3";
+
+/// An HTTP server that keeps every request as a file: `METHOD PATH`, a newline, the body.
+const HTTP_RECEIVER: &str = r#"
+import http.server, sys, os, itertools
+out = sys.argv[1]
+n = itertools.count()
+class H(http.server.BaseHTTPRequestHandler):
+    def take(self):
+        body = self.rfile.read(int(self.headers.get('Content-Length') or 0))
+        i = next(n)
+        tmp = os.path.join(out, f'.{i:04}')
+        with open(tmp, 'wb') as f:
+            f.write(f'{self.command} {self.path}\n'.encode() + body)
+        os.rename(tmp, os.path.join(out, f'{i:04}'))
+        self.send_response(200)
+        self.send_header('Content-Length', '2')
+        self.end_headers()
+        self.wfile.write(b'ok')
+    do_GET = do_POST = take
+    def log_message(self, *a):
+        pass
+s = http.server.ThreadingHTTPServer(('127.0.0.1', 0), H)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"#;
+
+/// Whether the tools a delivery test needs are here; outside CI a test without them skips,
+/// under CI that is a failure (`.ci/run` installs them).
+fn have(what: &[(&str, &str)]) -> bool {
+    let missing: Vec<&str> = what
+        .iter()
+        .filter(|(check, _)| {
+            !Command::new("sh")
+                .args(["-c", check])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .map(|(_, name)| *name)
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "missing {missing:?}, and a skip under CI is a failure"
+    );
+    eprintln!("SKIPPED: notification test: missing {missing:?}");
+    false
+}
+
+const APPRISE: (&str, &str) = ("command -v apprise", "apprise");
+const AIOSMTPD: (&str, &str) = ("/usr/bin/python3 -c 'import aiosmtpd'", "python3-aiosmtpd");
+const MSMTP: (&str, &str) = ("command -v msmtp", "msmtp-mta");
+const CURL: (&str, &str) = ("command -v curl", "curl");
+
+/// A receiver on 127.0.0.1, killed when dropped; what it received, a file a message.
+struct Receiver {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+    /// Where the messages land (the SMTP server's Maildir keeps them in `new`).
+    inbox: PathBuf,
+}
+
+impl Receiver {
+    fn http() -> Receiver {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new(PYTHON)
+            .args(["-c", HTTP_RECEIVER])
+            .arg(dir.path())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line.trim().parse().expect("the receiver says its port");
+        let inbox = dir.path().to_path_buf();
+        Receiver {
+            child,
+            port,
+            dir,
+            inbox,
+        }
+    }
+
+    fn smtp() -> Receiver {
+        let dir = tempfile::tempdir().unwrap();
+        let inbox = dir.path().join("mail");
+        for sub in ["tmp", "new", "cur"] {
+            fs::create_dir_all(inbox.join(sub)).unwrap();
+        }
+        let port = free_port();
+        let child = Command::new(PYTHON)
+            .args(["-m", "aiosmtpd", "-n", "-l"])
+            .arg(format!("127.0.0.1:{port}"))
+            .args(["-c", "aiosmtpd.handlers.Mailbox"])
+            .arg(&inbox)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the SMTP server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Receiver {
+            child,
+            port,
+            dir,
+            inbox: inbox.join("new"),
+        }
+    }
+
+    /// What it received so far, oldest first.
+    fn messages(&self) -> Vec<String> {
+        let mut files: Vec<(std::time::SystemTime, PathBuf)> = fs::read_dir(&self.inbox)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| !p.file_name().unwrap().to_string_lossy().starts_with('.'))
+            .map(|p| (fs::metadata(&p).unwrap().modified().unwrap(), p))
+            .collect();
+        files.sort();
+        files
+            .iter()
+            .map(|(_, p)| fs::read_to_string(p).unwrap())
+            .collect()
+    }
+
+    /// Waits (generously) until it has received `n` messages; returns them all.
+    fn wait_for(&self, n: usize) -> Vec<String> {
+        let start = Instant::now();
+        loop {
+            let got = self.messages();
+            if got.len() >= n || start.elapsed() > Duration::from_secs(30) {
+                return got;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A `json://` URL for Apprise to post to it.
+    fn json_url(&self) -> String {
+        format!("json://127.0.0.1:{}/intact", self.port)
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = &self.dir;
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The title and message Apprise posted as JSON.
+fn posted(request: &str) -> (String, String, String) {
+    let (line, body) = request.split_once('\n').unwrap();
+    assert!(line.starts_with("POST "), "{line}");
+    let v: Value = serde_json::from_str(body).unwrap();
+    (
+        v["title"].as_str().unwrap().to_string(),
+        v["message"].as_str().unwrap().to_string(),
+        v["type"].as_str().unwrap().to_string(),
+    )
+}
+
+/// A tagged tree of `n` files in `t`, under `name`.
+fn tagged(t: &Tree, name: &str, n: usize) -> PathBuf {
+    for i in 0..n {
+        t.write(format!("{name}/d{}/f{i:03}", i % 4), data(2000, i as u64));
+    }
+    let root = t.path(name);
+    intact!("tag", "-q", &root).expect_code(0);
+    root
+}
+
+#[test]
+fn damage_is_told_with_what_is_new_reminded_and_cleared_once() {
+    if !have(&[APPRISE]) {
+        return;
+    }
+    let rx = Receiver::http();
+    let t = Tree::new();
+    let root = tagged(&t, "photos", 6);
+    let db = t.path("state.db");
+    let check = |extra: &[&str]| {
+        cmd!(
+            "check",
+            "-q",
+            "--state",
+            &db,
+            "--notify",
+            rx.json_url(),
+            &root
+        )
+        .args(extra)
+        .within(Duration::from_secs(120))
+        .run()
+    };
+    // All well: nobody is told anything.
+    check(&[]).expect_code(0);
+    flip_byte(&root.join("d1/f001"), 10);
+    check(&[]).expect_code(1);
+    let got = rx.wait_for(1);
+    assert_eq!(got.len(), 1, "one message for a run that finds damage");
+    let (title, body, kind) = posted(&got[0]);
+    assert_eq!(kind, "failure");
+    assert!(title.starts_with("intact: 1 damaged file in "), "{title}");
+    let name = root.join("d1/f001").display().to_string();
+    assert!(body.contains(&format!("  {name} (found ")), "{body}");
+    assert!(
+        body.contains(&format!("intact status -q {}", root.display())),
+        "{body}"
+    );
+    assert!(body.contains("intact repair "), "{body}");
+    // Still there: reminded every run by default, never twice in one run.
+    check(&[]).expect_code(1);
+    let got = rx.wait_for(2);
+    assert_eq!(got.len(), 2);
+    let (title, body, _) = posted(&got[1]);
+    assert!(
+        title.starts_with("Reminder: intact: 1 damaged file"),
+        "{title}"
+    );
+    assert!(
+        body.contains("nothing is new since the last message"),
+        "{body}"
+    );
+    // Reminders spaced out: none due yet.
+    check(&["--remind-every", "1d"]).expect_code(1);
+    // Something new is told at once, the new one marked, whatever the spacing.
+    flip_byte(&root.join("d2/f002"), 20);
+    check(&["--remind-every", "1d"]).expect_code(1);
+    let got = rx.wait_for(3);
+    assert_eq!(
+        got.len(),
+        3,
+        "no reminder before its time; the new damage at once"
+    );
+    let (title, body, _) = posted(&got[2]);
+    assert!(title.starts_with("intact: 2 damaged files"), "{title}");
+    let second = root.join("d2/f002").display().to_string();
+    assert!(body.contains(&format!("* {second} (found ")), "{body}");
+    assert!(body.contains(&format!("  {name} (found ")), "{body}");
+    assert!(
+        body.contains("New since the last message: 1 item"),
+        "{body}"
+    );
+    // Dealt with: one all-clear, then silence.
+    intact!("update", "-q", "--state", &db, "--accept-corrupt", &root).expect_code(0);
+    check(&[]).expect_code(0);
+    let got = rx.wait_for(4);
+    assert_eq!(got.len(), 4);
+    let (title, _, kind) = posted(&got[3]);
+    assert!(title.starts_with("intact: all clear in "), "{title}");
+    assert_eq!(kind, "success");
+    check(&[]).expect_code(0);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(rx.messages().len(), 4, "the all-clear is said once");
+}
+
+#[test]
+fn mail_through_sendmail_and_through_apprise_reaches_an_smtp_server() {
+    if !have(&[APPRISE, AIOSMTPD, MSMTP]) {
+        return;
+    }
+    let smtp = Receiver::smtp();
+    let t = Tree::new();
+    let root = tagged(&t, "docs", 3);
+    // A hostile name: a newline and a header in it must not make a line of the message.
+    let hostile = root.join("evil\nSubject: you won");
+    fs::write(&hostile, b"some data").unwrap();
+    intact!("tag", "-q", &root).expect_code(0);
+    flip_byte(&hostile, 2);
+    // msmtp, as Debian's msmtp-mta installs it for `sendmail`, pointed at the local server.
+    let home = t.path("home");
+    fs::create_dir_all(&home).unwrap();
+    let rc = home.join(".msmtprc");
+    fs::write(
+        &rc,
+        format!(
+            "account default\nhost 127.0.0.1\nport {}\nfrom intact@localhost\nauth off\ntls off\n",
+            smtp.port
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&rc, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    cmd!("check", "-q", "--no-state", &root)
+        .env("HOME", &home)
+        .env("INTACT_NOTIFY", "sendmail:owner@localhost")
+        .env("INTACT_REPAIR_FROM", "/mnt/backup/docs")
+        .within(Duration::from_secs(120))
+        .run()
+        .expect_code(1);
+    let mail = smtp.wait_for(1);
+    assert_eq!(mail.len(), 1, "one mail");
+    let (head, body) = mail[0].split_once("\n\n").unwrap();
+    assert!(head.contains("To: owner@localhost"), "{head}");
+    assert_eq!(
+        head.lines().filter(|l| l.starts_with("Subject:")).count(),
+        1,
+        "{head}"
+    );
+    assert!(
+        head.contains("Subject: intact: 1 damaged file in "),
+        "{head}"
+    );
+    assert!(head.contains("charset=utf-8"), "{head}");
+    assert!(body.contains("evil\\nSubject: you won (found "), "{body}");
+    assert!(
+        body.contains(&format!(
+            "intact repair {} --from /mnt/backup/docs --dry-run",
+            root.display()
+        )),
+        "{body}"
+    );
+    // Apprise's own mailto:// to the same server.
+    let url = format!(
+        "mailto://127.0.0.1:{}?from=intact@localhost&to=owner@localhost",
+        smtp.port
+    );
+    cmd!("check", "-q", "--no-state", "--notify", url, &root)
+        .within(Duration::from_secs(120))
+        .run()
+        .expect_code(1);
+    let mail = smtp.wait_for(2);
+    assert_eq!(mail.len(), 2);
+    assert!(mail[1].contains("X-Application: Apprise"), "{}", mail[1]);
+    assert!(
+        mail[1].contains("Subject: intact: 1 damaged file in"),
+        "{}",
+        mail[1]
+    );
+}
+
+#[test]
+fn the_heartbeat_beats_after_clean_runs_only() {
+    if !have(&[CURL]) {
+        return;
+    }
+    let rx = Receiver::http();
+    let t = Tree::new();
+    let root = tagged(&t, "tree", 3);
+    let db = t.path("state.db");
+    let url = format!("http://127.0.0.1:{}/ping/abc", rx.port);
+    cmd!("scrub", "-q", "--state", &db, &root)
+        .env("INTACT_HEARTBEAT", &url)
+        .run()
+        .expect_code(0);
+    let got = rx.wait_for(1);
+    assert_eq!(got.len(), 1);
+    assert!(got[0].starts_with("GET /ping/abc\n"), "{}", got[0]);
+    // With damage outstanding, no beat: silence raises the alarm where it is watched.
+    flip_byte(&root.join("d0/f000"), 5);
+    cmd!("scrub", "-q", "--state", &db, &root)
+        .env("INTACT_HEARTBEAT", &url)
+        .run()
+        .expect_code(1);
+    cmd!("status", "-q", "--state", &db, &root)
+        .env("INTACT_HEARTBEAT", &url)
+        .run()
+        .expect_code(1);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        rx.messages().len(),
+        1,
+        "no heartbeat while damage is outstanding"
+    );
+    // A heartbeat that cannot be sent is said, and is trouble.
+    intact!("update", "-q", "--accept-corrupt", "--state", &db, &root).expect_code(0);
+    let r = cmd!("check", "-q", "--state", &db, &root)
+        .env(
+            "INTACT_HEARTBEAT",
+            format!("http://127.0.0.1:{}/", free_port()),
+        )
+        .run()
+        .expect_code(3);
+    assert!(
+        r.stderr.contains("the heartbeat could not be sent"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn a_failed_or_hanging_delivery_is_said_bounded_and_leaves_verdicts_alone() {
+    if !have(&[APPRISE]) {
+        return;
+    }
+    let t = Tree::new();
+    let root = tagged(&t, "tree", 3);
+    flip_byte(&root.join("d1/f001"), 5);
+    let prom = t.path("m.prom");
+    // Nobody listens there: damage still wins (1), the failure is said even under -q.
+    let refused = format!("json://127.0.0.1:{}/", free_port());
+    let r = cmd!(
+        "check",
+        "-q",
+        "--no-state",
+        "--metrics",
+        &prom,
+        "--notify",
+        refused,
+        &root
+    )
+    .within(Duration::from_secs(120))
+    .run()
+    .expect_code(1);
+    assert!(r.stdout.contains("corrupt "), "{}", r.stdout);
+    assert!(
+        r.stderr
+            .contains("the owner could not be told what this run found: apprise failed"),
+        "{}",
+        r.stderr
+    );
+    let m = fs::read_to_string(&prom).unwrap();
+    assert!(m.contains("intact_notify_failed{"), "{m}");
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("intact_notify_failed{") && l.ends_with(" 1")),
+        "{m}"
+    );
+    // A deliverer that hangs is stopped within its time, its children with it.
+    let bin = t.path("bin");
+    fs::create_dir_all(&bin).unwrap();
+    let fake = bin.join("apprise");
+    fs::write(&fake, "#!/bin/sh\nsleep 300 &\nsleep 300\n").unwrap();
+    fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let start = Instant::now();
+    let r = cmd!("check", "-q", "--no-state", "--notify-timeout", "2s", &root)
+        .env("PATH", &path)
+        .env("INTACT_NOTIFY", "json://127.0.0.1:9/")
+        .within(Duration::from_secs(60))
+        .run()
+        .expect_code(1);
+    assert!(start.elapsed() < Duration::from_secs(30));
+    assert!(
+        r.stderr.contains("apprise did not finish within 2 s"),
+        "{}",
+        r.stderr
+    );
+    // Not installed at all: said, with where to get it.
+    let r = cmd!(
+        "check",
+        "-q",
+        "--no-state",
+        "--notify",
+        "json://127.0.0.1:9/",
+        &root
+    )
+    .env("PATH", "/nonexistent")
+    .run()
+    .expect_code(1);
+    assert!(
+        r.stderr.contains("apprise is not installed"),
+        "{}",
+        r.stderr
+    );
+    // A sendmail URL without an address is a usage error before anything runs.
+    let r = intact!("check", "--notify", "sendmail:", &root).expect_code(2);
+    assert!(
+        r.stderr.contains("sendmail URL names the addresses"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn notify_test_sends_a_test_message() {
+    if !have(&[APPRISE]) {
+        return;
+    }
+    let rx = Receiver::http();
+    let r = cmd!("notify", "--test")
+        .env("INTACT_NOTIFY", rx.json_url())
+        .run()
+        .expect_code(0);
+    assert!(
+        r.stderr.contains("sent a test message through apprise"),
+        "{}",
+        r.stderr
+    );
+    let got = rx.wait_for(1);
+    let (title, body, _) = posted(&got[0]);
+    assert!(title.starts_with("intact: test message from "), "{title}");
+    assert!(body.contains("If you read this"), "{body}");
+    // The URL is never on apprise's command line, where `ps` shows it.
+    let r = intact!("notify", "--test").expect_code(2);
+    assert!(r.stderr.contains("nothing to test"), "{}", r.stderr);
+}
+
+#[test]
+fn a_vanished_tree_is_an_alarm_and_its_records_are_kept() {
+    if !have(&[APPRISE]) {
+        return;
+    }
+    let rx = Receiver::http();
+    let t = Tree::new();
+    let root = tagged(&t, "photos", 200);
+    let db = t.path("state.db");
+    let scrub = |extra: &[&str]| {
+        cmd!("scrub", "--state", &db, "--notify", rx.json_url(), &root)
+            .args(extra)
+            .within(Duration::from_secs(120))
+            .run()
+    };
+    scrub(&[]).expect_code(0);
+    // A few deletions are routine: quiet lines, exit 0, nobody told.
+    fs::remove_file(root.join("d0/f000")).unwrap();
+    let r = scrub(&[]).expect_code(0);
+    assert!(r.stdout.contains("removed "), "{}", r.stdout);
+    // A whole folder of many files gone at once is an alarm: nothing marked gone.
+    fs::remove_dir_all(root.join("d1")).unwrap();
+    fs::remove_dir_all(root.join("d2")).unwrap();
+    let r = scrub(&[]).expect_code(3);
+    assert!(!r.stdout.contains("removed "), "{}", r.stdout);
+    assert!(
+        r.stderr.contains("100 of the 199 files recorded under"),
+        "{}",
+        r.stderr
+    );
+    let got = rx.wait_for(1);
+    assert_eq!(got.len(), 1);
+    let (title, body, _) = posted(&got[0]);
+    assert!(title.contains("vanished"), "{title}");
+    assert!(body.contains("intact scrub --accept-removed"), "{body}");
+    // Still an alarm next run; status says so too.
+    scrub(&[]).expect_code(3);
+    intact!("status", "--state", &db, &root).expect_code(3);
+    // The owner confirms: recorded once, then routine again.
+    let r = scrub(&["--accept-removed"]).expect_code(0);
+    assert_eq!(r.stdout.matches("removed ").count(), 100, "{}", r.stdout);
+    scrub(&[]).expect_code(0);
+    // The whole tree gone (a disk that did not mount): an alarm, nothing marked.
+    for d in ["d0", "d3"] {
+        fs::remove_dir_all(root.join(d)).unwrap();
+    }
+    let r = scrub(&[]).expect_code(3);
+    assert!(
+        r.stderr
+            .contains("holds none of the 99 files recorded under it"),
+        "{}",
+        r.stderr
+    );
+    let r = intact!("status", "--state", &db, &root).expect_code(3);
+    assert!(
+        r.stdout.contains("holds none") || r.stderr.contains("holds none"),
+        "{}{}",
+        r.stdout,
+        r.stderr
+    );
+}
+
+#[test]
+fn status_of_an_empty_or_untagged_tree_fails() {
+    let t = Tree::new();
+    let empty = t.path("empty");
+    fs::create_dir_all(&empty).unwrap();
+    let r = intact!("status", &empty).expect_code(3);
+    assert!(r.stderr.contains("holds no files"), "{}", r.stderr);
+    t.write("untagged/a", b"data");
+    let r = intact!("status", t.path("untagged")).expect_code(3);
+    assert!(r.stderr.contains("is tagged"), "{}", r.stderr);
+}
+
+#[test]
+fn unknown_damage_is_never_said_to_be_none() {
+    let t = Tree::new();
+    let root = tagged(&t, "tree", 3);
+    // A state database that cannot be opened: a directory where the file should be.
+    let db = t.path("state.db");
+    fs::create_dir_all(&db).unwrap();
+    let prom = t.path("m.prom");
+    intact!("status", "--state", &db, "--metrics", &prom, &root).expect_code(3);
+    let m = fs::read_to_string(&prom).unwrap();
+    assert!(!m.contains("intact_files_damaged{"), "{m}");
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("intact_damage_unknown{") && l.ends_with(" 1")),
+        "{m}"
+    );
+}
+
+#[test]
+fn an_interrupted_scrub_says_so_even_when_damage_wins() {
+    let t = Tree::new();
+    let root = t.path("tree");
+    for i in 0..200 {
+        t.write(format!("tree/f{i:03}"), data(1 << 20, i));
+    }
+    intact!("tag", "-q", &root).expect_code(0);
+    let db = t.path("state.db");
+    flip_byte(&root.join("f000"), 1);
+    intact!("check", "-q", "--state", &db, root.join("f000")).expect_code(1);
+    let prom = t.path("m.prom");
+    // When the signal lands depends on the machine: later and later until it lands mid-run.
+    for delay in [100, 200, 400, 800, 1600, 3200] {
+        let child = cmd!(
+            "scrub",
+            "-q",
+            "-j1",
+            "--speed",
+            "background",
+            "--state",
+            &db,
+            "--metrics",
+            &prom,
+            "--max-percent",
+            "100",
+            &root
+        )
+        .command()
+        .spawn()
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(delay));
+        Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let metrics = fs::read_to_string(&prom).unwrap_or_default();
+        let interrupted = metrics
+            .lines()
+            .any(|l| l.starts_with("intact_run_interrupted{") && l.ends_with(" 1"));
+        if !interrupted {
+            continue;
+        }
+        assert_eq!(out.status.code(), Some(1), "damage still wins: {stderr}");
+        assert!(
+            stderr.contains("intact: interrupted: the scrub stopped before it finished"),
+            "{stderr}"
+        );
+        return;
+    }
+    panic!("no interruption landed mid-scrub");
+}
