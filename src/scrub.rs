@@ -57,9 +57,12 @@ impl Budget {
 }
 
 /// Files gone at once from a tree that make an alarm rather than routine deletions: at least
-/// this many, and more than this percentage of the files known under it (SnapRAID refuses to
-/// sync past a like threshold).
-pub const MASS_REMOVAL: (u64, u64) = (50, 10);
+/// this many (so that small trees do not cry wolf), and more than a percentage of the files
+/// known under it, [`MASS_REMOVAL_PERCENT`] unless told (SnapRAID refuses to sync past a like
+/// threshold).
+pub const MASS_REMOVAL_FILES: u64 = 50;
+/// The default share of a tree's files that, gone at once, is an alarm.
+pub const MASS_REMOVAL_PERCENT: f64 = 10.0;
 
 /// A tree that vanished, or lost many files at once: held as an alarm, nothing marked gone.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -376,15 +379,16 @@ impl Plan {
     /// replaced under their path (an editor's save, a restore). Without (`status`), every
     /// file gone within that time is returned.
     ///
-    /// A root under which the walk found no file, or more than [`MASS_REMOVAL`] of whose
-    /// files are gone at once, is returned as a [`Removal`] instead, and nothing under it is
-    /// marked or returned as gone: unless `accept` (the owner said the deletion was meant).
+    /// A root under which the walk found no file, or more than `alarm_at` percent (and
+    /// [`MASS_REMOVAL_FILES`]) of whose files are gone at once, is returned as a [`Removal`]
+    /// instead, and nothing under it is marked or returned as gone; `None` accepts every
+    /// deletion (the owner said it was meant).
     pub fn gone(
         &self,
         roots: &[PathBuf],
         now: i64,
         mark: bool,
-        accept: bool,
+        alarm_at: Option<f64>,
     ) -> rusqlite::Result<(Vec<Gone>, Vec<Removal>)> {
         if !self.complete {
             return Ok((Vec::new(), Vec::new()));
@@ -462,8 +466,9 @@ impl Plan {
             let removed = newly.iter().filter(|n| n.0 == i && !n.5).count() as u64;
             let files = self.per_root.get(i).map_or(0, |c| c.0);
             let vanished = files == 0 && removed > 0;
-            if vanished || (removed >= MASS_REMOVAL.0 && removed * 100 > known[i] * MASS_REMOVAL.1)
-            {
+            let many = removed >= MASS_REMOVAL_FILES
+                && alarm_at.is_some_and(|p| removed as f64 * 100.0 > known[i] as f64 * p);
+            if alarm_at.is_some() && (vanished || many) {
                 alarms.push(Removal {
                     root: root.clone(),
                     removed,
@@ -472,7 +477,7 @@ impl Plan {
                 });
             }
         }
-        let held = |i: usize| !accept && alarms.iter().any(|a| a.root == roots[i]);
+        let held = |i: usize| alarms.iter().any(|a| a.root == roots[i]);
         for (i, g, fs, ino, key, replaced) in newly {
             if held(i) {
                 continue;
@@ -492,9 +497,6 @@ impl Plan {
                     ..g
                 });
             }
-        }
-        if accept {
-            alarms.clear();
         }
         if mark {
             conn.execute(

@@ -200,10 +200,14 @@ pub struct ScrubArgs {
     #[arg(long)]
     pub update: bool,
     /// Record the files gone from a tree even when the tree holds none of its files or
-    /// lost more than 10% (and 50) of them at once: without it that is an alarm (exit 3), in
+    /// lost more than --max-removed of them at once: without it that is an alarm (exit 3), in
     /// case a disk did not mount or a folder was deleted by mistake, and nothing is recorded
     #[arg(long)]
     pub accept_removed: bool,
+    /// The share of a tree's known files that, gone at once (and at least 50), is an alarm
+    /// rather than routine deletions
+    #[arg(long, value_name = "PERCENT", default_value = "10%", value_parser = parse_share)]
+    pub max_removed: f64,
     #[command(flatten)]
     pub notify: NotifyArgs,
     #[command(flatten)]

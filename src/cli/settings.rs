@@ -57,8 +57,9 @@ pub struct Scrub {
     pub untagged_too: bool,
     /// Start no file after this long.
     pub max_time: Option<std::time::Duration>,
-    /// Record files gone even when so many are that it looks like an accident.
-    pub accept_removed: bool,
+    /// The share of a tree's files (percent) that, gone at once, is an alarm rather than
+    /// deletions; `None`: record every deletion (`--accept-removed`).
+    pub removal_alarm: Option<f64>,
 }
 
 impl Settings {

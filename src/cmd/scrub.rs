@@ -32,7 +32,7 @@ pub fn run(a: ScrubArgs) -> anyhow::Result<Exit> {
         },
         untagged_too: a.update,
         max_time: a.max_time,
-        accept_removed: a.accept_removed,
+        removal_alarm: (!a.accept_removed).then_some(a.max_removed),
     });
     super::drive(s, &mut Pass)
 }
@@ -62,7 +62,7 @@ pub(super) fn prepare(
     let schedule = |plan: &mut Plan, db: Option<&std::path::Path>| -> rusqlite::Result<_> {
         plan.attach(db)?;
         plan.start_cycle(now)?;
-        let gone = plan.gone(&s.roots, now, db.is_some(), scrub.accept_removed)?;
+        let gone = plan.gone(&s.roots, now, db.is_some(), scrub.removal_alarm)?;
         Ok((plan.queue(scrub.budget, scrub.untagged_too, now)?, gone))
     };
     let (queue, (gone, alarms)) = super::on_state(&mut front.state, front.reporter, |db| {

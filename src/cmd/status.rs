@@ -129,7 +129,12 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
         .and_then(|st| st.path().map(|p| p.to_path_buf()));
     let now = state::now();
     let overview = plan.overview(now)?;
-    let (gone, alarms) = plan.gone(&s.roots, now, false, false)?;
+    let (gone, alarms) = plan.gone(
+        &s.roots,
+        now,
+        false,
+        Some(intact::scrub::MASS_REMOVAL_PERCENT),
+    )?;
     for alarm in &alarms {
         failures.0.vanished(alarm.describe(), alarm.removed);
     }

@@ -559,21 +559,25 @@ fn a_vanished_tree_is_an_alarm_and_its_records_are_kept() {
     let (title, body, _) = posted(&got[0]);
     assert!(title.contains("vanished"), "{title}");
     assert!(body.contains("intact scrub --accept-removed"), "{body}");
-    // Still an alarm next run; status says so too.
-    scrub(&[]).expect_code(3);
+    // Still an alarm next run, and under a lower threshold; status says so too.
+    scrub(&["--max-removed", "40%"]).expect_code(3);
     intact!("status", "--state", &db, &root).expect_code(3);
-    // The owner confirms: recorded once, then routine again.
-    let r = scrub(&["--accept-removed"]).expect_code(0);
+    // Under a higher threshold they are routine deletions, recorded once.
+    let r = scrub(&["--max-removed", "60%"]).expect_code(0);
     assert_eq!(r.stdout.matches("removed ").count(), 100, "{}", r.stdout);
     scrub(&[]).expect_code(0);
-    // The whole tree gone (a disk that did not mount): an alarm, nothing marked.
-    for d in ["d0", "d3"] {
-        fs::remove_dir_all(root.join(d)).unwrap();
-    }
-    let r = scrub(&[]).expect_code(3);
+    // The owner confirms a deletion that was meant.
+    fs::remove_dir_all(root.join("d3")).unwrap();
+    scrub(&[]).expect_code(3);
+    let r = scrub(&["--accept-removed"]).expect_code(0);
+    assert_eq!(r.stdout.matches("removed ").count(), 50, "{}", r.stdout);
+    scrub(&[]).expect_code(0);
+    // The whole tree gone (a disk that did not mount): an alarm whatever the threshold.
+    fs::remove_dir_all(root.join("d0")).unwrap();
+    let r = scrub(&["--max-removed", "100%"]).expect_code(3);
     assert!(
         r.stderr
-            .contains("holds none of the 99 files recorded under it"),
+            .contains("holds none of the 49 files recorded under it"),
         "{}",
         r.stderr
     );
