@@ -230,6 +230,7 @@ impl State {
     }
 
     fn open_at(path: &Path) -> Result<State, StateError> {
+        room_for_shared_memory(path)?;
         let mut conn = Connection::open(path)?;
         // Another run writing: wait for it rather than fail.
         wait_for_locks(&mut conn)?;
@@ -268,6 +269,7 @@ impl State {
         if version != VERSION {
             conn.pragma_update(None, "user_version", VERSION)?;
         }
+        back_shared_memory(path)?;
         let writer = Writer::open(path)?;
         Ok(State::with(conn, writer, Some(path.to_path_buf())))
     }
@@ -1266,6 +1268,72 @@ pub fn roots_key(roots: &[PathBuf]) -> Vec<u8> {
         .map(|r| absolute(r).into_os_string().into_vec())
         .collect::<Vec<_>>()
         .join(&b'\n')
+}
+
+/// Space a state database needs free before SQLite touches it: its shared memory (`-shm`)
+/// is a sparse file that SQLite maps and writes into, and a page of it that the file system
+/// cannot allocate kills the process with SIGBUS (seen on a full ext4 of 1 KiB blocks, where
+/// SQLite's one byte written per 4 KiB page leaves three blocks of each unallocated). With
+/// less than this free, the database is not used, and the run says so. (A log that cannot
+/// grow is an error SQLite reports: it needs no room set aside here.)
+const ROOM_NEEDED: u64 = 64 << 10;
+/// The first region of the shared memory, enough for a WAL of 4,096 frames (intact's
+/// checkpoints keep it far smaller).
+const SHARED_MEMORY: u64 = 32 << 10;
+
+/// Fails unless the file system of the database at `path` has [`ROOM_NEEDED`] free for
+/// anyone (not counting the blocks reserved for root, of which the file system keeps some
+/// that not even root can have).
+fn room_for_shared_memory(path: &Path) -> Result<(), StateError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let Ok(st) = rustix::fs::statvfs(dir) else {
+        return Ok(());
+    };
+    let free = st.f_bavail.saturating_mul(st.f_frsize);
+    if free < ROOM_NEEDED {
+        return Err(StateError::Io(io::Error::other(format!(
+            "its file system is full ({} free; it needs {} for its shared memory)",
+            crate::text::bytes(free),
+            crate::text::bytes(ROOM_NEEDED)
+        ))));
+    }
+    Ok(())
+}
+
+/// Allocates every block of the shared memory's first region now, while there is room:
+/// SQLite extends it by writing one byte a page, and a page whose other blocks are holes
+/// would need blocks, perhaps on a disk filled meanwhile, when SQLite first writes to it.
+#[cfg(target_os = "linux")]
+fn back_shared_memory(path: &Path) -> Result<(), StateError> {
+    let shm = with_suffix(path, "-shm");
+    let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&shm)
+    else {
+        return Ok(());
+    };
+    match rustix::fs::fallocate(
+        &file,
+        rustix::fs::FallocateFlags::KEEP_SIZE,
+        0,
+        SHARED_MEMORY,
+    ) {
+        Err(rustix::io::Errno::NOSPC) => Err(StateError::Io(io::Error::other(
+            "its file system has no room for its shared memory",
+        ))),
+        // Other file systems allocate as they must (or cannot say): SQLite's own writes stand.
+        _ => Ok(()),
+    }
+}
+
+/// Elsewhere file systems allocate a page's blocks together (APFS: 4 KiB blocks).
+#[cfg(not(target_os = "linux"))]
+fn back_shared_memory(_path: &Path) -> Result<(), StateError> {
+    Ok(())
 }
 
 /// `path` with `suffix` appended to its last component (`state.db` → `state.db-wal`), for

@@ -161,3 +161,51 @@ fn a_state_database_on_a_full_disk_is_never_silent() {
     assert!(!r.stdout.contains("none found"), "{}", r.stdout);
     assert!(r.stdout.contains("damage      unknown"), "{}", r.stdout);
 }
+
+/// A state database on an almost-full ext4 of 1 KiB blocks (what mkfs.ext4 makes of a small
+/// disk): SQLite's shared memory is a sparse file it maps, and a page it could not allocate
+/// killed every verb with SIGBUS (exit 135, nothing said). Each verb now says the database
+/// cannot be used (exit 3) and does its job without it.
+#[test]
+fn a_state_database_on_a_full_ext4_never_kills_a_run() {
+    require_faults!();
+    let t = Tree::new();
+    let src = tagged_tree(&t);
+    let disk = crate::faultfs::LoopFs::ext4(t.root(), 8, &[]);
+    let db = disk.root.join("state.db");
+    intact!("check", "-q", "--state", &db, &src).expect_code(0);
+    // Filled as `dd bs=64k` fills it: less than one write's worth is left, so SQLite's byte
+    // per page is written, and the rest of the page cannot be.
+    {
+        let mut f = fs::File::create(disk.root.join("filler")).unwrap();
+        while f.write_all(&[0x5a; 64 << 10]).is_ok() {}
+        let _ = f.sync_all();
+    }
+    for args in [
+        &["check", "-q"][..],
+        &["scrub", "-q"],
+        &["scrub", "-q", "--update"],
+        &["update", "-q"],
+        &["status", "-q"],
+    ] {
+        let r = cmd!().args(args).arg("--state").arg(&db).arg(&src).run();
+        assert_eq!(r.code, 3, "{args:?}: {}", r.stderr);
+        assert!(
+            r.stderr.contains("cannot use the state database") && r.stderr.contains("is full"),
+            "{args:?}: {}",
+            r.stderr
+        );
+    }
+    // Room again: the database is used, and still knows what it knew.
+    for f in fs::read_dir(&disk.root).unwrap() {
+        let f = f.unwrap().path();
+        if f.file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("filler")
+        {
+            fs::remove_file(f).unwrap();
+        }
+    }
+    intact!("check", "-q", "--state", &db, &src).expect_code(0);
+}
