@@ -13,6 +13,7 @@
 //! Under `--update`, an untagged file that could not be tagged is done for the cycle too.
 
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -451,12 +452,19 @@ impl Plan {
                 }
             }
         }
-        // Something else under its name: the file was replaced, not removed.
+        // The file itself still there under its name (the walk did not meet it: excluded,
+        // on another file system under -x, in a directory it could not read) is not gone:
+        // its record, and its damage, stay as they are. Something else under its name: the
+        // file was replaced, not removed.
         let newly: Vec<_> = newly
             .into_iter()
-            .map(|(i, g, fs, ino, key)| {
-                let replaced = std::fs::symlink_metadata(&g.path).is_ok() && g.damaged.is_none();
-                (i, g, fs, ino, key, replaced)
+            .filter_map(|(i, g, fs, ino, key)| {
+                let now = std::fs::symlink_metadata(&g.path);
+                if now.as_ref().is_ok_and(|m| m.ino() as i64 == ino) {
+                    return None;
+                }
+                let replaced = now.is_ok() && g.damaged.is_none();
+                Some((i, g, fs, ino, key, replaced))
             })
             .collect();
         // A tree that holds nothing of what it held, or lost a large share at once, is an
@@ -592,11 +600,19 @@ impl Plan {
     /// judged since (a database lost, or a check found it whole).
     pub fn damage(&self) -> rusqlite::Result<Vec<state::Damaged>> {
         let conn = self.conn();
+        // An untagged file (its tag stripped since) is still damaged while the database
+        // knows damage of its inode: a tag taken off does not make damaged bytes good.
         let mut stmt = conn.prepare(&format!(
-            "SELECT p.path, coalesce(f.status, 'corrupt'), coalesce(f.damaged, p.marked) \
+            "SELECT path, status, found FROM (\
+             SELECT p.seq, p.path, coalesce(f.status, 'corrupt') AS status, \
+             coalesce(f.damaged, p.marked) AS found \
              FROM {JOIN} WHERE f.damaged IS NOT NULL \
              OR (p.marked IS NOT NULL AND (f.checked IS NULL OR f.checked < p.marked)) \
-             ORDER BY p.seq"
+             UNION ALL \
+             SELECT p.seq, p.path, coalesce(f.status, 'corrupt'), f.damaged \
+             FROM plan p JOIN state.files f ON f.fs = p.fs AND f.ino = p.ino \
+             WHERE length(p.digest) = 0 AND p.marked IS NULL AND f.damaged IS NOT NULL \
+             AND f.gone IS NULL) ORDER BY seq"
         ))?;
         let rows = stmt.query_map([], |r| {
             let path: Vec<u8> = r.get(0)?;

@@ -331,8 +331,21 @@ fn tell_what_is_known<W: Write, E: Write>(
     let Some(state) = state.filter(|_| s.judges()) else {
         return Ok(());
     };
+    // A file this run found damaged under another key (its tag stripped since) is said once.
+    let said: std::collections::HashSet<String> = reporter
+        .summary
+        .findings
+        .problems
+        .iter()
+        .filter_map(|p| match p {
+            intact::notify::Problem::Damaged { what, .. } => Some(what.clone()),
+            _ => None,
+        })
+        .collect();
     for damaged in state.outstanding(&s.roots) {
-        reporter.outstanding(&damaged)?;
+        if !said.contains(&escape(&damaged.path)) {
+            reporter.outstanding(&damaged)?;
+        }
     }
     let Some(plan) = plan else {
         return Ok(());

@@ -192,6 +192,20 @@ impl Digests {
     }
 }
 
+/// The report of an untagged file whose data is still the bytes found damaged before: damage,
+/// not a new file.
+fn untagged_damage(mut report: FileReport, damage: Damage) -> FileReport {
+    report.status = Status::Corrupt;
+    report.digest = Some(damage.digest);
+    report.known_damage = Some(damage);
+    report.detail = Some(format!(
+        "its tag is gone, but its data is still the bytes found damaged at {}: not tagged \
+         (`update --accept-corrupt` accepts it as it is)",
+        crate::text::time(damage.found)
+    ));
+    report
+}
+
 /// A verb's result for a file: its report, or, having stopped early, the report to give
 /// instead (`None` when the run was interrupted).
 type Outcome = Result<FileReport, Option<FileReport>>;
@@ -586,19 +600,58 @@ impl<'a> Worker<'a> {
             s,
             [algo]
                 .into_iter()
-                .chain(s.stored.best().map(|t| t.digest.algo)),
+                .chain(s.stored.best().map(|t| t.digest.algo))
+                .chain(s.stored.damage.map(|m| m.digest.algo)),
         )?;
         if let Some(t) = s.stored.best() {
             self.judge(&mut report, t, s, &d);
+            // `--force` re-tags what it reads, but never blesses damage.
+            if report.status.is_damage() {
+                report.detail = Some(format!(
+                    "{}; not re-tagged (`update --accept-corrupt` accepts it as it is)",
+                    report.detail.as_deref().unwrap_or("its data is damaged")
+                ));
+                return Ok(report);
+            }
+        } else if let Some(damage) = self.still_damaged(s, &d) {
+            return Ok(untagged_damage(report, damage));
         }
         report.digest = Some(d.of(algo));
         Ok(self.write(report, s, &d, algo, Action::Tagged))
     }
 
+    /// For a file without a tag (stripped, lost in a copy), the damage found in it before, if
+    /// its data is still those damaged bytes: by its own mark, else by what the state database
+    /// remembers of its inode. Such a file is not tagged: a tag taken off does not make
+    /// damaged bytes good.
+    fn still_damaged(&self, s: &Subject, d: &Digests) -> Option<Damage> {
+        if self.config.accept_corrupt {
+            return None;
+        }
+        let same = |damage: &Damage| d.get(damage.digest.algo) == Some(damage.digest);
+        let damage = s.stored.damage.filter(same).or_else(|| {
+            let known = self.config.known_damage.as_ref()?;
+            let fs = rustix::fs::fstatvfs(s.file).map_or(s.meta.dev as i64, |v| v.f_fsid as i64);
+            known
+                .iter()
+                .filter(|((ino, _), _)| *ino == s.meta.ino)
+                .flat_map(|(_, found)| found)
+                .find(|(f, damage)| *f == fs && same(damage))
+                .map(|(_, damage)| *damage)
+        })?;
+        Some(damage)
+    }
+
     fn update(&mut self, mut report: FileReport, s: &Subject) -> Outcome {
         let Some(tag) = s.stored.best() else {
             let algo = self.config.new_algo();
-            let (mut report, d) = self.read(report, s, [algo])?;
+            let algos = [algo]
+                .into_iter()
+                .chain(s.stored.damage.map(|m| m.digest.algo));
+            let (mut report, d) = self.read(report, s, algos)?;
+            if let Some(damage) = self.still_damaged(s, &d) {
+                return Ok(untagged_damage(report, damage));
+            }
             report.digest = Some(d.of(algo));
             return Ok(self.write(report, s, &d, algo, Action::Tagged));
         };

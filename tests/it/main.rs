@@ -11,6 +11,7 @@ mod archive;
 mod backups;
 mod bad_sectors;
 mod confinement;
+mod damage_memory;
 mod faults;
 mod full_disks;
 mod interop;
