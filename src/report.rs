@@ -166,6 +166,8 @@ pub struct Summary {
     pub outstanding: u64,
     /// Files found gone from their tree since they were last seen.
     pub removed: u64,
+    /// New files the run left untagged (a check's; an update tags them).
+    pub left_untagged: u64,
     /// Verb-specific fields of the JSON summary (a scrub's budget and cycle).
     pub extra: serde_json::Map<String, serde_json::Value>,
     /// What is wrong, in the words a message to the owner uses.
@@ -188,6 +190,9 @@ impl Summary {
         }
         self.bytes += r.bytes_read;
         self.malformed += r.malformed.len() as u64;
+        if r.status == Status::New && r.action != Some(Action::Tagged) {
+            self.left_untagged += 1;
+        }
         match r.status {
             Status::Corrupt | Status::Mismatch if r.action != Some(Action::Accepted) => {
                 // Found before, these same bytes: since then.
@@ -221,6 +226,7 @@ impl Summary {
         }
         self.bytes += other.bytes;
         self.malformed += other.malformed;
+        self.left_untagged += other.left_untagged;
         self.findings.merge(&other.findings);
     }
 

@@ -582,13 +582,16 @@ impl Plan {
         )
     }
 
-    /// Tagged files never verified, and the oldest verification of the others that are not
-    /// damaged (damage is counted apart, and would otherwise age the tree for ever).
+    /// Files never verified (untagged ones included), and the oldest verification of the
+    /// others that are not damaged (damage is counted apart, and would otherwise age the tree
+    /// for ever). After a run: a file it tagged or re-tagged has a row of its new content,
+    /// proven good as of then, found by its inode (the plan knew its old digest, or none).
     pub fn ages(&self) -> rusqlite::Result<(u64, Option<i64>)> {
         self.conn().query_row(
             &format!(
-                "SELECT count(*) FILTER (WHERE f.verified IS NULL), \
-                 min(f.verified) FILTER (WHERE f.damaged IS NULL) FROM {JOIN} WHERE p.tagged"
+                "SELECT (SELECT count(*) FROM plan p WHERE NOT EXISTS (SELECT 1 FROM state.files \
+                 f WHERE f.fs = p.fs AND f.ino = p.ino AND f.verified IS NOT NULL)), \
+                 (SELECT min(f.verified) FROM {JOIN} WHERE p.tagged AND f.damaged IS NULL)"
             ),
             [],
             |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)),

@@ -306,12 +306,15 @@ fn record(s: &Settings, ran: &mut Ran, reporter: &mut Speaker) {
         summary.exit(s.verb) as i32,
         intact::state::now(),
     );
+    // A scrub's plan knows the files of the trees it verifies (untagged ones too with
+    // --update, which tags them); a walk's record knows the files it recorded. The new files
+    // the run left untagged are never verified besides.
     let ages = match &ran.plan {
         Some(plan) => plan.ages().ok(),
         None => ran.state.as_ref().and_then(|st| st.seen_summary()),
     };
     if let Some((never, oldest)) = ages {
-        let never = never + summary.count(intact::core::classify::Status::New);
+        let never = never + summary.left_untagged;
         verification_ages(&mut m, s.verb.name(), never, oldest);
     }
     if let Err(e) = m.write(path) {

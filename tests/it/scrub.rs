@@ -589,3 +589,44 @@ fn files_that_fail_or_changed_do_not_hold_a_cycle_up() {
     .run();
     assert_eq!(r.json().summary["cycle"]["files_checked"], 2);
 }
+
+/// The value of `intact_files_never_verified` a run wrote.
+fn never_verified(prom: &Path) -> f64 {
+    let text = fs::read_to_string(prom).unwrap();
+    text.lines()
+        .find(|l| l.starts_with("intact_files_never_verified{"))
+        .and_then(|l| l.rsplit_once(' '))
+        .map(|(_, v)| v.parse().unwrap())
+        .unwrap_or_else(|| panic!("no intact_files_never_verified in\n{text}"))
+}
+
+#[test]
+fn files_a_run_just_tagged_are_not_counted_never_verified() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 4, 1_000);
+    let prom = t.path("m.prom");
+    let run = |args: &[&str], code: i32| {
+        cmd!()
+            .args(args)
+            .arg("--state")
+            .arg(&db)
+            .arg("--metrics")
+            .arg(&prom)
+            .arg(&tree)
+            .run()
+            .expect_code(code);
+        never_verified(&prom)
+    };
+    assert_eq!(run(&["scrub", "-q"], 0), 0.0);
+    // A new file and an edit, tagged by the nightly scrub: proven good as of now.
+    t.write("tree/new", b"new photo");
+    let edited = tree.join("d0/f000");
+    fs::write(&edited, b"edited").unwrap();
+    set_mtime(&edited, (mtime(&edited).0 + 10, 0));
+    assert_eq!(run(&["scrub", "-q", "--update"], 0), 0.0);
+    assert_eq!(run(&["update", "-q"], 0), 0.0);
+    // A new file a check leaves untagged is never verified, as status says.
+    t.write("tree/another", b"another photo");
+    assert_eq!(run(&["check", "-q"], 0), 1.0);
+    assert_eq!(run(&["scrub", "-q"], 0), 1.0);
+}
