@@ -49,8 +49,9 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
     on_signals(s.exit_at_once)?;
     let mut reporter = speaker(&s);
     let mut config = s.config.clone();
-    let state = begin(&s, &mut config, &mut reporter);
+    // A wait for the state database's lock is part of the run's time.
     let start = Instant::now();
+    let state = begin(&s, &mut config, &mut reporter);
     let mut ran = run(&s, &mut config, sink, &mut reporter, state);
     reporter.summary.elapsed = start.elapsed();
     reporter.summary.interrupted = SIGNALLED.load(Ordering::SeqCst);

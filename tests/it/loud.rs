@@ -277,6 +277,26 @@ fn a_locked_database_is_waited_for_a_bounded_time_and_never_silently() {
     assert!(!stderr.contains("cycle is complete"), "{stderr}");
     holder.join().unwrap();
 
+    // A wait is part of the run's time, in its metrics too.
+    let holder = hold(3);
+    let prom = t.path("m.prom");
+    cmd!("check", "-q", "--state", &db, "--metrics", &prom, &tree)
+        .within(Duration::from_secs(60))
+        .run()
+        .expect_code(0);
+    holder.join().unwrap();
+    let metrics = fs::read_to_string(&prom).unwrap();
+    let duration: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("intact_run_duration_seconds{"))
+        .and_then(|l| l.rsplit_once(' '))
+        .map(|(_, v)| v.parse().unwrap())
+        .unwrap();
+    assert!(
+        duration >= 2.0,
+        "a run that waited for the lock took {duration} s: {metrics}"
+    );
+
     let holder = hold(75);
     let started = Instant::now();
     let r = cmd!("check", "-q", "--state", &db, &tree)
