@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use super::{AlgoArg, Common, CompatArg, NotifyArgs, Output, Speed, StateArgs};
+use super::{AlgoArg, Common, CompatArg, Metrics, NotifyArgs, Output, Speed, StateArgs};
 use intact::core::digest::Algo;
 use intact::core::manifest::{self, Expected};
 use intact::core::tag::Format;
 use intact::engine::{Config, Work};
-use intact::fs::walk::{self, StateFiles, WalkOptions};
+use intact::fs::walk::{self, WalkOptions};
 use intact::parity;
 use intact::report::{Verb, Verbosity};
 
@@ -78,7 +78,7 @@ impl Settings {
             walk: WalkOptions {
                 one_file_system: common.one_file_system,
                 excludes,
-                state: None,
+                own: Default::default(),
             },
             remove_leftovers: verb.changes_files(),
             ..Config::new(verb.work())
@@ -126,7 +126,19 @@ impl Settings {
             a.state.clone().or_else(intact::state::default_path)
         };
         // A database kept inside a tree is never a file of it.
-        self.config.walk.state = self.state.as_deref().and_then(StateFiles::of);
+        if let Some(db) = &self.state {
+            self.config.walk.own.database(db);
+        }
+    }
+
+    /// Writes Prometheus metrics where `m` says (only ever over a regular file); the file is
+    /// never one of the tree's, even inside it.
+    pub fn metrics(&mut self, m: &Metrics) -> anyhow::Result<()> {
+        self.metrics = m.file()?;
+        if let Some(path) = &self.metrics {
+            self.config.walk.own.output(path);
+        }
+        Ok(())
     }
 
     /// Tells the owner as `a` says, if it names any channel or a heartbeat.

@@ -27,7 +27,7 @@ pub fn check(a: CheckArgs) -> anyhow::Result<Exit> {
         s.manifest(&file, &root, algo(a.algo))?;
     }
     s.record(&a.state);
-    s.metrics = a.metrics.file()?;
+    s.metrics(&a.metrics)?;
     s.notify(&a.notify)?;
     super::drive(s, &mut Pass)
 }
@@ -38,7 +38,7 @@ pub fn update(a: UpdateArgs) -> anyhow::Result<Exit> {
     s.config.accept_corrupt = a.accept_corrupt;
     s.config.compat = formats(&a.compat.compat);
     s.record(&a.state);
-    s.metrics = a.metrics.file()?;
+    s.metrics(&a.metrics)?;
     s.notify(&a.notify)?;
     super::drive(s, &mut Pass)
 }

@@ -21,7 +21,7 @@ pub fn run(a: ScrubArgs) -> anyhow::Result<Exit> {
         s.config.remove_leftovers = true;
     }
     s.record(&a.state);
-    s.metrics = a.metrics.file()?;
+    s.metrics(&a.metrics)?;
     s.notify(&a.notify)?;
     s.scrub = Some(Scrub {
         budget: Budget {

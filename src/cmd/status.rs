@@ -19,7 +19,7 @@ use intact::text::{bytes, escape, group, percent, time_ms};
 pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
     let mut s = Settings::new(Verb::Status, a.paths.paths, &a.common)?;
     s.record(&a.state);
-    s.metrics = a.metrics.file()?;
+    s.metrics(&a.metrics)?;
     s.notify(&a.notify)?;
     let (plan, found) = find(&mut s)?;
     let mut out = std::io::stdout().lock();

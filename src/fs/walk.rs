@@ -37,37 +37,71 @@ pub struct WalkOptions {
     pub one_file_system: bool,
     /// Glob patterns (gitignore syntax) of paths to leave out.
     pub excludes: Vec<String>,
-    /// intact's state database, if it is kept inside a tree: never a file of it.
-    pub state: Option<StateFiles>,
+    /// intact's own files (its state database, the outputs of the run), if they are kept
+    /// inside a tree: never files of it.
+    pub own: OwnFiles,
 }
 
-/// The files of a state database: the database, its `-wal`, `-shm` and `-journal`, and
-/// copies of it moved aside as damaged (`.broken-TIME`); known by the directory they are in
-/// and the database's name, since they come and go while a run walks.
+/// intact's own files, known by the directory they are in and their name, since they come
+/// and go while a run walks: a state database (with its `-wal`, `-shm` and `-journal`, and
+/// copies of it moved aside as damaged, `.broken-TIME`) and the run's outputs (metrics).
+#[derive(Clone, Debug, Default)]
+pub struct OwnFiles(Vec<Own>);
+
 #[derive(Clone, Debug)]
-pub struct StateFiles {
+struct Own {
     dir: Inode,
     name: OsString,
+    /// A state database (with its companions), else an output.
+    database: bool,
 }
 
-impl StateFiles {
-    /// The files of the database at `db`, if its directory exists.
-    pub fn of(db: &Path) -> Option<StateFiles> {
-        let dir = fs::metadata(crate::fs::atomic::parent(db)).ok()?;
-        Some(StateFiles {
+impl OwnFiles {
+    /// Adds the state database at `db`, if its directory exists.
+    pub fn database(&mut self, db: &Path) {
+        self.add(db, true);
+    }
+
+    /// Adds an output at `path`, if its directory exists.
+    pub fn output(&mut self, path: &Path) {
+        self.add(path, false);
+    }
+
+    fn add(&mut self, path: &Path, database: bool) {
+        let (Ok(dir), Some(name)) = (
+            fs::metadata(crate::fs::atomic::parent(path)),
+            path.file_name(),
+        ) else {
+            return;
+        };
+        self.0.push(Own {
             dir: (dir.dev(), dir.ino()),
-            name: db.file_name()?.to_os_string(),
+            name: name.to_os_string(),
+            database,
+        });
+    }
+
+    /// Whether any of them is in the directory `dir`.
+    fn in_dir(&self, dir: Inode) -> bool {
+        self.0.iter().any(|o| o.dir == dir)
+    }
+
+    /// Why `name`, in the directory `dir`, is one of them, if it is.
+    fn holds(&self, dir: Inode, name: &OsStr) -> Option<SkipReason> {
+        self.0.iter().find_map(|o| {
+            let rest = name.as_bytes().strip_prefix(o.name.as_bytes())?;
+            let companion =
+                matches!(rest, b"-wal" | b"-shm" | b"-journal") || rest.starts_with(b".broken-");
+            match (o.dir == dir, o.database) {
+                (true, true) if rest.is_empty() || companion => Some(SkipReason::StateDatabase),
+                (true, false) if rest.is_empty() => Some(SkipReason::Output),
+                _ => None,
+            }
         })
     }
 
-    /// Whether `name`, in the directory `dir`, is one of them.
-    fn holds(&self, dir: Inode, name: &OsStr) -> bool {
-        let Some(rest) = name.as_bytes().strip_prefix(self.name.as_bytes()) else {
-            return false;
-        };
-        dir == self.dir
-            && (matches!(rest, b"" | b"-wal" | b"-shm" | b"-journal")
-                || rest.starts_with(b".broken-"))
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 }
 
@@ -90,6 +124,8 @@ pub enum SkipReason {
     KeptDamaged,
     /// intact's state database (or its journal, or a damaged one moved aside).
     StateDatabase,
+    /// An output of the run itself (its metrics).
+    Output,
 }
 
 impl fmt::Display for SkipReason {
@@ -102,6 +138,7 @@ impl fmt::Display for SkipReason {
             SkipReason::Temporary => "being written by a running intact",
             SkipReason::KeptDamaged => "a damaged copy kept by repair",
             SkipReason::StateDatabase => "intact's state database",
+            SkipReason::Output => "written by this run of intact (its metrics)",
         })
     }
 }
@@ -292,8 +329,8 @@ struct Level {
     path: PathBuf,
     entries: std::vec::IntoIter<(OsString, Kind)>,
     ignore: Option<Gitignore>,
-    /// The directory, if it holds the state database.
-    state_dir: Option<Inode>,
+    /// The directory, if it holds any of intact's own files.
+    own_dir: Option<Inode>,
 }
 
 fn walk_root(
@@ -309,16 +346,17 @@ fn walk_root(
         Ok(m) => m,
     };
     if !meta.is_dir() {
-        let state_file = opts.state.as_ref().is_some_and(|st| {
-            let dir = fs::metadata(crate::fs::atomic::parent(root));
-            let name = root.file_name().unwrap_or_default();
-            dir.is_ok_and(|d| st.holds((d.dev(), d.ino()), name))
-        });
-        if state_file {
+        let own = fs::metadata(crate::fs::atomic::parent(root))
+            .ok()
+            .and_then(|d| {
+                let name = root.file_name().unwrap_or_default();
+                opts.own.holds((d.dev(), d.ino()), name)
+            });
+        if let Some(reason) = own {
             return Ok(visit(Entry::Skip {
                 path: root.to_path_buf(),
                 root: index,
-                reason: SkipReason::StateDatabase,
+                reason,
                 inode: None,
             }));
         }
@@ -334,7 +372,7 @@ fn walk_root(
     let mut stack: Vec<Level> = Vec::new();
     let enter = |path: PathBuf, stack: &mut Vec<Level>| -> Option<(PathBuf, std::io::Error)> {
         let listed = anchor.open_dir(&path).and_then(|fd| {
-            let id = if opts.one_file_system || opts.state.is_some() {
+            let id = if opts.one_file_system || !opts.own.is_empty() {
                 let st = rustix::fs::fstat(&fd)?;
                 Some((st.st_dev as u64, st.st_ino as u64))
             } else {
@@ -352,7 +390,7 @@ fn walk_root(
                     path,
                     entries: entries.into_iter(),
                     ignore,
-                    state_dir: id.filter(|id| opts.state.as_ref().is_some_and(|st| st.dir == *id)),
+                    own_dir: id.filter(|id| opts.own.in_dir(*id)),
                 });
                 bad
             }
@@ -371,13 +409,11 @@ fn walk_root(
             continue;
         };
         let path = level.path.join(&name);
-        if let (Some(dir), Some(st)) = (level.state_dir, &opts.state)
-            && st.holds(dir, &name)
-        {
+        if let Some(reason) = level.own_dir.and_then(|dir| opts.own.holds(dir, &name)) {
             let skip = Entry::Skip {
                 path,
                 root: index,
-                reason: SkipReason::StateDatabase,
+                reason,
                 inode: None,
             };
             if visit(skip).is_break() {

@@ -630,3 +630,23 @@ fn files_a_run_just_tagged_are_not_counted_never_verified() {
     assert_eq!(run(&["check", "-q"], 0), 1.0);
     assert_eq!(run(&["scrub", "-q"], 0), 1.0);
 }
+
+#[test]
+fn a_metrics_file_inside_the_tree_is_never_a_file_of_it() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 3, 1_000);
+    let prom = tree.join("intact.prom");
+    for verb in ["check", "scrub", "update", "check"] {
+        let r = intact!(verb, "--json", "--state", &db, "--metrics", &prom, &tree)
+            .expect_code(0)
+            .json();
+        assert_eq!(r.count("new"), 0, "{verb}: {:?}", r.files);
+        assert!(prom.exists());
+    }
+    assert!(
+        getxattr(&prom, TAG).is_none(),
+        "the metrics file was tagged"
+    );
+    let r = intact!("status", "--state", &db, "--metrics", &prom, &tree).expect_code(0);
+    assert!(!r.stdout.contains("1 untagged"), "{}", r.stdout);
+}
