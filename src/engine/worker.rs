@@ -192,6 +192,19 @@ impl Digests {
     }
 }
 
+/// Why a damage mark is evidence of nothing against `tag`, if it is: one of another algorithm
+/// cannot be compared, and one naming the tag's own digest calls the tag's own bytes damage
+/// (a forged or garbled mark: intact never writes one).
+fn mark_contradicts(mark: &Damage, tag: &Tag) -> Option<&'static str> {
+    if mark.digest.algo != tag.digest.algo {
+        Some("a damage mark of another algorithm than the tag's")
+    } else if mark.digest == tag.digest {
+        Some("a damage mark naming the tag's own digest, which no damage has")
+    } else {
+        None
+    }
+}
+
 /// The report of an untagged file whose data is still the bytes found damaged before: damage,
 /// not a new file.
 fn untagged_damage(mut report: FileReport, damage: Damage) -> FileReport {
@@ -825,6 +838,12 @@ impl<'a> Worker<'a> {
                 report.detail = Some(INTERRUPTED_REPAIR.into());
             }
         }
+        if let Some(why) = s.stored.damage.and_then(|m| mark_contradicts(&m, tag)) {
+            report.malformed.push((
+                crate::core::tag::names::CORRUPT,
+                crate::core::tag::Malformed(why.into()),
+            ));
+        }
         let Some(damage) = self.known_damage(tag, s) else {
             return;
         };
@@ -855,6 +874,7 @@ impl<'a> Worker<'a> {
     fn known_damage(&self, tag: &Tag, s: &Subject) -> Option<Damage> {
         s.stored
             .damage
+            .filter(|m| mark_contradicts(m, tag).is_none())
             .or_else(|| {
                 let known = self.config.known_damage.as_ref()?;
                 let found = known.get(&(s.meta.ino, tag.digest))?;

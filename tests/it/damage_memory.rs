@@ -94,3 +94,38 @@ fn tag_force_refuses_to_bless_damage() {
     intact!("check", "-q", "--state", &db, &root).expect_code(1);
     let _ = fs::metadata(&a).unwrap();
 }
+
+/// A damage mark (version 1, the algorithm, a digest, when found) as intact writes one.
+fn mark(algo: u8, digest: &[u8], found: i64) -> Vec<u8> {
+    let mut v = vec![1, algo];
+    v.extend_from_slice(digest);
+    v.extend_from_slice(&found.to_le_bytes());
+    v
+}
+
+#[test]
+fn a_mark_that_contradicts_the_data_is_evidence_of_nothing() {
+    let t = Tree::new();
+    let f = t.write("tree/f", data(3000, 7));
+    let root = t.path("tree");
+    intact!("tag", "-q", &root).expect_code(0);
+    let sha = intact_tag(&f).digest;
+    let db = t.path("state.db");
+    // Naming the tag's own digest: the file is ok, the mark is said malformed.
+    setxattr(&f, "user.intact.corrupt", &mark(1, &sha, 0));
+    let r = intact!("check", "--state", &db, &root).expect_code(3);
+    assert!(!r.stdout.contains("corrupt"), "{}", r.stdout);
+    assert!(
+        r.stderr.contains("naming the tag's own digest"),
+        "{}",
+        r.stderr
+    );
+    // A writing verb removes it; then all is well.
+    intact!("update", "-q", "--state", &db, &root).expect_code(0);
+    assert!(getxattr(&f, "user.intact.corrupt").is_none());
+    intact!("check", "-q", "--state", &db, &root).expect_code(0);
+    // Of another algorithm than the tag's: said, like any malformed mark.
+    setxattr(&f, "user.intact.corrupt", &mark(2, &[7; 32], 0));
+    let r = intact!("check", "--state", &db, &root).expect_code(3);
+    assert!(r.stderr.contains("another algorithm"), "{}", r.stderr);
+}
