@@ -373,9 +373,10 @@ fn parse_loose_time(raw: &[u8]) -> Option<i64> {
 }
 
 /// Damage found earlier: the digest of the damaged bytes (with the tag's algorithm) and when
-/// it was found. Kept in the state database and, by the verbs that write, on the file itself
-/// (`user.intact.corrupt`), so that a later run knows the same damage under a moved mtime (a
-/// touch, a sync tool) for what it is, and only an edit (other bytes) ends it.
+/// it was found. Kept in the state database and its damage journal (older versions also
+/// marked the file itself, `user.intact.corrupt`), so that a later run knows the same damage
+/// under a moved mtime (a touch, a sync tool) for what it is, and only an edit (other bytes)
+/// ends it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Damage {
     /// The digest of the damaged data.

@@ -695,8 +695,10 @@ impl<'a> Worker<'a> {
             },
             Status::Ok => self.compat(report, s, &d),
             Status::Corrupt | Status::Mismatch if !self.config.accept_corrupt => {
+                // Nothing is written to a damaged file: a mark would move its ctime, and backup
+                // tools would then store the damaged bytes over the good ones they hold. The
+                // state database and its damage journal remember the damage instead.
                 report.action = Some(Action::Kept);
-                self.mark_damaged(&mut report, s);
                 return Ok(report);
             }
             Status::Corrupt | Status::Mismatch => self.write(report, s, &d, algo, Action::Accepted),
@@ -993,30 +995,6 @@ impl<'a> Worker<'a> {
         // The digest reported is the one now stored (a re-tag may change the algorithm).
         report.digest = Some(d.of(algo));
         self.retag_compat(report, s, d)
-    }
-
-    /// Leaves on a damaged file whose tag is kept the digest of its damaged bytes and when
-    /// they were first found, so that later runs know that damage for what it is even under a
-    /// moved mtime, with or without the state database. Failing that, the report says so.
-    fn mark_damaged(&self, report: &mut FileReport, s: &Subject) {
-        let Some(digest) = report.digest.filter(|_| self.config.write) else {
-            return;
-        };
-        let damage = Damage {
-            digest,
-            found: report
-                .known_damage
-                .filter(|d| d.digest == digest)
-                .map_or_else(|| Timestamp::now().sec, |d| d.found),
-        };
-        report.known_damage = Some(damage);
-        if let Err(e) = xattr::mark_damaged(s.file, &s.stored, &damage) {
-            let note = format!("could not mark it as damaged: {}", super::cause(&e));
-            report.detail = Some(match report.detail.take() {
-                Some(d) => format!("{d}; {note}"),
-                None => note,
-            });
-        }
     }
 
     /// Writes the requested compat tags from the SHA-256 just computed.

@@ -43,8 +43,9 @@ pub struct WalkOptions {
 }
 
 /// intact's own files, known by the directory they are in and their name, since they come
-/// and go while a run walks: a state database (with its `-wal`, `-shm` and `-journal`, and
-/// copies of it moved aside as damaged, `.broken-TIME`) and the run's outputs (metrics).
+/// and go while a run walks: a state database (with its `-wal`, `-shm` and `-journal`, its
+/// damage journal `.damage`, and copies of it moved aside as damaged, `.broken-TIME`) and the
+/// run's outputs (metrics).
 #[derive(Clone, Debug, Default)]
 pub struct OwnFiles(Vec<Own>);
 

@@ -23,7 +23,8 @@ pub struct Stored {
     pub repairing: bool,
     /// The file is a damaged copy that a repair kept: evidence, never verified or tagged.
     pub kept_damaged: bool,
-    /// A verb that writes found the file damaged: the digest of the damaged bytes, and when.
+    /// An older intact found the file damaged and marked it: the digest of the damaged bytes,
+    /// and when.
     pub damage: Option<Damage>,
 }
 
@@ -273,21 +274,8 @@ pub fn mark_repairing(file: &File) -> io::Result<()> {
     Ok(())
 }
 
-/// Marks a file found damaged (see [`Stored::damage`]), unless it says so already.
-pub fn mark_damaged(file: &File, stored: &Stored, damage: &Damage) -> io::Result<()> {
-    if stored.damage.as_ref() == Some(damage) {
-        return Ok(());
-    }
-    rustix::fs::fsetxattr(
-        file,
-        names::CORRUPT,
-        &tag::encode_damage(damage),
-        XattrFlags::empty(),
-    )?;
-    Ok(())
-}
-
-/// Removes the mark of [`mark_damaged`]; `Ok(false)` if there was none.
+/// Removes a damage mark (see [`Stored::damage`]; older versions of intact wrote them);
+/// `Ok(false)` if there was none.
 pub fn unmark_damaged(file: &File) -> io::Result<bool> {
     remove(file, names::CORRUPT)
 }

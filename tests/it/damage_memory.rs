@@ -129,3 +129,143 @@ fn a_mark_that_contradicts_the_data_is_evidence_of_nothing() {
     let r = intact!("check", "--state", &db, &root).expect_code(3);
     assert!(r.stderr.contains("another algorithm"), "{}", r.stderr);
 }
+
+/// Rot below the file system (a byte flipped in the loop device's image: the file's ctime
+/// does not move, as with real bit rot), found by every verb that judges, `scrub --update`
+/// included: the file is left exactly as found, so the next `restic backup` finds it
+/// unmodified and the repository keeps the good bytes. The damage survives the loss of the
+/// state database, a `touch` included, through the damage journal.
+#[test]
+fn damage_found_leaves_the_file_as_found_so_backups_keep_the_good_bytes() {
+    require_faults!();
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    use std::process::Command;
+    let t = Tree::new();
+    let disk = crate::faultfs::LoopFs::ext4(t.root(), 32, &["-b", "4096"]);
+    let tree = disk.root.join("photos");
+    fs::create_dir_all(&tree).unwrap();
+    let photo = tree.join("photo.jpg");
+    fs::write(&photo, data(64 << 10, 3)).unwrap();
+    fs::write(tree.join("other.jpg"), data(10_000, 4)).unwrap();
+    intact!("tag", "-q", &tree).expect_code(0);
+    let db = t.path("state/state.db");
+    fs::create_dir_all(db.parent().unwrap()).unwrap();
+    intact!("check", "-q", "--state", &db, &tree).expect_code(0);
+    let restic = || {
+        let mut c = Command::new("restic");
+        c.env("RESTIC_PASSWORD", "correct horse")
+            .env("RESTIC_CACHE_DIR", t.path("restic-cache"))
+            .arg("--repo")
+            .arg(t.path("repo"));
+        c
+    };
+    let backup = || {
+        let out = restic()
+            .args(["backup", "--json"])
+            .arg(&tree)
+            .output()
+            .expect("restic is installed (.ci/run installs it)");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let summary: serde_json::Value = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v["message_type"] == "summary")
+            .unwrap_or_else(|| panic!("no summary in {text}"));
+        summary
+    };
+    assert!(restic().args(["init", "-q"]).status().unwrap().success());
+    backup();
+    // Rot in the image, under the file system: the block that holds the photo's first bytes.
+    std::process::Command::new("sync").status().unwrap();
+    let out = Command::new("filefrag")
+        .args(["-v", "-b4096"])
+        .arg(&photo)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let block: u64 = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("0:"))
+        .and_then(|l| l.split(':').nth(2))
+        .and_then(|p| p.trim().split("..").next())
+        .and_then(|b| b.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no extent in {text}"));
+    let image = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.root().join("ext4.img"))
+        .unwrap();
+    let at = block * 4096 + 100;
+    let mut b = [0u8];
+    image.read_exact_at(&mut b, at).unwrap();
+    image.write_all_at(&[b[0] ^ 0x20], at).unwrap();
+    image.sync_all().unwrap();
+    fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    let before = fs::metadata(&photo).unwrap();
+    let attrs = |p: &std::path::Path| {
+        let mut names: Vec<String> = xattr_names(p);
+        names.sort();
+        names
+    };
+    let attrs_before = attrs(&photo);
+    let tag_before = getxattr(&photo, TAG);
+    for args in [
+        &["check"][..],
+        &["scrub"],
+        &["scrub", "--update"],
+        &["update"],
+    ] {
+        let r = cmd!().args(args).arg("--state").arg(&db).arg(&tree).run();
+        assert_eq!(r.code, 1, "{args:?}: {}{}", r.stdout, r.stderr);
+        assert!(r.stdout.contains("corrupt"), "{args:?}: {}", r.stdout);
+        let now = fs::metadata(&photo).unwrap();
+        assert_eq!(
+            (now.ctime(), now.ctime_nsec(), now.mtime(), now.mtime_nsec()),
+            (
+                before.ctime(),
+                before.ctime_nsec(),
+                before.mtime(),
+                before.mtime_nsec()
+            ),
+            "{args:?} wrote to the damaged file"
+        );
+        assert_eq!(
+            attrs(&photo),
+            attrs_before,
+            "{args:?} changed its attributes"
+        );
+        assert_eq!(getxattr(&photo, TAG), tag_before);
+    }
+    // The nightly backup after it: the photo unmodified, the good bytes kept.
+    let summary = backup();
+    assert_eq!(summary["files_changed"], 0, "{summary}");
+    assert_eq!(summary["files_unmodified"], 2, "{summary}");
+    // The database lost (deleted, then replaced by garbage), and the photo touched: still
+    // damage, through the journal.
+    set_mtime(&photo, (2_000_000_000, 0));
+    fs::remove_file(&db).unwrap();
+    let r = intact!("update", "--state", &db, &tree).expect_code(1);
+    assert!(r.stdout.contains("corrupt"), "{}", r.stdout);
+    assert_eq!(getxattr(&photo, TAG), tag_before, "the damage was blessed");
+    fs::write(&db, vec![0x5a; 8192]).unwrap();
+    for verb in ["check", "status"] {
+        let r = intact!(verb, "--state", &db, &tree).expect_code(1);
+        assert!(r.stdout.contains("corrupt"), "{verb}: {}", r.stdout);
+    }
+}
+
+/// The names of a file's extended attributes.
+fn xattr_names(p: &std::path::Path) -> Vec<String> {
+    let mut buf = vec![0u8; 4096];
+    let n = rustix::fs::llistxattr(p, &mut buf[..]).unwrap();
+    buf[..n]
+        .split(|&b| b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect()
+}

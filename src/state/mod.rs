@@ -30,6 +30,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, bounded, unbounded};
 use rusqlite::{CachedStatement, Connection, OptionalExtension, params};
 
+pub mod journal;
+
 use crate::core::classify::Status;
 use crate::core::digest::{Algo, Digest};
 use crate::core::tag::Damage;
@@ -198,6 +200,8 @@ pub struct State {
     pub failed: Option<String>,
     /// SQLite found the database damaged: it should be moved aside.
     pub broken: bool,
+    /// The damage journal beside the database (none in memory).
+    journal: Option<PathBuf>,
 }
 
 /// Why the database could not be used.
@@ -270,12 +274,30 @@ impl State {
             conn.pragma_update(None, "user_version", VERSION)?;
         }
         back_shared_memory(path)?;
+        // A new database (the old one deleted, damaged or replaced) learns again the damage
+        // the journal remembers; a long journal is compacted to what is still damage.
+        let entries = journal::path_of(path);
+        let long = std::fs::metadata(&entries).is_ok_and(|m| m.len() > JOURNAL_COMPACT_AT);
+        if version == 0 || long {
+            transaction(&conn, |conn| {
+                replay(conn, &entries, version == 0).map_err(|e| {
+                    rusqlite::Error::SqliteFailure(
+                        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+                        Some(format!(
+                            "the damage journal {}: {e}",
+                            crate::text::escape(&entries)
+                        )),
+                    )
+                })
+            })?;
+        }
         let writer = Writer::open(path)?;
         Ok(State::with(conn, writer, Some(path.to_path_buf())))
     }
 
     fn with(conn: Connection, writer: Writer, path: Option<PathBuf>) -> State {
         State {
+            journal: path.as_deref().map(journal::path_of),
             conn,
             writer,
             path,
@@ -610,10 +632,19 @@ impl State {
         let damage = match (fact, report.digest) {
             (Fact::Damaged, Some(d)) => {
                 // Found before, these same bytes: since then.
-                let found = report
-                    .known_damage
-                    .filter(|k| k.digest == d)
-                    .map_or(t, |k| k.found.saturating_mul(1000));
+                let known = report.known_damage.filter(|k| k.digest == d);
+                let found = known.map_or(t, |k| k.found.saturating_mul(1000));
+                if known.is_none() {
+                    self.journal(journal::Entry {
+                        found,
+                        fs,
+                        ino: ino as i64,
+                        tag: key.clone(),
+                        damaged: digest_key(&d),
+                        status: report.status.name().into(),
+                        path: absolute_from(&self.cwd, &report.path),
+                    });
+                }
                 Some((digest_key(&d), found))
             }
             _ => None,
@@ -707,6 +738,21 @@ impl State {
             .ok_or_else(|| StateError::Io(io::Error::other("no database file")))?;
         drop(self);
         rebuild(&path, "found damaged while in use")
+    }
+
+    /// Writes damage just found into the journal, durably, before the database knows it;
+    /// failing that, the run says so.
+    fn journal(&mut self, entry: journal::Entry) {
+        let Some(path) = &self.journal else { return };
+        if let Err(e) = journal::append(path, &entry) {
+            self.failed.get_or_insert_with(|| {
+                format!(
+                    "the damage journal {} could not be written ({e}): if the state database \
+                     is lost, the damage found now is forgotten",
+                    crate::text::escape(path)
+                )
+            });
+        }
     }
 
     fn fail(&mut self, e: rusqlite::Error) {
@@ -1268,6 +1314,53 @@ pub fn roots_key(roots: &[PathBuf]) -> Vec<u8> {
         .map(|r| absolute(r).into_os_string().into_vec())
         .collect::<Vec<_>>()
         .join(&b'\n')
+}
+
+/// A damage journal longer than this is compacted when the database opens.
+const JOURNAL_COMPACT_AT: u64 = 64 << 10;
+
+/// Brings the damage the journal at `path` remembers into the database (`insert`: a new one),
+/// and keeps in the journal only what is still damage: entries whose file is still there,
+/// the same inode under the same tag (repaired, accepted, edited or deleted files are not).
+fn replay(conn: &Connection, path: &Path, insert: bool) -> io::Result<()> {
+    let entries = journal::read(path)?;
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let tag_of = |f: &std::fs::File| {
+        crate::fs::xattr::read(f)
+            .ok()
+            .and_then(|s| s.best().map(|t| digest_key(&t.digest)))
+    };
+    let mut keep: Vec<journal::Entry> = Vec::new();
+    for e in entries {
+        let same = |k: &journal::Entry| (k.fs, k.ino, &k.tag) == (e.fs, e.ino, &e.tag);
+        if keep.iter().any(same) || !e.still_there(&tag_of) {
+            continue;
+        }
+        if insert {
+            let size = std::fs::symlink_metadata(&e.path).map_or(0, |m| m.len() as i64);
+            conn.execute(
+                "INSERT INTO files (fs, ino, digest, path, size, checked, status, damaged, \
+                 damaged_digest) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?6, ?8) \
+                 ON CONFLICT DO UPDATE SET damaged = coalesce(files.damaged, ?6), \
+                 damaged_digest = ?8, status = ?7",
+                params![
+                    e.fs,
+                    e.ino,
+                    e.tag,
+                    e.path.as_os_str().as_bytes(),
+                    size,
+                    e.found,
+                    e.status,
+                    e.damaged
+                ],
+            )
+            .map_err(io::Error::other)?;
+        }
+        keep.push(e);
+    }
+    journal::rewrite(path, &keep)
 }
 
 /// Space a state database needs free before SQLite touches it: its shared memory (`-shm`)

@@ -1,0 +1,148 @@
+//! The damage journal: a small append-only file beside the state database that remembers
+//! every damage found, so that losing the database (deleted, damaged, replaced) never loses
+//! the memory of damage. intact writes nothing to a damaged file (no mark: a mark moves the
+//! ctime, and backup tools would then store the damaged bytes), so this journal, not the
+//! file, is what a new database is rebuilt from.
+//!
+//! One line per damage found, written and synced when it is found:
+//! `found fs ino tag damaged status path`, tab-separated, digests and the path in hex, so that
+//! any name fits on a line. A torn last line (a crash mid-append) is skipped. Damage ends by
+//! repair (a new inode), acceptance or an edit (a new tag), or deletion (no file): an entry
+//! that no longer describes the file under its path is dropped when the journal is compacted,
+//! and never replayed, so a replay never brings back damage that ended.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// One damage found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// When (Unix milliseconds).
+    pub found: i64,
+    /// The file system id and inode of the damaged file.
+    pub fs: i64,
+    /// Its inode.
+    pub ino: i64,
+    /// The digest key (as the database keeps it) of the tag the damage was found under.
+    pub tag: Vec<u8>,
+    /// The digest key of the damaged bytes.
+    pub damaged: Vec<u8>,
+    /// The verdict (corrupt, mismatch).
+    pub status: String,
+    /// Where it was, absolute.
+    pub path: PathBuf,
+}
+
+impl Entry {
+    fn line(&self) -> String {
+        format!(
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
+            self.found,
+            self.fs,
+            self.ino,
+            hex::encode(&self.tag),
+            hex::encode(&self.damaged),
+            self.status,
+            hex::encode(self.path.as_os_str().as_encoded_bytes())
+        )
+    }
+
+    /// Parses a line; `None` for anything else (a torn last line).
+    fn parse(line: &str) -> Option<Entry> {
+        let mut f = line.split('\t');
+        let entry = Entry {
+            found: f.next()?.parse().ok()?,
+            fs: f.next()?.parse().ok()?,
+            ino: f.next()?.parse().ok()?,
+            tag: hex::decode(f.next()?).ok()?,
+            damaged: hex::decode(f.next()?).ok()?,
+            status: f.next()?.to_string(),
+            path: PathBuf::from(std::ffi::OsString::from_vec(hex::decode(f.next()?).ok()?)),
+        };
+        (f.next().is_none() && !entry.status.is_empty()).then_some(entry)
+    }
+
+    /// Whether the file under its path is still the one found damaged, under the same tag:
+    /// `tag_of` reads the digest key of a file's tag.
+    pub fn still_there(&self, tag_of: &dyn Fn(&File) -> Option<Vec<u8>>) -> bool {
+        let Ok(file) = File::open(&self.path) else {
+            return false;
+        };
+        file.metadata()
+            .is_ok_and(|m| m.ino() as i64 == self.ino && m.is_file())
+            && tag_of(&file).as_deref() == Some(&self.tag[..])
+    }
+}
+
+/// The journal of the database at `db`: `db` with `.damage` appended.
+pub fn path_of(db: &Path) -> PathBuf {
+    super::with_suffix(db, ".damage")
+}
+
+/// Appends `entry` to the journal at `path`, durably.
+pub fn append(path: &Path, entry: &Entry) -> io::Result<()> {
+    let mut f = OpenOptions::new().create(true).append(true).open(path)?;
+    f.write_all(entry.line().as_bytes())?;
+    f.sync_data()
+}
+
+/// Every entry in the journal at `path` (none if there is none).
+pub fn read(path: &Path) -> io::Result<Vec<Entry>> {
+    let f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut entries = Vec::new();
+    for line in BufReader::new(f).lines() {
+        if let Some(e) = Entry::parse(line?.trim_end_matches('\n')) {
+            entries.push(e);
+        }
+    }
+    Ok(entries)
+}
+
+/// Rewrites the journal at `path` with `keep` only (atomically: a crash leaves the old or
+/// the new journal).
+pub fn rewrite(path: &Path, keep: &[Entry]) -> io::Result<()> {
+    let text: String = keep.iter().map(Entry::line).collect();
+    let temp = crate::fs::atomic::Temp::beside(path)?;
+    let mut file = temp.file();
+    file.write_all(text.as_bytes())?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::other("no file name"))?;
+    temp.commit(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_round_trip_any_name_and_torn_lines_are_skipped() {
+        let e = Entry {
+            found: 1_764_728_045_000,
+            fs: -5,
+            ino: 42,
+            tag: vec![0, 1, 2],
+            damaged: vec![0, 9, 9],
+            status: "corrupt".into(),
+            path: PathBuf::from(std::ffi::OsString::from_vec(b"/t/a\n\tb\xff".to_vec())),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let j = dir.path().join("state.db.damage");
+        append(&j, &e).unwrap();
+        append(&j, &e).unwrap();
+        // A crash mid-append.
+        let mut f = OpenOptions::new().append(true).open(&j).unwrap();
+        f.write_all(b"1764728045000\t-5\t4").unwrap();
+        assert_eq!(read(&j).unwrap(), vec![e.clone(), e.clone()]);
+        rewrite(&j, std::slice::from_ref(&e)).unwrap();
+        assert_eq!(read(&j).unwrap(), vec![e]);
+        assert!(read(&dir.path().join("none")).unwrap().is_empty());
+    }
+}
