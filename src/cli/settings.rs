@@ -40,6 +40,9 @@ pub struct Settings {
     pub failures: Vec<String>,
     /// The state database to record verdicts and copies in, if any.
     pub state: Option<PathBuf>,
+    /// Without one (`--no-state`): the database whose damage is known all the same, read
+    /// only.
+    pub damage_from: Option<PathBuf>,
     /// Where to write Prometheus metrics of the run.
     pub metrics: Option<PathBuf>,
     /// A scrub's plan: what to verify, in which order.
@@ -105,6 +108,7 @@ impl Settings {
             exit_at_once: !verb.writes_temps(),
             failures,
             state: None,
+            damage_from: None,
             metrics: None,
             scrub: None,
             notify: None,
@@ -118,13 +122,11 @@ impl Settings {
         self.config.remove_leftovers = yes && self.verb.changes_files();
     }
 
-    /// Records in the state database `a` names (or the default one) unless told not to.
+    /// Records in the state database `a` names (or the default one) unless told not to;
+    /// told not to, still knows the damage it remembers (read only).
     pub fn record(&mut self, a: &StateArgs) {
-        self.state = if a.no_state {
-            None
-        } else {
-            a.state.clone().or_else(intact::state::default_path)
-        };
+        let db = a.state.clone().or_else(intact::state::default_path);
+        (self.state, self.damage_from) = if a.no_state { (None, db) } else { (db, None) };
         // A database kept inside a tree is never a file of it.
         if let Some(db) = &self.state {
             self.config.walk.own.database(db);

@@ -91,8 +91,23 @@ fn speaker(s: &Settings) -> Speaker {
     reporter
 }
 
-/// Opens the state database (if any) and begins the run's record in it.
+/// Opens the state database (if any) and begins the run's record in it. Without one
+/// (`--no-state`), the damage it and its journal remember is known all the same.
 fn begin(s: &Settings, config: &mut engine::Config, reporter: &mut Speaker) -> Option<State> {
+    if let Some(db) = s
+        .damage_from
+        .as_deref()
+        .filter(|_| config.work.reads_data())
+    {
+        match intact::state::known_damage_at(db) {
+            Some(known) => config.known_damage = Some(std::sync::Arc::new(known)),
+            None => reporter.note(format!(
+                "no state database at {}: damage found earlier cannot be known, so a damaged \
+                 file whose mtime moved since would pass for an edit",
+                escape(db)
+            )),
+        }
+    }
     let mut state = s.state.as_deref().and_then(|db| open_state(db, reporter))?;
     state.begin_run(s.verb.name(), &s.roots);
     // Every verb that judges data knows the damage found before: those that write

@@ -378,25 +378,7 @@ impl State {
     /// the digest of the tag it was found under.
     pub fn known_damage(&mut self) -> KnownDamage {
         let mut known = KnownDamage::new();
-        let rows = (|| -> rusqlite::Result<()> {
-            let mut stmt = self.conn.prepare(
-                "SELECT ino, digest, damaged_digest, damaged, fs FROM files \
-                 WHERE damaged IS NOT NULL AND damaged_digest IS NOT NULL",
-            )?;
-            let mut rows = stmt.query([])?;
-            while let Some(r) = rows.next()? {
-                let (tag, bad): (Vec<u8>, Vec<u8>) = (r.get(1)?, r.get(2)?);
-                if let (Some(tag), Some(digest)) = (digest_from_key(&tag), digest_from_key(&bad)) {
-                    let found = r.get::<_, i64>(3)?.div_euclid(1000);
-                    known
-                        .entry((r.get::<_, i64>(0)? as u64, tag))
-                        .or_default()
-                        .push((r.get(4)?, Damage { digest, found }));
-                }
-            }
-            Ok(())
-        })();
-        if let Err(e) = rows {
+        if let Err(e) = load_damage(&self.conn, &mut known) {
             self.fail(e);
         }
         known
@@ -1314,6 +1296,52 @@ pub fn roots_key(roots: &[PathBuf]) -> Vec<u8> {
         .map(|r| absolute(r).into_os_string().into_vec())
         .collect::<Vec<_>>()
         .join(&b'\n')
+}
+
+/// Adds the damage the database on `conn` remembers to `known`.
+fn load_damage(conn: &Connection, known: &mut KnownDamage) -> rusqlite::Result<()> {
+    let mut stmt = conn.prepare(
+        "SELECT ino, digest, damaged_digest, damaged, fs FROM files \
+         WHERE damaged IS NOT NULL AND damaged_digest IS NOT NULL",
+    )?;
+    let mut rows = stmt.query([])?;
+    while let Some(r) = rows.next()? {
+        let (tag, bad): (Vec<u8>, Vec<u8>) = (r.get(1)?, r.get(2)?);
+        add_damage(known, r.get(0)?, &tag, &bad, r.get(3)?, r.get(4)?);
+    }
+    Ok(())
+}
+
+fn add_damage(known: &mut KnownDamage, ino: i64, tag: &[u8], bad: &[u8], found_ms: i64, fs: i64) {
+    if let (Some(tag), Some(digest)) = (digest_from_key(tag), digest_from_key(bad)) {
+        let found = found_ms.div_euclid(1000);
+        let entry = known.entry((ino as u64, tag)).or_default();
+        if !entry.iter().any(|(f, d)| *f == fs && d.digest == digest) {
+            entry.push((fs, Damage { digest, found }));
+        }
+    }
+}
+
+/// The damage the database at `db` and its journal remember, read without writing anything
+/// (`--no-state` runs, which must never bless known damage either); `None` if neither
+/// exists.
+pub fn known_damage_at(db: &Path) -> Option<KnownDamage> {
+    let entries = journal::read(&journal::path_of(db)).unwrap_or_default();
+    let conn = db
+        .exists()
+        .then(|| Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).ok())
+        .flatten();
+    if conn.is_none() && entries.is_empty() && !journal::path_of(db).exists() {
+        return None;
+    }
+    let mut known = KnownDamage::new();
+    if let Some(conn) = &conn {
+        let _ = load_damage(conn, &mut known);
+    }
+    for e in entries {
+        add_damage(&mut known, e.ino, &e.tag, &e.damaged, e.found, e.fs);
+    }
+    Some(known)
 }
 
 /// A damage journal longer than this is compacted when the database opens.

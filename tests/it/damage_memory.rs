@@ -269,3 +269,26 @@ fn xattr_names(p: &std::path::Path) -> Vec<String> {
         .map(|s| String::from_utf8_lossy(s).into_owned())
         .collect()
 }
+
+#[test]
+fn no_state_records_nothing_but_never_blesses_known_damage() {
+    let t = Tree::new();
+    let (root, a) = damaged_tree(&t);
+    let db = t.path("state.db");
+    intact!("check", "-q", "--state", &db, &root).expect_code(1);
+    let rows = |db: &std::path::Path| fs::read(db).unwrap();
+    let before = rows(&db);
+    set_mtime(&a, (2_000_000_000, 0));
+    let tag = getxattr(&a, TAG);
+    let r = intact!("update", "--no-state", "--state", &db, &root).expect_code(1);
+    assert!(r.stdout.contains("corrupt"), "{}", r.stdout);
+    assert_eq!(getxattr(&a, TAG), tag, "--no-state blessed known damage");
+    assert_eq!(rows(&db), before, "--no-state wrote to the database");
+    // With no database anywhere, the run says what it cannot know.
+    let r = intact!("update", "--no-state", "--state", t.path("none.db"), &root).expect_code(0);
+    assert!(
+        r.stderr.contains("damage found earlier cannot be known"),
+        "{}",
+        r.stderr
+    );
+}
