@@ -194,7 +194,9 @@ impl Summary {
             self.left_untagged += 1;
         }
         match r.status {
-            Status::Corrupt | Status::Mismatch if r.action != Some(Action::Accepted) => {
+            Status::Corrupt | Status::Mismatch | Status::Unstable
+                if r.action != Some(Action::Accepted) =>
+            {
                 // Found before, these same bytes: since then.
                 let found = r
                     .known_damage
@@ -244,7 +246,7 @@ impl Summary {
     /// accepted (a repaired file is `ok`), and the damage earlier runs found that is still
     /// there.
     pub fn damaged(&self) -> u64 {
-        (self.count(Status::Corrupt) + self.count(Status::Mismatch))
+        (self.count(Status::Corrupt) + self.count(Status::Mismatch) + self.count(Status::Unstable))
             .saturating_sub(self.action(Action::Accepted))
             + self.outstanding
             + self.damage.len() as u64

@@ -11,8 +11,10 @@ pub const EXIT_CODES: &str = "\
 Exit codes:
   0    everything processed, no damage found
   1    damage found: a file's data changed under an unchanged mtime (corrupt), or a tag
-       without an mtime no longer matches (mismatch); also damage an earlier run found that
-       is still there, read by this run or not; wins over every other code
+       without an mtime no longer matches (mismatch), or did at a first read but not at a
+       second one around the page cache (unstable: memory, a cable or a controller); also
+       damage an earlier run found that is still there, read by this run or not; wins over
+       every other code
   2    usage error (also an output that is not a regular file: it is never replaced)
   3    nothing was verified under a PATH (no files, none tagged); a tree vanished or lost
        more than 10% (and 50) of its files at once (nothing is marked deleted: `scrub

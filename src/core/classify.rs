@@ -17,6 +17,10 @@ pub enum Status {
     Corrupt,
     /// Data changed and the tag records no mtime to tell why (Dintch tags): possibly corrupt.
     Mismatch,
+    /// The data did not match its tag, but a second read around the page cache did: the
+    /// disk holds the good bytes, and something between it and the CPU (memory, a cable, a
+    /// controller) changed them on the way. Damage all the same, until a read matches again.
+    Unstable,
     /// Data changed and the mtime moved forward: a legitimate edit.
     Modified,
     /// Data changed and the mtime moved backwards: perhaps an older copy was restored.
@@ -47,6 +51,7 @@ impl Status {
             Status::Ok => "ok",
             Status::Corrupt => "corrupt",
             Status::Mismatch => "mismatch",
+            Status::Unstable => "unstable",
             Status::Modified => "modified",
             Status::Older => "older",
             Status::Touched => "touched",
@@ -62,10 +67,11 @@ impl Status {
 
     /// Every status, in declaration order, which is the order summaries list them in (and
     /// count them by: `status as usize`).
-    pub const ALL: [Status; 13] = [
+    pub const ALL: [Status; 14] = [
         Status::Ok,
         Status::Corrupt,
         Status::Mismatch,
+        Status::Unstable,
         Status::Modified,
         Status::Older,
         Status::Touched,
@@ -80,7 +86,7 @@ impl Status {
 
     /// Whether the data may have been damaged without a legitimate write.
     pub fn is_damage(self) -> bool {
-        matches!(self, Status::Corrupt | Status::Mismatch)
+        matches!(self, Status::Corrupt | Status::Mismatch | Status::Unstable)
     }
 }
 

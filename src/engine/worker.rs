@@ -559,6 +559,7 @@ impl<'a> Worker<'a> {
         // Every tag present is verified, in one pass even if they use different algorithms.
         let (mut report, d) = self.read(report, s, s.stored.tags.iter().map(|t| t.digest.algo))?;
         self.judge(&mut report, best, s, &d);
+        self.read_again(&mut report, best, s);
         let matches = |t: &Tag| t.digest == d.of(t.digest.algo);
         if s.stored.tags.iter().any(|t| matches(t) != matches(best)) {
             let names = |m: bool| {
@@ -682,6 +683,7 @@ impl<'a> Worker<'a> {
         let (mut report, d) =
             self.read(report, s, [tag.digest.algo, algo].into_iter().chain(all))?;
         self.judge(&mut report, tag, s, &d);
+        self.read_again(&mut report, tag, s);
         let upgrade = s.stored.intact().is_none() || algo != tag.digest.algo;
         let mut report = match report.status {
             Status::Ok if upgrade => self.write(report, s, &d, algo, Action::Tagged),
@@ -694,6 +696,8 @@ impl<'a> Worker<'a> {
                 Err(e) => fail(report, FileError::WriteTag(e)),
             },
             Status::Ok => self.compat(report, s, &d),
+            // The disk holds the tag's bytes: nothing to accept or re-tag.
+            Status::Unstable => report,
             Status::Corrupt | Status::Mismatch if !self.config.accept_corrupt => {
                 // Nothing is written to a damaged file: a mark would move its ctime, and backup
                 // tools would then store the damaged bytes over the good ones they hold. The
@@ -819,6 +823,52 @@ impl<'a> Worker<'a> {
         match self.hash(&mut report, s.file, &s.meta, &algos) {
             Ok(d) => Ok((report, Digests(d))),
             Err(e) => Err(e.report(report)),
+        }
+    }
+
+    /// Before a file is called damaged, its data is read a second time around the page cache
+    /// (its pages dropped, then read as a background scrub reads): bit rot is on the disk and
+    /// reads the same again; bytes changed between the disk and the CPU (memory, a cable, a
+    /// controller) do not. A second read that matches the tag makes the verdict `unstable`;
+    /// one that matches neither read is `corrupt`, as it was. Damage known from before (the
+    /// same damaged bytes) needs no second read.
+    fn read_again(&mut self, report: &mut FileReport, tag: &Tag, s: &Subject) {
+        let first = report.digest;
+        if !matches!(report.status, Status::Corrupt | Status::Mismatch)
+            || report.known_damage.is_some_and(|k| Some(k.digest) == first)
+        {
+            return;
+        }
+        crate::fs::sys::drop_pages(s.file, 0, s.meta.size);
+        let opts = ReadOptions {
+            drop_cache: true,
+            map: false,
+            gate: None,
+            cold: None,
+            crowd: None,
+            lend: None,
+        };
+        let hashed = hash::hash_file(
+            s.file,
+            &[tag.digest.algo],
+            &mut self.bufs,
+            s.meta.size,
+            opts,
+            self.cancel,
+            &self.progress.bytes,
+        );
+        let Ok((second, n)) = hashed else { return };
+        report.bytes_read += n;
+        let unchanged =
+            Meta::of(s.file).is_ok_and(|(now, _)| now.changes_since(&s.meta, n).is_none());
+        if unchanged && second.first() == Some(&tag.digest) {
+            report.status = Status::Unstable;
+            report.detail = Some(
+                "the first read did not match the tag, a second read around the page cache did: \
+                 the disk holds good bytes, and memory, a cable or a controller changed them on \
+                 the way (test the memory, check the cables and the disk's SMART log)"
+                    .into(),
+            );
         }
     }
 

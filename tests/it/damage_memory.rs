@@ -292,3 +292,50 @@ fn no_state_records_nothing_but_never_blesses_known_damage() {
         r.stderr
     );
 }
+
+/// A bit flipped between the disk and the reader (the FUSE file system returns it flipped
+/// once, the bytes on its disk are good): a second read around the page cache gets the tag's
+/// bytes, so the verdict is `unstable` (damage for the exit code, with advice), never `ok` and
+/// never `corrupt`. Flipped on every read, it is `corrupt`. Read whole later, it is `ok`.
+#[test]
+fn a_second_uncached_read_tells_a_transient_fault_from_rot() {
+    require_faults!();
+    use crate::faultfs::FaultFs;
+    for algo in ALGOS {
+        let t = Tree::new();
+        t.write("backing/photo.jpg", data(1 << 20, 11));
+        t.write("backing/other.jpg", data(100_000, 12));
+        let mnt = t.path("mnt");
+        fs::create_dir(&mnt).unwrap();
+        let fuse = FaultFs::mount(&t.path("backing"), &mnt).unwrap();
+        intact!("tag", "-q", "--algo", algo, &mnt).expect_code(0);
+        let db = t.path("state.db");
+        let check = |code: i32| {
+            crate::faultfs::drop_caches();
+            intact!("check", "--json", "--state", &db, &mnt)
+                .expect_code(code)
+                .json()
+        };
+        fuse.flip("photo.jpg", 300_000, 1);
+        let j = check(1);
+        assert_eq!(j.status("photo.jpg"), "unstable", "{algo}: {:?}", j.files);
+        assert!(
+            j.file("photo.jpg")["detail"]
+                .as_str()
+                .unwrap()
+                .contains("memory"),
+            "{}",
+            j.file("photo.jpg")
+        );
+        assert_eq!(j.status("other.jpg"), "ok");
+        // It stays damage in the state database until a read matches again.
+        intact!("status", "-q", "--state", &db, &mnt).expect_code(1);
+        let j = check(0);
+        assert_eq!(j.status("photo.jpg"), "ok", "{algo}");
+        // The same flip on every read: the disk says so twice, it is rot.
+        fuse.flip("photo.jpg", 300_000, usize::MAX);
+        let j = check(1);
+        assert_eq!(j.status("photo.jpg"), "corrupt", "{algo}");
+        fuse.heal();
+    }
+}

@@ -3,6 +3,9 @@
 //! and ext4 on a loop device whose backing file lives there ([`BadDisk`]), for a genuine
 //! block-device I/O error under a real file system with xattrs, renames and fsyncs.
 //!
+//! It can also return a flipped bit in the next reads of a chosen byte ([`FaultFs::flip`]):
+//! bytes changed between the disk and the reader, which a second read gets right.
+//!
 //! Everything mounted is unmounted and detached on drop, also when a test fails.
 
 use std::collections::HashMap;
@@ -29,9 +32,13 @@ pub struct Bad {
     pub end: u64,
 }
 
+/// A byte that the next `times` reads of it return with its lowest bit flipped.
+type Flip = (OsString, u64, usize);
+
 /// The mounted file system; unmounted on drop.
 pub struct FaultFs {
     bad: Arc<Mutex<Vec<Bad>>>,
+    flips: Arc<Mutex<Vec<Flip>>>,
     slow: Arc<AtomicU64>,
     _session: fuser::BackgroundSession,
 }
@@ -46,11 +53,13 @@ impl FaultFs {
             .collect();
         names.sort();
         let bad = Arc::new(Mutex::new(Vec::new()));
+        let flips = Arc::new(Mutex::new(Vec::new()));
         let slow = Arc::new(AtomicU64::new(0));
         let fs = Mirror {
             backing: backing.to_path_buf(),
             names,
             bad: bad.clone(),
+            flips: flips.clone(),
             slow: slow.clone(),
             xattrs: Mutex::new(HashMap::new()),
         };
@@ -59,6 +68,7 @@ impl FaultFs {
         let session = fuser::spawn_mount(fs, mountpoint, &config)?;
         Ok(FaultFs {
             bad,
+            flips,
             slow,
             _session: session,
         })
@@ -79,6 +89,15 @@ impl FaultFs {
         });
     }
 
+    /// The next `times` reads of byte `offset` of `name` return it with a bit flipped (the
+    /// file itself keeps its bytes).
+    pub fn flip(&self, name: &str, offset: u64, times: usize) {
+        self.flips
+            .lock()
+            .unwrap()
+            .push((name.into(), offset, times));
+    }
+
     /// Reads succeed again.
     pub fn heal(&self) {
         self.bad.lock().unwrap().clear();
@@ -90,6 +109,7 @@ struct Mirror {
     /// Inode n+2 is `names[n]`; 1 is the root.
     names: Vec<OsString>,
     bad: Arc<Mutex<Vec<Bad>>>,
+    flips: Arc<Mutex<Vec<Flip>>>,
     /// Microseconds each read takes at least.
     slow: Arc<AtomicU64>,
     xattrs: Mutex<HashMap<Xattr, Vec<u8>>>,
@@ -255,6 +275,14 @@ impl Filesystem for Mirror {
             }
             Ok(n)
         });
+        if let (Ok(n), Some(name)) = (&read, self.name(ino)) {
+            for (flip, at, times) in self.flips.lock().unwrap().iter_mut() {
+                if *flip == name && *times > 0 && (offset..offset + *n as u64).contains(at) {
+                    buf[(*at - offset) as usize] ^= 1;
+                    *times -= 1;
+                }
+            }
+        }
         match read {
             Ok(n) => reply.data(&buf[..n]),
             Err(_) => reply.error(Errno::EIO),
