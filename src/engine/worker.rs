@@ -848,6 +848,7 @@ impl<'a> Worker<'a> {
             crowd: None,
             lend: None,
         };
+        // The file's bytes are counted once, in the report and in the progress.
         let hashed = hash::hash_file(
             s.file,
             &[tag.digest.algo],
@@ -855,10 +856,9 @@ impl<'a> Worker<'a> {
             s.meta.size,
             opts,
             self.cancel,
-            &self.progress.bytes,
+            &std::sync::atomic::AtomicU64::new(0),
         );
         let Ok((second, n)) = hashed else { return };
-        report.bytes_read += n;
         let unchanged =
             Meta::of(s.file).is_ok_and(|(now, _)| now.changes_since(&s.meta, n).is_none());
         if unchanged && second.first() == Some(&tag.digest) {
