@@ -103,6 +103,15 @@ impl Removal {
     }
 }
 
+/// Where a missing file's path now leads to another file system than the one it was recorded
+/// on (`fs`): the nearest folder of its path that exists, if that is on another file system
+/// (a disk mounted there is not now). File systems that report no identity (0) say nothing.
+fn elsewhere(path: &Path, fs: i64) -> Option<PathBuf> {
+    let holder = path.ancestors().skip(1).find(|a| a.exists())?;
+    let now = rustix::fs::statvfs(holder).ok()?.f_fsid as i64;
+    (now != fs && now != 0 && fs != 0).then(|| holder.to_path_buf())
+}
+
 /// How long a file found gone from its tree is remembered (and shown by `status`).
 pub const GONE_KEPT: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
 
@@ -454,13 +463,25 @@ impl Plan {
         }
         // The file itself still there under its name (the walk did not meet it: excluded,
         // on another file system under -x, in a directory it could not read) is not gone:
-        // its record, and its damage, stay as they are. Something else under its name: the
-        // file was replaced, not removed.
+        // its record, and its damage, stay as they are. Nor is a file whose file system is
+        // not mounted now (what holds its path is another one): an alarm, unless accepted.
+        // Something else under its name: the file was replaced, not removed.
+        let mut unmounted: Vec<(PathBuf, u64)> = Vec::new();
         let newly: Vec<_> = newly
             .into_iter()
             .filter_map(|(i, g, fs, ino, key)| {
                 let now = std::fs::symlink_metadata(&g.path);
                 if now.as_ref().is_ok_and(|m| m.ino() as i64 == ino) {
+                    return None;
+                }
+                if now.is_err()
+                    && alarm_at.is_some()
+                    && let Some(holder) = elsewhere(&g.path, fs)
+                {
+                    match unmounted.iter_mut().find(|u| u.0 == holder) {
+                        Some(u) => u.1 += 1,
+                        None => unmounted.push((holder, 1)),
+                    }
                     return None;
                 }
                 let replaced = now.is_ok() && g.damaged.is_none();
@@ -485,7 +506,18 @@ impl Plan {
                 });
             }
         }
-        let held = |i: usize| alarms.iter().any(|a| a.root == roots[i]);
+        let held: Vec<bool> = (0..roots.len())
+            .map(|i| alarms.iter().any(|a| a.root == roots[i]))
+            .collect();
+        let held = |i: usize| held[i];
+        for (holder, removed) in unmounted {
+            alarms.push(Removal {
+                root: holder,
+                removed,
+                known: removed,
+                vanished: true,
+            });
+        }
         for (i, g, fs, ino, key, replaced) in newly {
             if held(i) {
                 continue;

@@ -339,3 +339,62 @@ fn a_second_uncached_read_tells_a_transient_fault_from_rot() {
         fuse.heal();
     }
 }
+
+/// A bind mount, undone on drop (also when a test fails).
+struct Bind(PathBuf);
+
+impl Bind {
+    fn new(from: &std::path::Path, at: &std::path::Path) -> Bind {
+        let ok = std::process::Command::new("mount")
+            .arg("--bind")
+            .arg(from)
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "mount --bind");
+        Bind(at.to_path_buf())
+    }
+}
+
+impl Drop for Bind {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Damage on a file system mounted inside the tree, left out by `-x`, then unmounted: the
+/// files are not gone (their file system is not there), so their damage stays recorded; the
+/// run says the sub-mount holds none of its files; mounted again, the damage is there.
+#[test]
+fn damage_on_an_unmounted_sub_mount_is_not_forgotten() {
+    require_faults!();
+    let t = Tree::new();
+    let root = t.path("tree");
+    t.write("tree/top.jpg", data(5000, 1));
+    let disk = crate::faultfs::LoopFs::ext4(t.root(), 8, &[]);
+    let sub = root.join("sub");
+    fs::create_dir_all(&sub).unwrap();
+    let mounted = Bind::new(&disk.root, &sub);
+    let photo = sub.join("photo.jpg");
+    fs::write(&photo, data(5000, 2)).unwrap();
+    intact!("tag", "-q", &root).expect_code(0);
+    flip_byte(&photo, 10);
+    let db = t.path("state.db");
+    intact!("scrub", "-q", "--state", &db, &root).expect_code(1);
+    intact!("scrub", "-q", "-x", "--state", &db, &root).expect_code(1);
+    drop(mounted);
+    let r = intact!("scrub", "--state", &db, &root).expect_code(3);
+    assert!(!r.stdout.contains("removed"), "{}", r.stdout);
+    assert!(
+        r.stderr.contains("holds none of the 1 files"),
+        "{}",
+        r.stderr
+    );
+    intact!("status", "-q", "--state", &db, &root).expect_code(3);
+    let _mounted = Bind::new(&disk.root, &sub);
+    let r = intact!("scrub", "--state", &db, &root).expect_code(1);
+    assert!(r.stdout.contains("corrupt"), "{}", r.stdout);
+}
