@@ -34,12 +34,13 @@ struct Case {
 
 /// A promtool test of `case` for the tree at `root`. promtool's clock starts at 0, so the
 /// run's end timestamp is shifted back by the time the runs ended; every other value is as
-/// intact wrote it, repeated hourly.
+/// intact wrote it, repeated every 5 minutes (as a collector scrapes it: rules with `for:`
+/// see a series with no gap).
 fn promtool_test(case: &Case, root: &Path, ended: f64) -> String {
     let mut t = String::new();
     let _ = writeln!(
         t,
-        "  - interval: 1h\n    name: {}\n    input_series:",
+        "  - interval: 5m\n    name: {}\n    input_series:",
         case.name
     );
     for prom in &case.proms {
@@ -52,7 +53,7 @@ fn promtool_test(case: &Case, root: &Path, ended: f64) -> String {
             let _ = writeln!(
                 t,
                 "      - series: '{series}'\n        values: '{value}+0x{}'",
-                case.at_hours + 2
+                (case.at_hours + 2) * 12
             );
         }
     }
@@ -124,6 +125,43 @@ fn annotations(alert: &str, root: &str, labels: &[(&str, &str)]) -> Vec<(String,
         .collect()
 }
 
+/// Writes to `prom` the metrics of a scrub stopped by SIGTERM mid-run (of a tree of its own,
+/// in `t`): when the signal lands depends on the machine, so later and later until it lands
+/// mid-scrub.
+fn interrupted_scrub(t: &Tree, prom: &Path) -> PathBuf {
+    let tree = t.path("big");
+    for i in 0..200 {
+        t.write(format!("big/f{i:03}"), data(1 << 20, i));
+    }
+    intact!("tag", "-q", &tree).expect_code(0);
+    let db = t.path("big.db");
+    for delay in [100, 200, 400, 800, 1600, 3200] {
+        let child = cmd!(
+            "scrub",
+            "-q",
+            "-j1",
+            "--speed",
+            "background",
+            "--state",
+            &db
+        )
+        .arg("--metrics")
+        .arg(prom)
+        .arg(&tree)
+        .command()
+        .spawn()
+        .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay));
+        // SAFETY: kill(2) of our own unreaped child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let out = child.wait_with_output().unwrap();
+        if out.status.code() == Some(130) {
+            return tree;
+        }
+    }
+    panic!("no interruption landed mid-scrub");
+}
+
 fn rules() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/prometheus/intact.rules.yml")
 }
@@ -192,6 +230,7 @@ fn the_alert_rules_fire_on_what_intact_writes() {
         fs::remove_file(tree.join(format!("f{i}"))).unwrap();
     }
     scrub(&prom("vanished"), &[]).expect_code(3);
+    let big = interrupted_scrub(&t, &prom("interrupted"));
     let ended = samples(&prom("stale"))
         .iter()
         .find(|(s, _)| s.starts_with("intact_run_end_timestamp_seconds"))
@@ -269,6 +308,17 @@ fn the_alert_rules_fire_on_what_intact_writes() {
         // Every run's end is shifted by the same time: the runs ended within a minute.
         spec.push_str(&promtool_test(case, &tree, ended - 60.0));
     }
+    // Of a tree of its own: cut short, and still so at the next night's run.
+    let cut_short = Case {
+        name: "scrubs cut short night after night",
+        proms: vec![prom("interrupted")],
+        at_hours: 27,
+        fire: vec![
+            ("IntactScrubsInterrupted", scrub_labels.clone()),
+            ("IntactRunFailed", scrub_labels.clone()),
+        ],
+    };
+    spec.push_str(&promtool_test(&cut_short, &big, ended - 60.0));
     let file = t.path("tests.yml");
     fs::write(&file, &spec).unwrap();
     let out = Command::new("promtool")
