@@ -126,8 +126,7 @@ fn annotations(alert: &str, root: &str, labels: &[(&str, &str)]) -> Vec<(String,
 }
 
 /// Writes to `prom` the metrics of a scrub stopped by SIGTERM mid-run (of a tree of its own,
-/// in `t`): when the signal lands depends on the machine, so later and later until it lands
-/// mid-scrub.
+/// in `t`); returns that tree.
 fn interrupted_scrub(t: &Tree, prom: &Path) -> PathBuf {
     let tree = t.path("big");
     for i in 0..200 {
@@ -135,31 +134,24 @@ fn interrupted_scrub(t: &Tree, prom: &Path) -> PathBuf {
     }
     intact!("tag", "-q", &tree).expect_code(0);
     let db = t.path("big.db");
-    for delay in [100, 200, 400, 800, 1600, 3200] {
-        let child = cmd!(
-            "scrub",
-            "-q",
-            "-j1",
-            "--speed",
-            "background",
-            "--state",
-            &db
-        )
-        .arg("--metrics")
-        .arg(prom)
-        .arg(&tree)
-        .command()
-        .spawn()
-        .unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(delay));
-        // SAFETY: kill(2) of our own unreaped child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let out = child.wait_with_output().unwrap();
-        if out.status.code() == Some(130) {
-            return tree;
-        }
-    }
-    panic!("no interruption landed mid-scrub");
+    terminated_mid_run(
+        || {
+            cmd!(
+                "scrub",
+                "-q",
+                "-j1",
+                "--speed",
+                "background",
+                "--state",
+                &db
+            )
+            .arg("--metrics")
+            .arg(prom)
+            .arg(&tree)
+        },
+        |run| run.code == 130,
+    );
+    tree
 }
 
 fn rules() -> PathBuf {

@@ -266,6 +266,22 @@ impl Cmd {
     }
 }
 
+/// Runs what `cmd` makes and stops it with SIGTERM, later and later until `landed` says the
+/// signal came mid-run (when it lands depends on the machine); that run.
+pub fn terminated_mid_run(cmd: impl Fn() -> Cmd, landed: impl Fn(&Run) -> bool) -> Run {
+    for delay in [100, 200, 400, 800, 1600, 3200] {
+        let child = cmd().command().spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(delay));
+        // SAFETY: kill(2) of our own unreaped child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let run = Run::from(child.wait_with_output().unwrap());
+        if landed(&run) {
+            return run;
+        }
+    }
+    panic!("no signal landed mid-run");
+}
+
 /// Where runs keep their default state database: one per test and user, never the
 /// machine's. (Tests share nothing through it: a damage one test records would be known to
 /// another whose files reuse the inode numbers and the contents; sharing is tested apart.)

@@ -632,45 +632,35 @@ fn an_interrupted_scrub_says_so_even_when_damage_wins() {
     flip_byte(&root.join("f000"), 1);
     intact!("check", "-q", "--state", &db, root.join("f000")).expect_code(1);
     let prom = t.path("m.prom");
-    // When the signal lands depends on the machine: later and later until it lands mid-run.
-    for delay in [100, 200, 400, 800, 1600, 3200] {
-        let child = cmd!(
-            "scrub",
-            "-q",
-            "-j1",
-            "--speed",
-            "background",
-            "--state",
-            &db,
-            "--metrics",
-            &prom,
-            "--max-percent",
-            "100",
-            &root
-        )
-        .command()
-        .spawn()
-        .unwrap();
-        std::thread::sleep(Duration::from_millis(delay));
-        Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let metrics = fs::read_to_string(&prom).unwrap_or_default();
-        let interrupted = metrics
-            .lines()
-            .any(|l| l.starts_with("intact_run_interrupted{") && l.ends_with(" 1"));
-        if !interrupted {
-            continue;
-        }
-        assert_eq!(out.status.code(), Some(1), "damage still wins: {stderr}");
-        assert!(
-            stderr.contains("intact: interrupted: the scrub stopped before it finished"),
-            "{stderr}"
-        );
-        return;
-    }
-    panic!("no interruption landed mid-scrub");
+    let run = terminated_mid_run(
+        || {
+            cmd!(
+                "scrub",
+                "-q",
+                "-j1",
+                "--speed",
+                "background",
+                "--state",
+                &db,
+                "--metrics",
+                &prom,
+                "--max-percent",
+                "100",
+                &root
+            )
+        },
+        |_| {
+            fs::read_to_string(&prom)
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l.starts_with("intact_run_interrupted{") && l.ends_with(" 1"))
+        },
+    );
+    assert_eq!(run.code, 1, "damage still wins: {}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("intact: interrupted: the scrub stopped before it finished"),
+        "{}",
+        run.stderr
+    );
 }
