@@ -273,7 +273,6 @@ impl State {
         if version != VERSION {
             conn.pragma_update(None, "user_version", VERSION)?;
         }
-        back_shared_memory(path)?;
         // A new database (the old one deleted, damaged or replaced) learns again the damage
         // the journal remembers; a long journal is compacted to what is still damage.
         let entries = journal::path_of(path);
@@ -1396,11 +1395,12 @@ fn replay(conn: &Connection, path: &Path, insert: bool) -> io::Result<()> {
 /// cannot allocate kills the process with SIGBUS (seen on a full ext4 of 1 KiB blocks, where
 /// SQLite's one byte written per 4 KiB page leaves three blocks of each unallocated). With
 /// less than this free, the database is not used, and the run says so. (A log that cannot
-/// grow is an error SQLite reports: it needs no room set aside here.)
+/// grow is an error SQLite reports: it needs no room set aside here.) The shared memory is
+/// not allocated ahead through a descriptor of intact's own: closing any descriptor of a
+/// file drops the process's POSIX locks on it, SQLite's among them, and another process
+/// then truncated the shared memory under this one's map (SIGBUS, seen with two scrubs at
+/// once).
 const ROOM_NEEDED: u64 = 64 << 10;
-/// The first region of the shared memory, enough for a WAL of 4,096 frames (intact's
-/// checkpoints keep it far smaller).
-const SHARED_MEMORY: u64 = 32 << 10;
 
 /// Fails unless the file system of the database at `path` has [`ROOM_NEEDED`] free for
 /// anyone (not counting the blocks reserved for root, of which the file system keeps some
@@ -1421,39 +1421,6 @@ fn room_for_shared_memory(path: &Path) -> Result<(), StateError> {
             crate::text::bytes(ROOM_NEEDED)
         ))));
     }
-    Ok(())
-}
-
-/// Allocates every block of the shared memory's first region now, while there is room:
-/// SQLite extends it by writing one byte a page, and a page whose other blocks are holes
-/// would need blocks, perhaps on a disk filled meanwhile, when SQLite first writes to it.
-#[cfg(target_os = "linux")]
-fn back_shared_memory(path: &Path) -> Result<(), StateError> {
-    let shm = with_suffix(path, "-shm");
-    let Ok(file) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&shm)
-    else {
-        return Ok(());
-    };
-    match rustix::fs::fallocate(
-        &file,
-        rustix::fs::FallocateFlags::KEEP_SIZE,
-        0,
-        SHARED_MEMORY,
-    ) {
-        Err(rustix::io::Errno::NOSPC) => Err(StateError::Io(io::Error::other(
-            "its file system has no room for its shared memory",
-        ))),
-        // Other file systems allocate as they must (or cannot say): SQLite's own writes stand.
-        _ => Ok(()),
-    }
-}
-
-/// Elsewhere file systems allocate a page's blocks together (APFS: 4 KiB blocks).
-#[cfg(not(target_os = "linux"))]
-fn back_shared_memory(_path: &Path) -> Result<(), StateError> {
     Ok(())
 }
 
