@@ -831,11 +831,15 @@ impl<'a> Worker<'a> {
     /// reads the same again; bytes changed between the disk and the CPU (memory, a cable, a
     /// controller) do not. A second read that matches the tag makes the verdict `unstable`;
     /// one that matches neither read is `corrupt`, as it was. Damage known from before (the
-    /// same damaged bytes) needs no second read.
+    /// same damaged bytes) needs no second read. And damage known from before ends only when
+    /// two reads, the second around the page cache, match the tag: a file once `unstable`
+    /// is not cleared by one lucky read.
     fn read_again(&mut self, report: &mut FileReport, tag: &Tag, s: &Subject) {
         let first = report.digest;
-        if !matches!(report.status, Status::Corrupt | Status::Mismatch)
-            || report.known_damage.is_some_and(|k| Some(k.digest) == first)
+        let damaged = matches!(report.status, Status::Corrupt | Status::Mismatch);
+        let whole_again =
+            matches!(report.status, Status::Ok | Status::Touched) && report.known_damage.is_some();
+        if !(damaged || whole_again) || report.known_damage.is_some_and(|k| Some(k.digest) == first)
         {
             return;
         }
@@ -861,7 +865,24 @@ impl<'a> Worker<'a> {
         let Ok((second, n)) = hashed else { return };
         let unchanged =
             Meta::of(s.file).is_ok_and(|(now, _)| now.changes_since(&s.meta, n).is_none());
-        if unchanged && second.first() == Some(&tag.digest) {
+        if !unchanged {
+            return;
+        }
+        if whole_again {
+            if let Some(&second) = second.first().filter(|d| **d != tag.digest) {
+                // The damage it is remembered by is the read that did not match.
+                report.digest = Some(second);
+                report.status = Status::Unstable;
+                report.detail = Some(
+                    "it was found damaged before, and of two reads now only the first matched \
+                     the tag: the bytes change between the disk and the CPU (test the memory, \
+                     check the cables and the disk's SMART log)"
+                        .into(),
+                );
+            }
+            return;
+        }
+        if second.first() == Some(&tag.digest) {
             report.status = Status::Unstable;
             report.detail = Some(
                 "the first read did not match the tag, a second read around the page cache did: \

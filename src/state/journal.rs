@@ -7,9 +7,14 @@
 //! One line per damage found, written and synced when it is found:
 //! `found fs ino tag damaged status path`, tab-separated, digests and the path in hex, so that
 //! any name fits on a line. A torn last line (a crash mid-append) is skipped. Damage ends by
-//! repair (a new inode), acceptance or an edit (a new tag), or deletion (no file): an entry
-//! that no longer describes the file under its path is dropped when the journal is compacted,
-//! and never replayed, so a replay never brings back damage that ended.
+//! repair, acceptance, an edit, or deletion. Where intact ends it (a repair, an acceptance, an
+//! edit or a good read of a file known damaged), it appends a line of the same shape whose
+//! status is `ended` (its time is when the damage ended, its damaged digest empty): it ends
+//! every earlier entry of that file system, inode and tag. A repair in place (a file with
+//! several names) keeps both, so only that line tells its damage is over. An entry that no
+//! longer describes the file under its path (deleted, replaced, re-tagged) is dropped too.
+//! Neither is ever replayed, so a replay never brings back damage that ended; compaction
+//! keeps only what is still damage.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
@@ -36,7 +41,28 @@ pub struct Entry {
     pub path: PathBuf,
 }
 
+/// The status of a line that ends damage.
+const ENDED: &str = "ended";
+
 impl Entry {
+    /// The line that says the damage of `fs`, `ino` under `tag` (at `path`) ended `at`.
+    pub fn ended(at: i64, fs: i64, ino: i64, tag: Vec<u8>, path: PathBuf) -> Entry {
+        Entry {
+            found: at,
+            fs,
+            ino,
+            tag,
+            damaged: Vec::new(),
+            status: ENDED.into(),
+            path,
+        }
+    }
+
+    /// Whether this line ends damage rather than records it.
+    pub fn is_end(&self) -> bool {
+        self.status == ENDED
+    }
+
     fn line(&self) -> String {
         format!(
             "{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
@@ -105,6 +131,21 @@ pub fn read(path: &Path) -> io::Result<Vec<Entry>> {
     Ok(entries)
 }
 
+/// The damage `entries` (a journal, in order) still record: each file's (file system, inode,
+/// tag) once, as first found, and none that a later line ended.
+pub fn outstanding(entries: Vec<Entry>) -> Vec<Entry> {
+    let mut open: Vec<Entry> = Vec::new();
+    for e in entries {
+        let same = |k: &Entry| (k.fs, k.ino, &k.tag) == (e.fs, e.ino, &e.tag);
+        if e.is_end() {
+            open.retain(|k| !same(k));
+        } else if !open.iter().any(same) {
+            open.push(e);
+        }
+    }
+    open
+}
+
 /// Rewrites the journal at `path` with `keep` only (atomically: a crash leaves the old or
 /// the new journal).
 pub fn rewrite(path: &Path, keep: &[Entry]) -> io::Result<()> {
@@ -144,5 +185,34 @@ mod tests {
         rewrite(&j, std::slice::from_ref(&e)).unwrap();
         assert_eq!(read(&j).unwrap(), vec![e]);
         assert!(read(&dir.path().join("none")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_end_line_ends_only_earlier_damage_of_its_file_and_tag() {
+        let found = |ino: i64, tag: u8, at: i64| Entry {
+            found: at,
+            fs: 1,
+            ino,
+            tag: vec![0, tag],
+            damaged: vec![0, 9],
+            status: "corrupt".into(),
+            path: PathBuf::from(format!("/t/{ino}")),
+        };
+        let end = |ino: i64, tag: u8, at: i64| {
+            Entry::ended(at, 1, ino, vec![0, tag], PathBuf::from(format!("/t/{ino}")))
+        };
+        let journal = vec![
+            found(1, 1, 10),
+            found(1, 1, 11), // found again: one entry, as first found
+            found(2, 1, 12),
+            found(3, 1, 13),
+            end(1, 1, 20),   // repaired in place
+            end(3, 2, 21),   // another tag of inode 3: not its damage
+            found(1, 1, 30), // damaged again after the repair
+        ];
+        assert_eq!(
+            outstanding(journal),
+            vec![found(2, 1, 12), found(3, 1, 13), found(1, 1, 30)]
+        );
     }
 }

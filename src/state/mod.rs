@@ -628,6 +628,23 @@ impl State {
                 }
                 Some((digest_key(&d), found))
             }
+            // Damage known before ends here (repaired, accepted, edited, read whole again):
+            // the journal says so, lest a replay bring it back (a repair in place keeps the
+            // inode and the tag the damage was found under).
+            (Fact::Verified | Fact::VerifiedArchived | Fact::Edited | Fact::Repaired, _) => {
+                if let (Some(tag), Some((_, old_ino))) = (&report.tag, report.inode)
+                    && report.known_damage.is_some()
+                {
+                    self.journal(journal::Entry::ended(
+                        t,
+                        fs,
+                        old_ino as i64,
+                        digest_key(&tag.digest),
+                        absolute_from(&self.cwd, &report.path),
+                    ));
+                }
+                None
+            }
             _ => None,
         };
         let row = Row {
@@ -721,15 +738,20 @@ impl State {
         rebuild(&path, "found damaged while in use")
     }
 
-    /// Writes damage just found into the journal, durably, before the database knows it;
-    /// failing that, the run says so.
+    /// Writes damage just found (or ended) into the journal, durably, before the database
+    /// knows it; failing that, the run says so.
     fn journal(&mut self, entry: journal::Entry) {
         let Some(path) = &self.journal else { return };
         if let Err(e) = journal::append(path, &entry) {
+            let lost = if entry.is_end() {
+                "damage that ended now may be reported again"
+            } else {
+                "the damage found now is forgotten"
+            };
             self.failed.get_or_insert_with(|| {
                 format!(
                     "the damage journal {} could not be written ({e}): if the state database \
-                     is lost, the damage found now is forgotten",
+                     is lost, {lost}",
                     crate::text::escape(path)
                 )
             });
@@ -1337,7 +1359,7 @@ pub fn known_damage_at(db: &Path) -> Option<KnownDamage> {
     if let Some(conn) = &conn {
         let _ = load_damage(conn, &mut known);
     }
-    for e in entries {
+    for e in journal::outstanding(entries) {
         add_damage(&mut known, e.ino, &e.tag, &e.damaged, e.found, e.fs);
     }
     Some(known)
@@ -1360,9 +1382,8 @@ fn replay(conn: &Connection, path: &Path, insert: bool) -> io::Result<()> {
             .and_then(|s| s.best().map(|t| digest_key(&t.digest)))
     };
     let mut keep: Vec<journal::Entry> = Vec::new();
-    for e in entries {
-        let same = |k: &journal::Entry| (k.fs, k.ino, &k.tag) == (e.fs, e.ino, &e.tag);
-        if keep.iter().any(same) || !e.still_there(&tag_of) {
+    for e in journal::outstanding(entries) {
+        if !e.still_there(&tag_of) {
             continue;
         }
         if insert {

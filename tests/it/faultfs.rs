@@ -33,7 +33,8 @@ pub struct Bad {
 }
 
 /// A byte that the next `times` reads of it return with its lowest bit flipped.
-type Flip = (OsString, u64, usize);
+/// A name, a byte's offset, reads of it left alone first, then reads of it flipped.
+type Flip = (OsString, u64, usize, usize);
 
 /// The mounted file system; unmounted on drop.
 pub struct FaultFs {
@@ -92,10 +93,15 @@ impl FaultFs {
     /// The next `times` reads of byte `offset` of `name` return it with a bit flipped (the
     /// file itself keeps its bytes).
     pub fn flip(&self, name: &str, offset: u64, times: usize) {
+        self.flip_later(name, offset, 0, times);
+    }
+
+    /// As [`FaultFs::flip`], once `skip` reads of that byte returned it as it is.
+    pub fn flip_later(&self, name: &str, offset: u64, skip: usize, times: usize) {
         self.flips
             .lock()
             .unwrap()
-            .push((name.into(), offset, times));
+            .push((name.into(), offset, skip, times));
     }
 
     /// Reads succeed again.
@@ -276,8 +282,13 @@ impl Filesystem for Mirror {
             Ok(n)
         });
         if let (Ok(n), Some(name)) = (&read, self.name(ino)) {
-            for (flip, at, times) in self.flips.lock().unwrap().iter_mut() {
-                if *flip == name && *times > 0 && (offset..offset + *n as u64).contains(at) {
+            for (flip, at, skip, times) in self.flips.lock().unwrap().iter_mut() {
+                if *flip != name || !(offset..offset + *n as u64).contains(at) {
+                    continue;
+                }
+                if *skip > 0 {
+                    *skip -= 1;
+                } else if *times > 0 {
                     buf[(*at - offset) as usize] ^= 1;
                     *times -= 1;
                 }
