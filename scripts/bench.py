@@ -21,6 +21,8 @@ The warm tables include the small-file floor (examples/floor.rs: open, fstat, fg
 read, SHA-256, close on as many threads as cores; with fsetxattr for tag) and the same-work
 floor (the walk inside the clock, with a statx per entry, and flistxattr and an fstat after
 reading: the calls a correct check makes).
+`--memory` prints peak RSS of tag, scrub, check and status on trees of 50,000, 200,000 and
+1,000,000 files (it must stay flat as the tree grows).
 `--scrub --only de` times the state database's cost: `check` with and without it, a scrub's
 planning alone (`--older-than 3650d` after a full scrub: walk, tags, database, no data) against `show`, a whole
 scrub, and `status`, with peak RSS.
@@ -420,6 +422,36 @@ def bench_scrub(name, desc, files, dir, intact, runs):
     print(f"  database: {os.path.getsize(db) / MiB:.1f} MiB ({os.path.getsize(db) / len(files):.0f} B a file)")
 
 
+def bench_memory(base, intact, scale):
+    """Peak memory against the size of the tree: trees of 50,000, 200,000 and 1,000,000 files
+    of 100 B in folders of 1,000, each with a state database of its own: tag, the first
+    (full) scrub, two nightly scrubs (`--max-percent 10`), a check and `status`. Memory must
+    stay flat as the tree grows: what grows with it (a cache filling up) is a bug."""
+    print("\npeak RSS (MiB) against the tree's size (files of 100 B):")
+    steps = ["tag", "first scrub", "nightly scrub", "nightly again", "check", "status"]
+    print(f"  {'files':>10} " + " ".join(f"{s:>14}" for s in steps) + f" {'database MiB':>13}")
+    for n in (50_000, 200_000, 1_000_000):
+        n = int(n * scale)
+        dir = os.path.join(base, f"m{n}")
+        if not os.path.isdir(dir):
+            make(dir, [(f"d{i // 1000:04}/f{i:07}", 100) for i in range(n)])
+        db = os.path.join(base, f"state-m{n}.db")
+        for leftover in (db, db + "-wal", db + "-shm", db + ".damage"):
+            if os.path.exists(leftover):
+                os.remove(leftover)
+        state = ["--state", db]
+        cmds = [
+            [intact, "tag", "-q", dir],
+            [intact, "scrub", "-q", *state, dir],
+            [intact, "scrub", "-q", *state, "--max-percent", "10", dir],
+            [intact, "scrub", "-q", *state, "--max-percent", "10", dir],
+            [intact, "check", "-q", *state, dir],
+            [intact, "status", "-q", *state, dir],
+        ]
+        rss = [timed(cmd)[1] for cmd in cmds]
+        print(f"  {n:>10,} " + " ".join(f"{r:>14.1f}" for r in rss) + f" {os.path.getsize(db) / MiB:>13.1f}")
+
+
 def interference(intact, dir, cores):
     """How much a CPU-bound foreground job (openssl on every core, 8 s) slows down while
     intact checks `dir` over and over, at the default speed and in the background setting."""
@@ -465,6 +497,8 @@ def main():
                     help="protect and repair against par2cmdline(-turbo), on the corpora in --only")
     ap.add_argument("--scrub", action="store_true",
                     help="the state database's cost: scrub planning, scrub, check, status")
+    ap.add_argument("--memory", action="store_true",
+                    help="peak memory of tag, scrub, check and status on trees of 50k, 200k and 1M files")
     ap.add_argument("--cold", action="store_true",
                     help="cold reads (root: drops the page cache before every run) against cat and"
                          " 16 parallel cats, on the corpora in --only")
@@ -493,6 +527,9 @@ def main():
             os.remove(leftover)
     os.environ["INTACT_STATE"] = state
     try:
+        if args.memory:
+            bench_memory(base, intact, scale)
+            return
         for name, (desc, files) in corpora(scale).items():
             if name not in args.only:
                 continue
