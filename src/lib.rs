@@ -16,6 +16,7 @@ pub mod fs;
 pub mod metrics;
 pub mod notify;
 pub mod parity;
+pub mod process;
 pub mod repair;
 pub mod report;
 pub mod scrub;

@@ -409,11 +409,17 @@ pub struct RepairArgs {
     #[arg(long, short = 'f', value_name = "SOURCE")]
     pub from: Vec<PathBuf>,
     /// A command that prints a good copy of a file, run with `sh -c` for each damaged file,
-    /// `{}` replaced by its path relative to PATH, quoted (e.g. 'ssh nas cat /srv/photos/{}',
-    /// 'rclone cat remote:photos/{}'). Searched after the --from sources; its output replaces
-    /// nothing unless it hashes to the file's tag
+    /// `{}` replaced by its path relative to PATH, quoted for that shell (e.g. 'rclone cat
+    /// remote:photos/{}'); `{ssh}` quoted twice, for ssh, whose remote shell parses the
+    /// path again (e.g. 'ssh nas cat /srv/photos/{ssh}'). Never inside quotes of your own.
+    /// Searched after the --from sources; its output replaces nothing unless it hashes to
+    /// the file's tag
     #[arg(long, value_name = "CMD")]
     pub from_command: Vec<String>,
+    /// How long a backup tool or --from-command may say nothing before it is stopped, with
+    /// every process it started (it runs with no terminal: a passphrase prompt fails at once)
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    pub source_timeout: std::time::Duration,
     /// Find and verify good copies, and say what would be repaired from where; change
     /// nothing
     #[arg(long, short = 'n')]
@@ -458,8 +464,10 @@ runs skip it rather than take it for a good file.
 
 Backups: --from restic:REPO and --from borg:REPO[::ARCHIVE] read the tools' listings of
 their latest 10 versions and try at most 5 copies a file, newest first (its own path, then
-files of its size); --from-command runs a command that prints a copy. Their bytes replace
-nothing unless they hash to the tag; nothing is written into a repository.
+files of its size); --from-command runs a command that prints a copy ({ssh} for ssh). Their
+bytes replace nothing unless they hash to the tag; nothing is written into a repository.
+Tools run with no terminal, and are stopped with their children when silent for
+--source-timeout or when the repair is interrupted.
 
 Exit codes: 0 nothing damaged is left; 1 some damage could not be repaired (or --dry-run);
 3 errors; as for check otherwise.";

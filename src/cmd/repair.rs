@@ -28,6 +28,22 @@ pub fn run(a: RepairArgs) -> anyhow::Result<Exit> {
             parity::DEFAULT_DIR
         )));
     }
+    // Sources that cannot be used are said before anything runs.
+    if let Some(gone) = from
+        .iter()
+        .find(|p| !repair::names_repository(p) && std::fs::symlink_metadata(p).is_err())
+    {
+        return Err(usage(format!(
+            "--from {}: no such file or directory",
+            intact::text::escape(gone)
+        )));
+    }
+    let commands = a
+        .from_command
+        .iter()
+        .map(|c| repair::FromCommand::new(c, a.source_timeout))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(usage)?;
     let mut s = Settings::new(Verb::Repair, a.paths.paths, &a.common)?;
     s.changes_files(!a.dry_run);
     // A dry run records nothing, but where it is to find what is missing it reads (and so
@@ -48,7 +64,8 @@ pub fn run(a: RepairArgs) -> anyhow::Result<Exit> {
         dry_run: a.dry_run,
         keep,
         missing: a.missing,
+        source_timeout: a.source_timeout,
     };
-    let mut repairer = Repairer::new(&s.roots, &from, &a.from_command, opts, &super::STOP);
+    let mut repairer = Repairer::new(&s.roots, &from, commands, opts, &super::STOP);
     super::drive(s, &mut repairer)
 }

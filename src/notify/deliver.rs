@@ -9,7 +9,6 @@
 //! killed with its group once its time is up: a delivery can fail, never hang the run.
 
 use std::io::{Read, Write};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -243,8 +242,8 @@ fn run(
 ) -> Result<(), NotifyError> {
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .process_group(0);
+        .stderr(Stdio::piped());
+    crate::process::own_session(&mut cmd);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -252,7 +251,6 @@ fn run(
         }
         Err(error) => return Err(NotifyError::Start { program, error }),
     };
-    let pid = child.id() as i32;
     // Written and read by threads of their own: a child that reads nothing, or fills its
     // stderr, cannot block the wait for its end.
     let mut stdin = child.stdin.take();
@@ -279,8 +277,7 @@ fn run(
                 std::thread::sleep(Duration::from_millis(20));
             }
             _ => {
-                kill_group(pid);
-                let _ = child.wait();
+                crate::process::stop(&mut child);
                 return Err(NotifyError::TimedOut {
                     program,
                     after: timeout,
@@ -313,12 +310,6 @@ fn last_line(said: &[u8]) -> String {
         tail.chars().take(300).collect::<String>() + "…"
     } else {
         tail
-    }
-}
-
-fn kill_group(pid: i32) {
-    if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
     }
 }
 

@@ -17,9 +17,11 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use super::source::{Attempts, Search, Unusable};
 use crate::archive::Chunk;
+use crate::process::{Watch, Watched};
 use crate::text::escape;
 
 /// Versions of a repository listed per run, newest first (each listing reads the version's
@@ -43,9 +45,14 @@ trait Repository {
     /// How it is named in reports (`restic:REPO`).
     fn name(&self) -> String;
     /// Its versions.
-    fn versions(&self) -> Result<Vec<Version>, Unusable>;
+    fn versions(&self, watch: Watch<'_>) -> Result<Vec<Version>, Unusable>;
     /// The files of a version: each path as the tool lists it, and its size.
-    fn list(&self, v: &Version, each: &mut dyn FnMut(String, u64)) -> Result<(), Unusable>;
+    fn list(
+        &self,
+        v: &Version,
+        watch: Watch<'_>,
+        each: &mut dyn FnMut(String, u64),
+    ) -> Result<(), Unusable>;
     /// The command that prints the file at `path` (as the version holds it) of a version.
     fn dump(&self, v: &Version, path: &[u8]) -> Command;
 }
@@ -71,8 +78,8 @@ impl Repository for Restic {
         format!("restic:{}", shown(&self.0))
     }
 
-    fn versions(&self) -> Result<Vec<Version>, Unusable> {
-        let out = output(self.restic().args(["snapshots", "--json"]), "restic")?;
+    fn versions(&self, watch: Watch<'_>) -> Result<Vec<Version>, Unusable> {
+        let out = output(self.restic().args(["snapshots", "--json"]), "restic", watch)?;
         let snapshots: Vec<serde_json::Value> =
             serde_json::from_slice(&out).map_err(|source| Unusable::Output {
                 what: "restic snapshots",
@@ -93,10 +100,16 @@ impl Repository for Restic {
             .collect())
     }
 
-    fn list(&self, v: &Version, each: &mut dyn FnMut(String, u64)) -> Result<(), Unusable> {
+    fn list(
+        &self,
+        v: &Version,
+        watch: Watch<'_>,
+        each: &mut dyn FnMut(String, u64),
+    ) -> Result<(), Unusable> {
         lines(
             self.restic().args(["ls", "--json", &v.id]),
             "restic",
+            watch,
             |line| {
                 if line["struct_type"] == "node"
                     && line["type"] == "file"
@@ -149,13 +162,13 @@ impl Repository for Borg {
         }
     }
 
-    fn versions(&self) -> Result<Vec<Version>, Unusable> {
+    fn versions(&self, watch: Watch<'_>) -> Result<Vec<Version>, Unusable> {
         let mut c = self.borg();
         c.args(["list", "--json"]);
         if let Some(repo) = &self.repo {
             c.arg(repo);
         }
-        let out = output(&mut c, "borg")?;
+        let out = output(&mut c, "borg", watch)?;
         let listed: serde_json::Value =
             serde_json::from_slice(&out).map_err(|source| Unusable::Output {
                 what: "borg list",
@@ -177,11 +190,16 @@ impl Repository for Borg {
             .collect())
     }
 
-    fn list(&self, v: &Version, each: &mut dyn FnMut(String, u64)) -> Result<(), Unusable> {
+    fn list(
+        &self,
+        v: &Version,
+        watch: Watch<'_>,
+        each: &mut dyn FnMut(String, u64),
+    ) -> Result<(), Unusable> {
         let mut c = self.borg();
         c.args(["list", "--json-lines"])
             .arg(self.location(Some(&v.id)));
-        lines(&mut c, "borg", |line| {
+        lines(&mut c, "borg", watch, |line| {
             if line["type"] == "-"
                 && let (Some(path), Some(size)) = (line["path"].as_str(), line["size"].as_u64())
             {
@@ -199,12 +217,22 @@ impl Repository for Borg {
     }
 }
 
-/// `restic:REPO` or `borg:REPO[::ARCHIVE]`, if `from` names one.
-pub(super) fn parse(from: &Path) -> Option<Box<dyn Search>> {
+/// Whether `from` names a repository (`restic:…`, `borg:…`) rather than a file.
+pub fn names_repository(from: &Path) -> bool {
+    let raw = from.as_os_str().as_bytes();
+    raw.starts_with(b"restic:") || raw.starts_with(b"borg:")
+}
+
+/// `restic:REPO` or `borg:REPO[::ARCHIVE]`, if `from` names one; its tool is given up on
+/// once it says nothing for `silence`.
+pub(super) fn parse(from: &Path, silence: Duration) -> Option<Box<dyn Search>> {
     let raw = from.as_os_str().as_bytes();
     let repo = |rest: &[u8]| (!rest.is_empty()).then(|| OsString::from_vec(rest.to_vec()));
     if let Some(rest) = raw.strip_prefix(b"restic:") {
-        return Some(Box::new(Backup(Restic(repo(rest)))));
+        return Some(Box::new(Backup {
+            repo: Restic(repo(rest)),
+            silence,
+        }));
     }
     let rest = raw.strip_prefix(b"borg:")?;
     let (repo_part, archive) = match rest.windows(2).rposition(|w| w == b"::") {
@@ -214,10 +242,13 @@ pub(super) fn parse(from: &Path) -> Option<Box<dyn Search>> {
         ),
         None => (rest, None),
     };
-    Some(Box::new(Backup(Borg {
-        repo: repo(repo_part),
-        archive,
-    })))
+    Some(Box::new(Backup {
+        repo: Borg {
+            repo: repo(repo_part),
+            archive,
+        },
+        silence,
+    }))
 }
 
 /// The repository's name for reports, or the environment variable it comes from.
@@ -226,8 +257,11 @@ fn shown(repo: &Option<OsString>) -> String {
         .map_or_else(|| "(from the environment)".into(), |r| escape(Path::new(r)))
 }
 
-/// A repository as a source of copies.
-struct Backup<R>(R);
+/// A repository as a source of copies, its tool given up on once silent for `silence`.
+struct Backup<R> {
+    repo: R,
+    silence: Duration,
+}
 
 /// A copy to try: which version, the path there (as the tool takes it), and why it is one.
 struct Candidate {
@@ -239,11 +273,15 @@ struct Candidate {
 
 impl<R: Repository + Send> Search for Backup<R> {
     fn name(&self) -> String {
-        self.0.name()
+        self.repo.name()
     }
 
     fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), Unusable> {
-        let mut versions = self.0.versions()?;
+        let watch = Watch {
+            cancel,
+            silence: self.silence,
+        };
+        let mut versions = self.repo.versions(watch)?;
         // Newest first (tools list oldest first: of two made in the same second, the one
         // listed later is the newer).
         versions.reverse();
@@ -274,7 +312,7 @@ impl<R: Repository + Send> Search for Backup<R> {
             if cancel.load(Ordering::Relaxed) {
                 return Ok(());
             }
-            self.0.list(version, &mut |listed, size| {
+            self.repo.list(version, watch, &mut |listed, size| {
                 for &k in by_size.get(&size).into_iter().flatten() {
                     let same = same_path(&wants[k].1, &listed);
                     let found = &mut candidates[k];
@@ -290,7 +328,7 @@ impl<R: Repository + Send> Search for Backup<R> {
                 }
             })?;
         }
-        let name = self.0.name();
+        let name = self.repo.name();
         for (k, (i, _, _)) in wants.iter().enumerate() {
             // The file's own path in each version, newest first; then files of its size.
             let mut found = std::mem::take(&mut candidates[k]);
@@ -315,7 +353,7 @@ impl<R: Repository + Send> Search for Backup<R> {
                     escape(Path::new(std::ffi::OsStr::from_bytes(&c.path)))
                 );
                 work.offer(*i, &from, &mut |sink| {
-                    stream(&mut self.0.dump(version, &c.path), sink)
+                    stream(&mut self.repo.dump(version, &c.path), watch, sink)
                 });
             }
         }
@@ -363,16 +401,13 @@ fn same_path(abs: &[u8], listed: &str) -> Option<Vec<u8>> {
 
 /// Runs `cmd` and gives what it prints; an error says what it said when it failed (or that
 /// the tool is not there).
-fn output(cmd: &mut Command, tool: &str) -> Result<Vec<u8>, Unusable> {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| missing(tool, e))?;
-    if out.status.success() {
-        Ok(out.stdout)
-    } else {
-        Err(said(tool, &out.stderr, out.status))
-    }
+fn output(cmd: &mut Command, tool: &str, watch: Watch<'_>) -> Result<Vec<u8>, Unusable> {
+    let mut all = Vec::new();
+    run(cmd, tool, watch, &mut |chunk| {
+        all.extend_from_slice(chunk);
+        Ok(())
+    })?;
+    Ok(all)
 }
 
 /// Runs `cmd`, calling `each` with every line of its JSON Lines output it can read (lines it
@@ -380,52 +415,71 @@ fn output(cmd: &mut Command, tool: &str) -> Result<Vec<u8>, Unusable> {
 fn lines(
     cmd: &mut Command,
     tool: &str,
+    watch: Watch<'_>,
     mut each: impl FnMut(&serde_json::Value),
 ) -> Result<(), Unusable> {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| missing(tool, e))?;
-    let stdout = child.stdout.take().expect("piped");
-    let mut stderr = child.stderr.take().expect("piped");
-    let errors = std::thread::spawn(move || {
-        let mut said = Vec::new();
-        let _ = stderr.read_to_end(&mut said);
-        said
-    });
-    use std::io::BufRead;
-    for line in io::BufReader::new(stdout)
-        .split(b'\n')
-        .map_while(Result::ok)
-    {
-        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&line) {
+    let mut line = Vec::new();
+    let mut take = |line: &[u8]| {
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(line) {
             each(&v);
         }
-    }
-    let status = child.wait().map_err(|e| missing(tool, e))?;
-    let said_text = errors.join().unwrap_or_default();
-    if status.success() {
+    };
+    run(cmd, tool, watch, &mut |mut chunk| {
+        while let Some(end) = chunk.iter().position(|&b| b == b'\n') {
+            line.extend_from_slice(&chunk[..end]);
+            take(&line);
+            line.clear();
+            chunk = &chunk[end + 1..];
+        }
+        line.extend_from_slice(chunk);
         Ok(())
-    } else {
-        Err(said(tool, &said_text, status))
-    }
+    })?;
+    take(&line);
+    Ok(())
 }
 
 /// Streams what `cmd` prints into `sink`; stops it as soon as the sink wants no more.
 pub(super) fn stream(
     cmd: &mut Command,
+    watch: Watch<'_>,
     sink: &mut dyn FnMut(Chunk<'_>) -> io::Result<()>,
 ) -> io::Result<()> {
     let tool = cmd.get_program().to_string_lossy().into_owned();
-    let mut child = cmd
+    let mut refused = None;
+    let ran = run(cmd, &tool, watch, &mut |chunk| {
+        sink(Chunk::Data(chunk)).inspect_err(|e| {
+            refused = Some(io::Error::new(e.kind(), e.to_string()));
+        })
+    });
+    match (refused, ran) {
+        (Some(e), _) => Err(e),
+        (None, Ok(())) => Ok(()),
+        (None, Err(e)) => Err(io::Error::other(e)),
+    }
+}
+
+/// Runs `cmd` in a session of its own (no terminal to prompt on, nothing to read), feeding
+/// what it prints to `feed`, which may refuse more (the child is then stopped). The child and
+/// every process it started are stopped when the run is interrupted or the child says
+/// nothing for as long as `watch` allows: a hung ssh, a repository on a failing disk, a tool
+/// waiting for a passphrase never hang the repair.
+fn run(
+    cmd: &mut Command,
+    tool: &str,
+    watch: Watch<'_>,
+    feed: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+) -> Result<(), Unusable> {
+    let mut child = crate::process::own_session(cmd)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| io::Error::other(missing(&tool, e)))?;
-    let mut stdout = child.stdout.take().expect("piped");
+        .map_err(|e| missing(tool, e))?;
+    let mut stdout = Watched {
+        pipe: child.stdout.take().expect("piped"),
+        watch,
+        program: tool.into(),
+    };
     let mut stderr = child.stderr.take().expect("piped");
     let errors = std::thread::spawn(move || {
         let mut said = Vec::new();
@@ -437,25 +491,34 @@ pub(super) fn stream(
         match stdout.read(&mut buf) {
             Ok(0) => break Ok(()),
             Ok(n) => {
-                if let Err(e) = sink(Chunk::Data(&buf[..n])) {
-                    break Err(e);
+                if let Err(e) = feed(&buf[..n]) {
+                    break Err(Unusable::Unreadable(e));
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => break Err(e),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+                ) =>
+            {
+                break Err(Unusable::Stopped(e));
+            }
+            Err(e) => break Err(Unusable::Unreadable(e)),
         }
     };
     if fed.is_err() {
-        let _ = child.kill();
+        crate::process::stop(&mut child);
     }
     drop(stdout);
-    let status = child.wait()?;
+    let status = child.wait().map_err(|e| missing(tool, e))?;
+    // What it left running goes with it (and lets go of its stderr).
+    crate::process::kill_group(&child);
     let said_text = errors.join().unwrap_or_default();
     fed?;
     if status.success() {
         Ok(())
     } else {
-        Err(io::Error::other(said(&tool, &said_text, status)))
+        Err(said(tool, &said_text, status))
     }
 }
 
@@ -502,46 +565,142 @@ fn words(stderr: &[u8], status: std::process::ExitStatus) -> String {
     line
 }
 
-/// A command that prints a good copy of a file (`--from-command 'ssh nas cat /srv/{}'`):
-/// `{}` becomes the file's path relative to the PATH it is under, quoted for the shell. The
-/// command chooses nothing: it only offers bytes, which replace nothing unless they hash to
-/// the damaged file's tag.
-pub(super) struct FromCommand(pub String);
+/// A command that prints a good copy of a file (`--from-command`), run with `sh -c`: `{}`
+/// becomes the file's path relative to the PATH it is under, quoted for that shell; `{ssh}`
+/// the same quoted twice, for a command that hands its arguments to a second shell (ssh
+/// joins them and the remote shell parses them again: a name such as `$(touch x)` would run
+/// there). The command chooses nothing: it only offers bytes, which replace nothing unless
+/// they hash to the damaged file's tag.
+pub struct FromCommand {
+    template: String,
+    silence: Duration,
+}
+
+/// A template cut at its placeholders.
+#[derive(Debug, PartialEq)]
+enum Part<'t> {
+    Text(&'t str),
+    /// `{}`: quoted once.
+    Path,
+    /// `{ssh}`: quoted twice.
+    Twice,
+}
+
+impl FromCommand {
+    /// The command `template`, given up on once silent for `silence`. A placeholder inside
+    /// the template's own quotes is refused (intact's quoting would end them, and the name
+    /// would be parsed as shell code), and so is `{}` in an ssh command (`{ssh}` is the safe
+    /// one there).
+    pub fn new(template: &str, silence: Duration) -> Result<FromCommand, String> {
+        let parts = parts(template)?;
+        let first = template.split_whitespace().next().unwrap_or("");
+        if (first == "ssh" || first.ends_with("/ssh")) && parts.contains(&Part::Path) {
+            return Err(format!(
+                "--from-command {template:?}: ssh hands the path to a shell on the other host, \
+                 which parses it again; use {{ssh}} there (quoted for both shells)"
+            ));
+        }
+        if !parts.iter().any(|p| matches!(p, Part::Path | Part::Twice)) {
+            return Err(format!(
+                "--from-command {template:?} has no {{}} (or {{ssh}}) for the file's path"
+            ));
+        }
+        Ok(FromCommand {
+            template: template.into(),
+            silence,
+        })
+    }
+
+    /// The command line for the file at `rel`, as bytes (a name that is not UTF-8 reaches
+    /// the command as it is).
+    fn line(&self, rel: &[u8]) -> OsString {
+        let once = quoted(rel);
+        let mut line = Vec::new();
+        for part in parts(&self.template).unwrap_or_default() {
+            match part {
+                Part::Text(t) => line.extend_from_slice(t.as_bytes()),
+                Part::Path => line.extend_from_slice(&once),
+                Part::Twice => line.extend_from_slice(&quoted(&once)),
+            }
+        }
+        OsString::from_vec(line)
+    }
+}
+
+/// `template` cut at its placeholders, or why it is refused: a placeholder inside single or
+/// double quotes of its own.
+fn parts(template: &str) -> Result<Vec<Part<'_>>, String> {
+    #[derive(PartialEq)]
+    enum In {
+        Plain,
+        Single,
+        Double,
+    }
+    let mut parts = Vec::new();
+    let (mut quote, mut escaped, mut from, mut i) = (In::Plain, false, 0, 0);
+    let b = template.as_bytes();
+    while i < b.len() {
+        let placeholder = [("{}", Part::Path), ("{ssh}", Part::Twice)]
+            .into_iter()
+            .find(|(p, _)| template[i..].starts_with(p));
+        match (placeholder, b[i]) {
+            (Some((p, part)), _) if !escaped => {
+                if quote != In::Plain {
+                    return Err(format!(
+                        "--from-command {template:?}: {p} is inside quotes; intact quotes the \
+                         path itself, so write it without quotes around it"
+                    ));
+                }
+                parts.push(Part::Text(&template[from..i]));
+                parts.push(part);
+                i += p.len();
+                from = i;
+                continue;
+            }
+            _ if escaped => escaped = false,
+            (_, b'\\') if quote != In::Single => escaped = true,
+            (_, b'\'') if quote != In::Double => {
+                quote = if quote == In::Single {
+                    In::Plain
+                } else {
+                    In::Single
+                }
+            }
+            (_, b'"') if quote != In::Single => {
+                quote = if quote == In::Double {
+                    In::Plain
+                } else {
+                    In::Double
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    parts.push(Part::Text(&template[from..]));
+    parts.retain(|p| *p != Part::Text(""));
+    Ok(parts)
+}
 
 impl Search for FromCommand {
     fn name(&self) -> String {
-        format!("the command `{}`", self.0)
+        format!("the command `{}`", self.template)
     }
 
     fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), Unusable> {
+        let watch = Watch {
+            cancel,
+            silence: self.silence,
+        };
         for i in 0..work.count() {
             if cancel.load(Ordering::Relaxed) {
                 break;
             }
             let Some(want) = work.want(i) else { continue };
-            // Bytes, not text: a name that is not UTF-8 reaches the command as it is.
-            let quoted = quoted(want.rel.as_os_str().as_bytes());
-            let line = self.0.as_bytes().split(|&b| b == b'{').enumerate().fold(
-                Vec::new(),
-                |mut line, (n, part)| {
-                    match (n, part.strip_prefix(b"}")) {
-                        (0, _) => line.extend_from_slice(part),
-                        (_, Some(rest)) => {
-                            line.extend_from_slice(&quoted);
-                            line.extend_from_slice(rest);
-                        }
-                        (_, None) => {
-                            line.push(b'{');
-                            line.extend_from_slice(part);
-                        }
-                    }
-                    line
-                },
-            );
-            let line = OsString::from_vec(line);
+            let line = self.line(want.rel.as_os_str().as_bytes());
             let from = format!("`{}`", escape(Path::new(&line)));
             work.offer(i, &from, &mut |sink| {
-                stream(Command::new("sh").arg("-c").arg(&line), sink)
+                stream(Command::new("sh").arg("-c").arg(&line), watch, sink)
             });
         }
         Ok(())
@@ -599,9 +758,46 @@ mod tests {
             ),
             ("borg:ssh://nas/./b", "borg:ssh://nas/./b"),
         ] {
-            assert_eq!(parse(Path::new(from)).unwrap().name(), name);
+            assert_eq!(
+                parse(Path::new(from), Duration::from_secs(1))
+                    .unwrap()
+                    .name(),
+                name
+            );
         }
-        assert!(parse(Path::new("/backup/photos")).is_none());
+        assert!(parse(Path::new("/backup/photos"), Duration::from_secs(1)).is_none());
+    }
+
+    #[test]
+    fn placeholders_are_quoted_once_or_twice_and_never_inside_quotes() {
+        let s = Duration::from_secs(1);
+        let line = |t: &str, rel: &[u8]| FromCommand::new(t, s).unwrap().line(rel);
+        assert_eq!(
+            line("rclone cat remote:p/{}", b"a b"),
+            OsString::from("rclone cat remote:p/'a b'")
+        );
+        // What a second shell makes of `{ssh}`: the name itself, whatever it holds.
+        let hostile = b"$(echo pwned)'\"x\\ y";
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(line("sh -c printf\\ %s\\ {ssh}", hostile))
+            .output()
+            .unwrap();
+        assert_eq!(out.stdout, hostile);
+        // A brace that is no placeholder, and an escaped quote, are text.
+        assert_eq!(
+            line(r"echo \' {x} {}", b"f"),
+            OsString::from(r"echo \' {x} 'f'")
+        );
+        for bad in [
+            "cat \"/srv/{}\"",
+            "cat '/srv/{}'",
+            "ssh nas cat /srv/{}",
+            "/usr/bin/ssh nas cat {}",
+            "cat /srv/file",
+        ] {
+            assert!(FromCommand::new(bad, s).is_err(), "{bad}");
+        }
     }
 
     #[test]

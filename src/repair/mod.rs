@@ -15,6 +15,7 @@
 //! where bytes go.
 
 mod backup;
+pub use backup::{FromCommand, names_repository};
 mod replace;
 mod source;
 
@@ -53,6 +54,8 @@ pub struct Options {
     /// Also bring back the files the state database knows were under the trees and are gone
     /// (`--missing`): to their last known path, never over another file.
     pub missing: bool,
+    /// How long a backup tool or source command may say nothing before it is stopped.
+    pub source_timeout: std::time::Duration,
 }
 
 /// Collects the damaged files a check finds, then repairs them from the sources.
@@ -126,15 +129,17 @@ impl Repairer {
     pub fn new(
         roots: &[PathBuf],
         from: &[PathBuf],
-        commands: &[String],
+        commands: Vec<FromCommand>,
         opts: Options,
         cancel: &'static AtomicBool,
     ) -> Repairer {
-        let commands = commands
-            .iter()
-            .map(|c| Box::new(backup::FromCommand(c.clone())) as Box<dyn Search>);
+        let commands = commands.into_iter().map(|c| Box::new(c) as Box<dyn Search>);
         Repairer {
-            sources: from.iter().map(|p| source::at(p)).chain(commands).collect(),
+            sources: from
+                .iter()
+                .map(|p| source::at(p, opts.source_timeout))
+                .chain(commands)
+                .collect(),
             work: Work {
                 roots: roots.to_vec(),
                 anchors: roots.iter().map(|r| Anchor::new(r)).collect(),

@@ -79,6 +79,9 @@ pub(crate) enum Unusable {
         /// What it said, or its exit status.
         said: String,
     },
+    /// The tool was stopped: it stayed silent too long, or the run was interrupted.
+    #[error("{0}")]
+    Stopped(io::Error),
     /// The tool printed what could not be read as what it should print.
     #[error("{what}: {source}")]
     Output {
@@ -91,10 +94,10 @@ pub(crate) enum Unusable {
 
 /// The source at `path`: a restic or borg repository (`restic:REPO`, `borg:REPO`, unless a
 /// file of that name exists), a parity store, a tree, a PAR2 set, or (any other file) an
-/// archive.
-pub(crate) fn at(path: &Path) -> Box<dyn Search> {
+/// archive. A backup tool is stopped once it says nothing for `silence`.
+pub(crate) fn at(path: &Path, silence: std::time::Duration) -> Box<dyn Search> {
     if std::fs::symlink_metadata(path).is_err()
-        && let Some(repository) = super::backup::parse(path)
+        && let Some(repository) = super::backup::parse(path, silence)
     {
         return repository;
     }

@@ -23,6 +23,7 @@ mod parity;
 mod progress;
 mod repair;
 mod scrub;
+mod sources;
 mod tags;
 mod verdicts;
 mod walking;
