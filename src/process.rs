@@ -118,18 +118,24 @@ mod tests {
             .unwrap()
     }
 
+    /// `child`'s stdout, read under `cancel` and `silence`.
+    fn watched<'a>(
+        child: &mut Child,
+        cancel: &'a AtomicBool,
+        silence: Duration,
+    ) -> Watched<'a, std::process::ChildStdout> {
+        Watched {
+            pipe: child.stdout.take().unwrap(),
+            watch: Watch { cancel, silence },
+            program: "sh".into(),
+        }
+    }
+
     #[test]
     fn a_silent_child_times_out_and_is_stopped_with_its_children() {
         let mut child = spawn("echo hi; sleep 30 & wait");
         let cancel = AtomicBool::new(false);
-        let mut out = Watched {
-            pipe: child.stdout.take().unwrap(),
-            watch: Watch {
-                cancel: &cancel,
-                silence: Duration::from_millis(300),
-            },
-            program: "sh".into(),
-        };
+        let mut out = watched(&mut child, &cancel, Duration::from_millis(300));
         let mut got = Vec::new();
         let start = Instant::now();
         let e = out.read_to_end(&mut got).unwrap_err();
@@ -168,14 +174,7 @@ mod tests {
     fn a_cancelled_run_stops_reading_at_once() {
         let mut child = spawn("sleep 30");
         let cancel = AtomicBool::new(true);
-        let mut out = Watched {
-            pipe: child.stdout.take().unwrap(),
-            watch: Watch {
-                cancel: &cancel,
-                silence: Duration::from_secs(60),
-            },
-            program: "sh".into(),
-        };
+        let mut out = watched(&mut child, &cancel, Duration::from_secs(60));
         let e = out.read(&mut [0; 8]).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::Interrupted);
         stop(&mut child);

@@ -286,6 +286,25 @@ pub fn terminated_mid_run(cmd: impl Fn() -> Cmd, landed: impl Fn(&Run) -> bool) 
 /// machine's. (Tests share nothing through it: a damage one test records would be known to
 /// another whose files reuse the inode numbers and the contents; sharing is tested apart.)
 fn state_home(nobody: bool) -> PathBuf {
+    // No test outlives its process: what earlier test processes left is removed, once.
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(|| {
+        for e in fs::read_dir(std::env::temp_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pid = name
+                .strip_prefix("intact-test-state-")
+                .and_then(|rest| rest.split('-').next()?.parse::<u32>().ok());
+            if let Some(pid) = pid
+                && !Path::new(&format!("/proc/{pid}")).exists()
+            {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+    });
     let test = std::thread::current()
         .name()
         .unwrap_or("main")
