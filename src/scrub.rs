@@ -472,12 +472,21 @@ impl Plan {
         // its record, and its damage, stay as they are. Nor is a file whose file system is
         // not mounted now (what holds its path is another one): an alarm, unless accepted.
         // Something else under its name: the file was replaced, not removed.
+        // The walk met its inode under other content (a second name of an edited file): the
+        // row describes nothing any more, and goes.
         let mut unmounted: Vec<(PathBuf, u64)> = Vec::new();
+        let mut outdated = Vec::new();
         let newly: Vec<_> = newly
             .into_iter()
             .filter_map(|(i, g, fs, ino, key)| {
                 let now = std::fs::symlink_metadata(&g.path);
                 if now.as_ref().is_ok_and(|m| m.ino() as i64 == ino) {
+                    let met = conn
+                        .prepare_cached("SELECT 1 FROM plan WHERE fs = ?1 AND ino = ?2")
+                        .and_then(|mut s| s.exists(params![fs, ino]));
+                    if met.unwrap_or(false) {
+                        outdated.push((fs, ino, key));
+                    }
                     return None;
                 }
                 if now.is_err()
@@ -545,6 +554,13 @@ impl Plan {
             }
         }
         if mark {
+            for (fs, ino, key) in outdated {
+                conn.execute(
+                    "DELETE FROM state.files WHERE fs = ?1 AND ino = ?2 AND digest = ?3 \
+                     AND damaged IS NULL",
+                    params![fs, ino, key],
+                )?;
+            }
             conn.execute(
                 "DELETE FROM state.files WHERE gone < ?1",
                 [now - GONE_KEPT.as_millis() as i64],

@@ -131,6 +131,8 @@ pub struct TagArgs {
     pub force: bool,
     #[command(flatten)]
     pub compat: Compat,
+    #[command(flatten)]
+    pub state: StateArgs,
 }
 
 #[derive(Args, Debug)]
@@ -375,6 +377,8 @@ pub struct ImportArgs {
     pub algo: AlgoArg,
     #[command(flatten)]
     pub compat: Compat,
+    #[command(flatten)]
+    pub state: StateArgs,
 }
 
 #[derive(Args, Debug)]

@@ -12,6 +12,9 @@ pub fn tag(a: TagArgs) -> anyhow::Result<Exit> {
     s.config.algo = Some(algo(a.algo));
     s.config.force = a.force;
     s.config.compat = formats(&a.compat.compat);
+    // What it tagged is recorded: a file deleted before any check can still be brought back
+    // (`repair --missing`), and damage known before is never tagged over.
+    s.record(&a.state);
     super::drive(s, &mut Pass)
 }
 
@@ -64,5 +67,6 @@ pub fn import(a: ImportArgs) -> anyhow::Result<Exit> {
     let mut s = Settings::new(Verb::Import, vec![dir.clone()], &a.common)?;
     s.manifest(&a.manifest, &dir, algo(a.algo))?;
     s.config.compat = formats(&a.compat.compat);
+    s.record(&a.state);
     super::drive(s, &mut Pass)
 }

@@ -650,6 +650,7 @@ impl State {
             }
             _ => None,
         };
+        let key_of_row = key.clone();
         let row = Row {
             fact,
             fs,
@@ -663,6 +664,11 @@ impl State {
             status: report.status.name(),
             damage,
             old_ino: report.inode.map(|(_, ino)| ino as i64),
+            was: report
+                .tag
+                .as_ref()
+                .map(|t| digest_key(&t.digest))
+                .filter(|was| *was != key_of_row),
         };
         self.pending_since.get_or_insert_with(Instant::now);
         self.pending.push(row);
@@ -1012,11 +1018,16 @@ fn write_rows(conn: &Connection, rows: &[Row], seen: Option<i64>) -> rusqlite::R
     // every row cost a fifth of the writer's time.
     let mut prepared: [Option<[CachedStatement; 2]>; Fact::ALL] = Default::default();
     // A file met under a new key or a new path no longer holds what other rows say: the
-    // rows of its inode's earlier content (re-tagged), and those of another inode that
-    // was at its path (replaced: an editor's save, a restore), unless they hold damage
-    // not dealt with (that inode may only have moved, and is reported until it is).
+    // rows of its inode's earlier content under the same path (re-tagged), and those of
+    // another inode that was at its path (replaced: an editor's save, a restore), unless
+    // they hold damage not dealt with (that inode may only have moved, and is reported
+    // until it is). A row of its inode's earlier content under *another* path stays, unless
+    // it is the content the file's own tag named (the file moved, then was re-tagged): the
+    // file there was deleted and its inode reused by another, and that row is all that is
+    // left of it for `--missing` (a scrub tells which: see `scrub::Plan::gone`).
     let mut stale = conn.prepare_cached(
-        "DELETE FROM files WHERE (fs = ?1 AND ino = ?2 AND digest != ?3) \
+        "DELETE FROM files WHERE (fs = ?1 AND ino = ?2 AND digest != ?3 \
+         AND (path = ?4 OR length(digest) <= 1 OR digest = ?5)) \
          OR (path = ?4 AND (fs != ?1 OR ino != ?2) AND damaged IS NULL)",
     )?;
     let mut repaired = conn.prepare_cached(
@@ -1054,7 +1065,7 @@ fn write_rows(conn: &Connection, rows: &[Row], seen: Option<i64>) -> rusqlite::R
             upsert.execute(&all[..n])?;
             // An untagged file's row (the empty key) stands beside none other.
             if !row.key.is_empty() {
-                stale.execute(params![row.fs, row.ino, row.key, row.path])?;
+                stale.execute(params![row.fs, row.ino, row.key, row.path, row.was])?;
             }
         }
         if row.fact == Fact::Repaired
@@ -1080,6 +1091,8 @@ struct Row {
     damage: Option<(Vec<u8>, i64)>,
     /// A repair: the inode the damaged bytes were in (the repaired file is a new one).
     old_ino: Option<i64>,
+    /// The key of the tag the file carried before this run re-tagged it, if another.
+    was: Option<Vec<u8>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

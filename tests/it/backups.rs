@@ -343,3 +343,90 @@ fn repair_brings_back_what_is_gone_when_asked() {
     repair(true).expect_code(0);
     assert_eq!(fs::read(&deep).unwrap(), data(30_000, 9));
 }
+
+/// A deleted file is remembered whatever happens to its inode (row 1 of the issue): tagged
+/// only (no check ever ran), deleted, its inode taken at once by a copy of another file,
+/// then a read-only check and a scrub: `repair --missing` still brings it back from restic.
+#[test]
+fn a_deletion_is_remembered_when_its_inode_is_reused() {
+    let t = Tree::new();
+    let db = t.path("state.db");
+    let mut files = Vec::new();
+    for i in 0..5u64 {
+        let p = t.write(format!("src/f{i}"), data(20_000, 40 + i));
+        files.push((p, data(20_000, 40 + i)));
+    }
+    // `tag` records what it tagged: nothing else ever looks at the tree before the deletion.
+    intact!("tag", "-q", "--state", &db, t.path("src")).expect_code(0);
+    let repo = t.path("restic-repo");
+    let restic = || {
+        let mut c = Command::new("restic");
+        c.env("RESTIC_PASSWORD", "pw").arg("--repo").arg(&repo);
+        c
+    };
+    run(restic().args(["init", "-q"]));
+    run(restic().args(["backup", "-q"]).arg(t.path("src")));
+    let (gone, good) = files[3].clone();
+    let ino = fs::metadata(&gone).unwrap().ino();
+    fs::remove_file(&gone).unwrap();
+    // ext4 hands a freed inode out again at once: copies take it (a few tries at most).
+    let mut reused = None;
+    for n in 0..20 {
+        let copy = t.path(format!("src/copy{n}"));
+        let ok = Command::new("cp")
+            .arg("-a")
+            .arg(&files[1].0)
+            .arg(&copy)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        if fs::metadata(&copy).unwrap().ino() == ino {
+            reused = Some(copy);
+            break;
+        }
+    }
+    let reused = reused.expect("the file system never reused the deleted file's inode");
+    // The copy recorded on that inode (a read-only check), then a scrub: still known gone.
+    intact!("check", "-q", "--state", &db, t.path("src")).expect_code(0);
+    let r = intact!("scrub", "--state", &db, t.path("src")).expect_code(0);
+    assert!(
+        r.stdout.contains("removed") && r.stdout.contains("f3"),
+        "{}",
+        r.stdout
+    );
+    intact!("check", "-q", "--state", &db, t.path("src")).expect_code(0);
+    let r = intact!("status", "--state", &db, t.path("src")).expect_code(0);
+    assert!(
+        r.stdout.contains("f3"),
+        "status forgot the deletion: {}",
+        r.stdout
+    );
+    // A file moved, then edited and re-tagged (its inode keeps moving with it): no deletion.
+    let moved = t.path("src/f2-moved");
+    fs::rename(&files[2].0, &moved).unwrap();
+    let mut edited = files[2].1.clone();
+    edited.extend_from_slice(b"an edit");
+    fs::write(&moved, &edited).unwrap();
+    intact!("update", "-q", "--state", &db, t.path("src")).expect_code(0);
+    let r = cmd!(
+        "repair",
+        "--missing",
+        "--state",
+        &db,
+        "--from",
+        format!("restic:{}", repo.display()),
+        t.path("src")
+    )
+    .env("RESTIC_PASSWORD", "pw")
+    .run()
+    .expect_code(0);
+    assert!(r.stdout.contains("was missing; restored"), "{}", r.stdout);
+    assert_eq!(fs::read(&gone).unwrap(), good);
+    assert_eq!(
+        fs::read(&reused).unwrap(),
+        files[1].1,
+        "the copy is left alone"
+    );
+    assert!(!files[2].0.exists(), "a moved file's old version came back");
+    assert_eq!(fs::read(&moved).unwrap(), edited);
+}
