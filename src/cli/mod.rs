@@ -466,9 +466,9 @@ first (user.intact.repairing), so a run killed midway leaves damage every check 
 The damaged original is kept as NAME.damaged, marked (user.intact.damaged) so that later
 runs skip it rather than take it for a good file.
 
-Backups: --from restic:REPO and --from borg:REPO[::ARCHIVE] read the tools' listings of
-their latest 10 versions and try at most 5 copies a file, newest first (its own path, then
-files of its size); --from-command runs a command that prints a copy ({ssh} for ssh). Their
+Backups: --from restic:REPO and --from borg:REPO[::ARCHIVE] try every distinct version of a
+damaged file's path, newest first (listed whole in the latest 10 versions, by its folder in
+older ones), then files of its size elsewhere; --from-command runs a command that prints a copy ({ssh} for ssh). Their
 bytes replace nothing unless they hash to the tag; nothing is written into a repository.
 Tools run with no terminal, and are stopped with their children when silent for
 --source-timeout or when the repair is interrupted.

@@ -5,10 +5,14 @@
 //! `--bypass-lock`).
 //!
 //! A backup tool offers bytes only; the tag on the damaged file says which bytes are good.
-//! For each damaged file a few candidates are tried, newest first: the same path in each
-//! version (snapshot, archive), then files of its size elsewhere (moved since the backup);
-//! each is streamed through the same verified replace as every other source, so a copy the
-//! backup took of the rot itself is passed over for an older good one.
+//! For each damaged file every distinct version of its path is tried, newest first (a
+//! version is distinct when the tool's own change detection would have read the file again:
+//! another size, mtime or ctime), then files of its size elsewhere (moved since the backup);
+//! each is streamed through the same verified replace as every other source, so the copies
+//! the backups took of the rot itself are passed over for the older good one, however many
+//! there are. The newest versions are listed whole (a moved file is found there); older ones
+//! only in the damaged files' folders, so that a year of nightly snapshots costs a listing
+//! of a few folders each.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -24,11 +28,13 @@ use crate::archive::Chunk;
 use crate::process::{Watch, Watched};
 use crate::text::escape;
 
-/// Versions of a repository listed per run, newest first (each listing reads the version's
-/// whole tree of file names).
-pub const VERSIONS: usize = 10;
-/// Copies tried for one damaged file at most.
-pub const CANDIDATES: usize = 5;
+/// Versions of a repository listed whole, newest first (each such listing reads the
+/// version's whole tree of file names); older ones are listed only in the damaged files'
+/// folders.
+pub const LISTED_WHOLE: usize = 10;
+/// Copies of its size found elsewhere (a file moved since the backup) tried for a damaged
+/// file at most.
+pub const ELSEWHERE: usize = 2;
 
 /// One version of a backup: a restic snapshot, a borg archive.
 struct Version {
@@ -46,12 +52,15 @@ trait Repository {
     fn name(&self) -> String;
     /// Its versions.
     fn versions(&self, watch: Watch<'_>) -> Result<Vec<Version>, Unusable>;
-    /// The files of a version: each path as the tool lists it, and its size.
+    /// The files of a version (only under `within`, absolute folders, unless it is empty):
+    /// each path as the tool lists it, its size, and what the tool's change detection knows
+    /// of it (its mtime and ctime).
     fn list(
         &self,
         v: &Version,
+        within: &[Vec<u8>],
         watch: Watch<'_>,
-        each: &mut dyn FnMut(String, u64),
+        each: &mut dyn FnMut(String, u64, String),
     ) -> Result<(), Unusable>;
     /// The command that prints the file at `path` (as the version holds it) of a version.
     fn dump(&self, v: &Version, path: &[u8]) -> Command;
@@ -103,22 +112,23 @@ impl Repository for Restic {
     fn list(
         &self,
         v: &Version,
+        within: &[Vec<u8>],
         watch: Watch<'_>,
-        each: &mut dyn FnMut(String, u64),
+        each: &mut dyn FnMut(String, u64, String),
     ) -> Result<(), Unusable> {
-        lines(
-            self.restic().args(["ls", "--json", &v.id]),
-            "restic",
-            watch,
-            |line| {
-                if line["struct_type"] == "node"
-                    && line["type"] == "file"
-                    && let (Some(path), Some(size)) = (line["path"].as_str(), line["size"].as_u64())
-                {
-                    each(path.to_string(), size);
-                }
-            },
-        )
+        let mut c = self.restic();
+        c.args(["ls", "--json", &v.id]);
+        for dir in within {
+            c.arg(std::ffi::OsStr::from_bytes(dir));
+        }
+        lines(&mut c, "restic", watch, |line| {
+            if line["struct_type"] == "node"
+                && line["type"] == "file"
+                && let (Some(path), Some(size)) = (line["path"].as_str(), line["size"].as_u64())
+            {
+                each(path.to_string(), size, stamp(line));
+            }
+        })
     }
 
     fn dump(&self, v: &Version, path: &[u8]) -> Command {
@@ -193,17 +203,30 @@ impl Repository for Borg {
     fn list(
         &self,
         v: &Version,
+        within: &[Vec<u8>],
         watch: Watch<'_>,
-        each: &mut dyn FnMut(String, u64),
+        each: &mut dyn FnMut(String, u64, String),
     ) -> Result<(), Unusable> {
         let mut c = self.borg();
-        c.args(["list", "--json-lines"])
-            .arg(self.location(Some(&v.id)));
+        // With --json-lines, the keys --format names are the ones listed.
+        c.args([
+            "list",
+            "--json-lines",
+            "--format",
+            "{type}{path}{size}{mtime}{ctime}",
+        ])
+        .arg(self.location(Some(&v.id)));
+        // borg keeps absolute paths without their leading slash.
+        for dir in within {
+            c.arg(std::ffi::OsStr::from_bytes(
+                dir.strip_prefix(b"/").unwrap_or(dir),
+            ));
+        }
         lines(&mut c, "borg", watch, |line| {
             if line["type"] == "-"
                 && let (Some(path), Some(size)) = (line["path"].as_str(), line["size"].as_u64())
             {
-                each(path.to_string(), size);
+                each(path.to_string(), size, stamp(line));
             }
         })
     }
@@ -251,6 +274,12 @@ pub(super) fn parse(from: &Path, silence: Duration) -> Option<Box<dyn Search>> {
     }))
 }
 
+/// What a listing says of a file that the tool's change detection looks at: two versions of
+/// a path with the same size (compared apart), mtime and ctime hold the same stored content.
+fn stamp(line: &serde_json::Value) -> String {
+    format!("{} {}", line["mtime"], line["ctime"])
+}
+
 /// The repository's name for reports, or the environment variable it comes from.
 fn shown(repo: &Option<OsString>) -> String {
     repo.as_deref()
@@ -286,7 +315,6 @@ impl<R: Repository + Send> Search for Backup<R> {
         // listed later is the newer).
         versions.reverse();
         versions.sort_by(|a, b| b.time.cmp(&a.time));
-        versions.truncate(VERSIONS);
         let wants: Vec<(usize, Vec<u8>, Option<u64>)> = (0..work.count())
             .filter_map(|i| {
                 let w = work.want(i)?;
@@ -307,42 +335,64 @@ impl<R: Repository + Send> Search for Backup<R> {
                     }
                     m
                 });
+        // The damaged files' folders, for the versions not listed whole.
+        let mut folders: Vec<Vec<u8>> = wants
+            .iter()
+            .filter_map(|w| Path::new(std::ffi::OsStr::from_bytes(&w.1)).parent())
+            .map(|p| p.as_os_str().as_bytes().to_vec())
+            .collect();
+        folders.sort();
+        folders.dedup();
         let mut candidates: Vec<Vec<Candidate>> = wants.iter().map(|_| Vec::new()).collect();
+        // What each file's path held in a newer version: an older one holding the same is
+        // the same stored content, not tried again.
+        let mut seen: Vec<Vec<(u64, String)>> = wants.iter().map(|_| Vec::new()).collect();
         for (v, version) in versions.iter().enumerate() {
             if cancel.load(Ordering::Relaxed) {
                 return Ok(());
             }
-            self.repo.list(version, watch, &mut |listed, size| {
-                for &k in by_size.get(&size).into_iter().flatten() {
-                    let same = same_path(&wants[k].1, &listed);
-                    let found = &mut candidates[k];
-                    let same_path = same.is_some();
-                    // A couple of files of its size elsewhere: one moved since the backup.
-                    if same_path || found.iter().filter(|c| !c.same_path).count() < 2 {
-                        found.push(Candidate {
-                            version: v,
-                            path: same.unwrap_or_else(|| listed.clone().into_bytes()),
-                            same_path,
-                        });
+            let within: &[Vec<u8>] = if v < LISTED_WHOLE { &[] } else { &folders };
+            self.repo
+                .list(version, within, watch, &mut |listed, size, stamp| {
+                    for &k in by_size.get(&size).into_iter().flatten() {
+                        let same = same_path(&wants[k].1, &listed);
+                        if same.is_some() {
+                            if seen[k].iter().any(|(s, t)| *s == size && *t == stamp) {
+                                continue;
+                            }
+                            seen[k].push((size, stamp.clone()));
+                        }
+                        let found = &mut candidates[k];
+                        let same_path = same.is_some();
+                        // A couple of files of its size elsewhere: one moved since the backup.
+                        if same_path || found.iter().filter(|c| !c.same_path).count() < ELSEWHERE {
+                            found.push(Candidate {
+                                version: v,
+                                path: same.unwrap_or_else(|| listed.clone().into_bytes()),
+                                same_path,
+                            });
+                        }
                     }
-                }
-            })?;
+                })?;
         }
         let name = self.repo.name();
         for (k, (i, _, _)) in wants.iter().enumerate() {
-            // The file's own path in each version, newest first; then files of its size.
+            // Every distinct version of the file's own path, newest first; then files of its
+            // size elsewhere.
             let mut found = std::mem::take(&mut candidates[k]);
             found.sort_by_key(|c| (!c.same_path, c.version));
             if found.is_empty() {
                 work.tried(
                     *i,
                     format!(
-                        "{name}: no copy of its path or size in the latest {} versions",
+                        "{name}: no copy of its path or size in its {} versions",
                         versions.len()
                     ),
                 );
+                continue;
             }
-            for c in found.into_iter().take(CANDIDATES) {
+            let (mut tried, total) = (0, found.len());
+            for c in found {
                 if work.want(*i).is_none() || cancel.load(Ordering::Relaxed) {
                     break;
                 }
@@ -352,9 +402,22 @@ impl<R: Repository + Send> Search for Backup<R> {
                     version.label,
                     escape(Path::new(std::ffi::OsStr::from_bytes(&c.path)))
                 );
+                tried += 1;
                 work.offer(*i, &from, &mut |sink| {
                     stream(&mut self.repo.dump(version, &c.path), watch, sink)
                 });
+            }
+            if work.want(*i).is_some() {
+                work.tried(
+                    *i,
+                    format!(
+                        "{name}: {tried} of {total} distinct copies tried (its path in {} \
+                         versions, and files of its size elsewhere in the newest {}); none \
+                         holds the bytes of its tag",
+                        versions.len(),
+                        LISTED_WHOLE.min(versions.len())
+                    ),
+                );
             }
         }
         Ok(())

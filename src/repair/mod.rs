@@ -272,7 +272,7 @@ impl Sink for Repairer {
                         t.report.detail = Some(if t.tried.is_empty() {
                             "no good copy found in the sources".into()
                         } else {
-                            format!("no good copy found: {}", t.tried.join("; "))
+                            format!("no good copy found: {}", said(&t.tried))
                         });
                     }
                     std::mem::replace(&mut t.report, FileReport::new(PathBuf::new(), Status::Ok))
@@ -381,7 +381,7 @@ impl Work {
                 let t = &mut self.targets[i];
                 let mut detail = format!("would be repaired from {from}");
                 if !t.tried.is_empty() {
-                    detail.push_str(&format!("; passed over: {}", t.tried.join("; ")));
+                    detail.push_str(&format!("; passed over: {}", said(&t.tried)));
                 }
                 t.report.detail = Some(detail);
                 true
@@ -426,7 +426,7 @@ impl Work {
                 };
                 // Copies passed over on the way (a backup that copied the rot) are said.
                 if !t.tried.is_empty() {
-                    detail.push_str(&format!("; passed over: {}", t.tried.join("; ")));
+                    detail.push_str(&format!("; passed over: {}", said(&t.tried)));
                 }
                 if let Some(w) = warning {
                     detail.push_str(&format!("; but {w}"));
@@ -497,4 +497,32 @@ fn kept_note(name: &std::ffi::OsStr) -> String {
         crate::text::escape(Path::new(name)),
         crate::core::tag::Timestamp::now().sec
     )
+}
+
+/// What was tried for a file, for its report: the first few leads and the last (a source's
+/// summary), the rest counted (a year of backups can offer hundreds of copies).
+fn said(tried: &[String]) -> String {
+    const SHOWN: usize = 4;
+    if tried.len() <= SHOWN + 1 {
+        return tried.join("; ");
+    }
+    format!(
+        "{}; and {} more; {}",
+        tried[..SHOWN].join("; "),
+        tried.len() - SHOWN - 1,
+        tried[tried.len() - 1]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_long_list_of_leads_is_cut_but_keeps_its_last() {
+        let leads: Vec<String> = (1..=9).map(|n| format!("copy {n}")).collect();
+        assert_eq!(
+            super::said(&leads),
+            "copy 1; copy 2; copy 3; copy 4; and 4 more; copy 9"
+        );
+        assert_eq!(super::said(&leads[..5]), leads[..5].join("; "));
+    }
 }

@@ -430,3 +430,75 @@ fn a_deletion_is_remembered_when_its_inode_is_reused() {
     assert!(!files[2].0.exists(), "a moved file's old version came back");
     assert_eq!(fs::read(&moved).unwrap(), edited);
 }
+
+/// Every distinct version is within reach (rows 2 and 3 of the issue): the newest seven
+/// snapshots of a photo hold its rot (each with a moved ctime, so restic read it again), ten
+/// snapshots of another folder are on top, and the good version is the twentieth newest:
+/// found, through a listing of the photo's folder only in the older snapshots. A file with no
+/// good version anywhere says how many distinct copies were tried, each stored copy once.
+#[test]
+fn the_good_version_is_found_behind_many_damaged_ones() {
+    let t = Tree::new();
+    let photo = t.write("src/photo.jpg", data(60_000, 70));
+    let hopeless = t.write("src/hopeless.jpg", data(40_000, 71));
+    t.write("other/notes.txt", data(1_000, 72));
+    intact!("tag", "-q", t.path("src")).expect_code(0);
+    let good = fs::read(&photo).unwrap();
+    let repo = t.path("restic-repo");
+    let restic = || {
+        let mut c = Command::new("restic");
+        c.env("RESTIC_PASSWORD", "pw").arg("--repo").arg(&repo);
+        c
+    };
+    run(restic().args(["init", "-q"]));
+    // Rot before any backup: every version of it is damaged.
+    flip_byte(&hopeless, 10);
+    // The ctime moves (a mode set again): restic reads the file anew each time.
+    let ctime_moves = |p: &std::path::Path| {
+        let mode = fs::metadata(p).unwrap().permissions();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        fs::set_permissions(p, mode).unwrap();
+    };
+    for _ in 0..3 {
+        ctime_moves(&hopeless);
+        run(restic().args(["backup", "-q"]).arg(t.path("src")));
+    }
+    flip_byte(&photo, 500);
+    for n in 0..7 {
+        ctime_moves(&photo);
+        if n == 3 {
+            flip_byte(&photo, 900);
+        }
+        run(restic().args(["backup", "-q"]).arg(t.path("src")));
+    }
+    for _ in 0..10 {
+        ctime_moves(&t.path("other/notes.txt"));
+        run(restic().args(["backup", "-q"]).arg(t.path("other")));
+    }
+    let from = format!("restic:{}", repo.display());
+    let r = cmd!(
+        "repair",
+        "--no-state",
+        "--discard-damaged",
+        "--from",
+        &from,
+        t.path("src")
+    )
+    .env("RESTIC_PASSWORD", "pw")
+    .run()
+    .expect_code(1);
+    assert_eq!(fs::read(&photo).unwrap(), good, "{}", r.stdout);
+    assert!(
+        said(&r, "photo.jpg").contains("passed over"),
+        "{}",
+        r.stdout
+    );
+    let hopeless_said = said(&r, "hopeless.jpg");
+    // Its last seven snapshots hold what the third did (restic did not read it again): one
+    // copy, tried once.
+    assert!(
+        hopeless_said.contains("3 of 3 distinct copies tried")
+            && hopeless_said.contains("in 20 versions"),
+        "{hopeless_said}"
+    );
+}
