@@ -44,6 +44,20 @@ fn copy_of_src(t: &Tree, name: &str) -> PathBuf {
     copy
 }
 
+/// A new restic repository at `t/restic-repo` with `password`: its path, and `restic` aimed
+/// at it.
+fn restic_repo(t: &Tree, password: &'static str) -> (PathBuf, impl Fn() -> Command) {
+    let repo = t.path("restic-repo");
+    let at = repo.clone();
+    let restic = move || {
+        let mut c = Command::new("restic");
+        c.env("RESTIC_PASSWORD", password).arg("--repo").arg(&at);
+        c
+    };
+    run(restic().args(["init", "-q"]));
+    (repo, restic)
+}
+
 fn run(cmd: &mut Command) {
     let out = cmd
         .output()
@@ -116,15 +130,7 @@ fn repair_from_a_restic_repository() {
     let files = tree(&t);
     let (tags, mtimes) = before(&files);
     let mirror = copy_of_src(&t, "mirror");
-    let repo = t.path("restic-repo");
-    let restic = || {
-        let mut c = Command::new("restic");
-        c.env("RESTIC_PASSWORD", "correct horse")
-            .arg("--repo")
-            .arg(&repo);
-        c
-    };
-    run(restic().args(["init", "-q"]));
+    let (repo, restic) = restic_repo(&t, "correct horse");
     let now = back_up_and_damage(&t, &files, || {
         run(restic()
             .args(["backup", "-q", "--force"])
@@ -295,13 +301,7 @@ fn repair_brings_back_what_is_gone_when_asked() {
     let files = tree(&t);
     let db = t.path("state.db");
     intact!("check", "-q", "--state", &db, t.path("src")).expect_code(0);
-    let repo = t.path("restic-repo");
-    let restic = || {
-        let mut c = Command::new("restic");
-        c.env("RESTIC_PASSWORD", "pw").arg("--repo").arg(&repo);
-        c
-    };
-    run(restic().args(["init", "-q"]));
+    let (repo, restic) = restic_repo(&t, "pw");
     run(restic().args(["backup", "-q"]).arg(t.path("src")));
     let gone = t.path("src/photo.jpg");
     fs::remove_file(&gone).unwrap();
@@ -358,13 +358,7 @@ fn a_deletion_is_remembered_when_its_inode_is_reused() {
     }
     // `tag` records what it tagged: nothing else ever looks at the tree before the deletion.
     intact!("tag", "-q", "--state", &db, t.path("src")).expect_code(0);
-    let repo = t.path("restic-repo");
-    let restic = || {
-        let mut c = Command::new("restic");
-        c.env("RESTIC_PASSWORD", "pw").arg("--repo").arg(&repo);
-        c
-    };
-    run(restic().args(["init", "-q"]));
+    let (repo, restic) = restic_repo(&t, "pw");
     run(restic().args(["backup", "-q"]).arg(t.path("src")));
     let (gone, good) = files[3].clone();
     let ino = fs::metadata(&gone).unwrap().ino();
@@ -444,13 +438,7 @@ fn the_good_version_is_found_behind_many_damaged_ones() {
     t.write("other/notes.txt", data(1_000, 72));
     intact!("tag", "-q", t.path("src")).expect_code(0);
     let good = fs::read(&photo).unwrap();
-    let repo = t.path("restic-repo");
-    let restic = || {
-        let mut c = Command::new("restic");
-        c.env("RESTIC_PASSWORD", "pw").arg("--repo").arg(&repo);
-        c
-    };
-    run(restic().args(["init", "-q"]));
+    let (repo, restic) = restic_repo(&t, "pw");
     // Rot before any backup: every version of it is damaged.
     flip_byte(&hopeless, 10);
     // The ctime moves (a mode set again): restic reads the file anew each time.
