@@ -650,7 +650,12 @@ impl State {
             }
             _ => None,
         };
-        let key_of_row = key.clone();
+        // Allocated only for a re-tag (rare): every row pays for the comparison alone.
+        let was = report
+            .tag
+            .as_ref()
+            .filter(|t| digest_from_key(&key) != Some(t.digest))
+            .map(|t| digest_key(&t.digest));
         let row = Row {
             fact,
             fs,
@@ -664,11 +669,7 @@ impl State {
             status: report.status.name(),
             damage,
             old_ino: report.inode.map(|(_, ino)| ino as i64),
-            was: report
-                .tag
-                .as_ref()
-                .map(|t| digest_key(&t.digest))
-                .filter(|was| *was != key_of_row),
+            was,
         };
         self.pending_since.get_or_insert_with(Instant::now);
         self.pending.push(row);
