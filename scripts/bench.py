@@ -23,6 +23,10 @@ floor (the walk inside the clock, with a statx per entry, and flistxattr and an 
 reading: the calls a correct check makes).
 `--memory` prints peak RSS of tag, scrub, check and status on trees of 50,000, 200,000 and
 1,000,000 files (it must stay flat as the tree grows).
+`--backups` times `intact repair --from restic:` and `--from borg:` of 20 damaged files of a
+tree of 100,000 files with 30 nightly backups, against `restic restore --include` and
+`borg extract` of the same files from the newest backup (their repositories are kept in
+--dir between invocations: making them takes minutes).
 `--scrub --only de` times the state database's cost: `check` with and without it, a scrub's
 planning alone (`--older-than 3650d` after a full scrub: walk, tags, database, no data) against `show`, a whole
 scrub, and `status`, with peak RSS.
@@ -452,6 +456,82 @@ def bench_memory(base, intact, scale):
         print(f"  {n:>10,} " + " ".join(f"{r:>14.1f}" for r in rss) + f" {os.path.getsize(db) / MiB:>13.1f}")
 
 
+def bench_backups(base, intact, runs, scale):
+    """Repair from restic and borg against a restore by hand of the same damaged files: a
+    tree of 100,000 files of 4 KiB in 1,000 folders backed up 30 times (a few files edited
+    between backups), 20 files damaged in 20 folders after the last backup and found by a
+    check; then, timed, `intact repair` (straight to the damage the state database knows)
+    and `restic restore --include`/`borg extract` of those 20 files into an empty folder."""
+    n = int(100_000 * scale)
+    dir = os.path.join(base, "backups-tree")
+    restic_repo, borg_repo = os.path.join(base, "restic-repo"), os.path.join(base, "borg-repo")
+    env = dict(os.environ, RESTIC_PASSWORD="bench", BORG_PASSPHRASE="bench",
+               BORG_BASE_DIR=os.path.join(base, "borg-home"))
+    snapshots = 30
+
+    def sh(cmd, **kw):
+        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, **kw)
+
+    files = [f"d{i % 1000:03}/f{i:06}" for i in range(n)]
+    if not os.path.isdir(borg_repo):
+        shutil.rmtree(dir, ignore_errors=True)
+        shutil.rmtree(restic_repo, ignore_errors=True)
+        make(dir, [(f, 4096) for f in files])
+        sh([intact, "tag", "-q", "--no-state", dir])
+        sh(["restic", "init", "-q", "--repo", restic_repo])
+        sh(["borg", "init", "-e", "repokey", borg_repo], stderr=subprocess.DEVNULL)
+        for night in range(snapshots):
+            # A few edits a night: each backup holds a slightly different tree.
+            for f in files[night * 7 + 5::n // 10][:10]:
+                with open(os.path.join(dir, f), "ab") as out:
+                    out.write(b"edit")
+            sh([intact, "update", "-q", "--no-state", dir])
+            sh(["restic", "backup", "-q", "--repo", restic_repo, dir])
+            sh(["borg", "create", f"{borg_repo}::night{night:02}", dir])
+            print(f"  backup {night + 1} of {snapshots}", file=sys.stderr)
+    damaged = [files[i * (n // 20) + 3] for i in range(20)]
+    db = os.path.join(base, "backups-state.db")
+    for leftover in (db, db + "-wal", db + "-shm", db + ".damage"):
+        if os.path.exists(leftover):
+            os.remove(leftover)
+    sh([intact, "check", "-q", "--state", db, dir])
+    target = os.path.join(base, "restored")
+    absolute = [os.path.join(dir, f) for f in damaged]
+    by_hand = {
+        "restic restore --include": ["restic", "restore", "--repo", restic_repo, "latest", "--target", target]
+        + [a for p in absolute for a in ("--include", p)],
+        "borg extract": ["borg", "extract", f"{borg_repo}::night{snapshots - 1:02}"] + [p.lstrip("/") for p in absolute],
+    }
+    repairs = {
+        "intact repair --from restic:": f"restic:{restic_repo}",
+        "intact repair --from borg:": f"borg:{borg_repo}",
+    }
+    samples = {k: [] for k in [*by_hand, *repairs]}
+    for _ in range(runs):
+        for tool, cmd in by_hand.items():
+            shutil.rmtree(target, ignore_errors=True)
+            os.makedirs(target)
+            samples[tool].append(timed(["env", *(f"{k}={env[k]}" for k in ("RESTIC_PASSWORD", "BORG_PASSPHRASE", "BORG_BASE_DIR")), "sh", "-c", f'cd "$0" && exec "$@"', target, *cmd]))
+        for tool, source in repairs.items():
+            for f in absolute:
+                corrupt_one(f)
+            subprocess.run([intact, "check", "-q", "--state", db, dir], env=env, stdout=subprocess.DEVNULL)
+            cmd = [intact, "repair", "-q", "--discard-damaged", "--state", db, "--from", source, dir]
+            secs, rss = timed(["env", *(f"{k}={env[k]}" for k in ("RESTIC_PASSWORD", "BORG_PASSPHRASE", "BORG_BASE_DIR")), *cmd])
+            samples[tool].append((secs, rss))
+            left = subprocess.run([intact, "check", "-q", "--no-state", *absolute], stdout=subprocess.PIPE, text=True)
+            if left.returncode != 0:
+                raise SystemExit(f"{tool} left damage: {left.stdout}")
+    print(f"\nrepair from backups: {len(damaged)} damaged files of {n:,} (4 KiB, 1,000 folders), {snapshots} backups")
+    print(f"  {'run':32} {'median s':>9} {'RSS MiB':>8}")
+    med = {}
+    for tool, s in samples.items():
+        med[tool] = statistics.median(x for x, _ in s)
+        print(f"  {tool:32} {med[tool]:9.2f} {max(r for _, r in s):8.1f}")
+    print(f"  intact / by hand: restic x{med['intact repair --from restic:'] / med['restic restore --include']:.2f},"
+          f" borg x{med['intact repair --from borg:'] / med['borg extract']:.2f}")
+
+
 def interference(intact, dir, cores):
     """How much a CPU-bound foreground job (openssl on every core, 8 s) slows down while
     intact checks `dir` over and over, at the default speed and in the background setting."""
@@ -499,6 +579,8 @@ def main():
                     help="the state database's cost: scrub planning, scrub, check, status")
     ap.add_argument("--memory", action="store_true",
                     help="peak memory of tag, scrub, check and status on trees of 50k, 200k and 1M files")
+    ap.add_argument("--backups", action="store_true",
+                    help="repair from restic and borg against restoring the same files by hand")
     ap.add_argument("--cold", action="store_true",
                     help="cold reads (root: drops the page cache before every run) against cat and"
                          " 16 parallel cats, on the corpora in --only")
@@ -529,6 +611,9 @@ def main():
     try:
         if args.memory:
             bench_memory(base, intact, scale)
+            return
+        if args.backups:
+            bench_backups(base, intact, args.runs, scale)
             return
         for name, (desc, files) in corpora(scale).items():
             if name not in args.only:

@@ -440,6 +440,10 @@ pub struct RepairArgs {
     /// over a file that took it since. Without it, a deletion is left as the owner's choice
     #[arg(long)]
     pub missing: bool,
+    /// Read every file under PATH for damage. Without it, where the state database has a
+    /// verdict for every file under PATH, only the files it knows are damaged are read
+    #[arg(long)]
+    pub full: bool,
     #[command(flatten)]
     pub notify: NotifyArgs,
     #[command(flatten)]

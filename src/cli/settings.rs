@@ -47,6 +47,9 @@ pub struct Settings {
     pub metrics: Option<PathBuf>,
     /// A scrub's plan: what to verify, in which order.
     pub scrub: Option<Scrub>,
+    /// Only the damaged files the state database knows, where it knows every file under
+    /// the roots (a repair without `--full`); else the walk.
+    pub known_damage_only: bool,
     /// Who is told what the run found, and how.
     pub notify: Option<intact::notify::Setup>,
 }
@@ -111,6 +114,7 @@ impl Settings {
             damage_from: None,
             metrics: None,
             scrub: None,
+            known_damage_only: false,
             notify: None,
         })
     }

@@ -147,63 +147,88 @@ fn run(
     let mut planned = None;
     let mut per_root = vec![(0u64, 0u64); s.roots.len()];
     let counted = AtomicU64::new(0);
-    let (walked, failure, output, state) = std::thread::scope(|scope| {
-        let mut front = Ledger {
-            reporter,
-            bar: None,
-            error: None,
-            state,
-            per_root: &mut per_root,
-            lines_on_terminal: s.reports_to_stderr || io::stdout().is_terminal(),
-        };
-        let source = match &s.scrub {
-            Some(scrub) => match scrub::prepare(s, scrub, config, &mut front) {
-                Ok((p, queue)) => {
-                    plan = Some(p);
-                    planned = Some(queue.planned.1);
-                    engine::Source::List(Box::new(queue))
+    let (walked, failure, output, state) =
+        std::thread::scope(|scope| {
+            let mut front = Ledger {
+                reporter,
+                bar: None,
+                error: None,
+                state,
+                per_root: &mut per_root,
+                lines_on_terminal: s.reports_to_stderr || io::stdout().is_terminal(),
+            };
+            let source =
+                match &s.scrub {
+                    Some(scrub) => match scrub::prepare(s, scrub, config, &mut front) {
+                        Ok((p, queue)) => {
+                            plan = Some(p);
+                            planned = Some(queue.planned.1);
+                            engine::Source::List(Box::new(queue))
+                        }
+                        Err(e) => {
+                            front.reporter.fail(format!("planning the scrub: {e:#}"));
+                            engine::Source::List(Box::new(std::iter::empty()))
+                        }
+                    },
+                    None => match front
+                        .state
+                        .as_mut()
+                        .filter(|_| s.known_damage_only)
+                        .and_then(|state| state.known_damage_under(&s.roots))
+                    {
+                        Some(damaged) => {
+                            front.reporter.note(format!(
+                        "only the {} damaged file(s) the state database knows were read: it \
+                         has a verdict for every file under {} (--full reads them all)",
+                        damaged.len(),
+                        s.roots.iter().map(|r| escape(r)).collect::<Vec<_>>().join(", ")
+                    ));
+                            let entries = damaged.into_iter().map(|(root, path)| Entry::File {
+                                path,
+                                size: 0,
+                                root,
+                                inode: None,
+                                stat: None,
+                            });
+                            engine::Source::List(Box::new(entries))
+                        }
+                        None => engine::Source::Walk,
+                    },
+                };
+            let config = &*config;
+            let bar = show_bar
+                .then(|| progress_bar(scope, &s.roots, config, planned, &progress, &counted));
+            front.bar = bar.as_ref();
+            let mut failure = None;
+            let walked = engine::run_from(config, &s.roots, source, &STOP, &progress, |report| {
+                if failure.is_none()
+                    && front.error.is_none()
+                    && let Err(f) = sink.take(report, &mut front)
+                {
+                    // The work itself cannot be done (a full disk?): stop, leave nothing.
+                    STOP.store(true, Ordering::SeqCst);
+                    failure = Some(f);
                 }
-                Err(e) => {
-                    front.reporter.fail(format!("planning the scrub: {e:#}"));
-                    engine::Source::List(Box::new(std::iter::empty()))
-                }
-            },
-            None => engine::Source::Walk,
-        };
-        let config = &*config;
-        let bar =
-            show_bar.then(|| progress_bar(scope, &s.roots, config, planned, &progress, &counted));
-        front.bar = bar.as_ref();
-        let mut failure = None;
-        let walked = engine::run_from(config, &s.roots, source, &STOP, &progress, |report| {
-            if failure.is_none()
-                && front.error.is_none()
-                && let Err(f) = sink.take(report, &mut front)
-            {
-                // The work itself cannot be done (a full disk?): stop, leave nothing.
-                STOP.store(true, Ordering::SeqCst);
-                failure = Some(f);
+            });
+            if let Some(bar) = &bar {
+                bar.finish_and_clear();
             }
+            // The last rows are written while the sink finishes (an archive's compression and
+            // fsync), rather than after.
+            if let Some(state) = &mut front.state {
+                state.send();
+            }
+            if sink.wants_missing()
+                && !STOP.load(Ordering::SeqCst)
+                && let Some(state) = &mut front.state
+            {
+                sink.missing(state.missing(&s.roots));
+            }
+            if let Err(f) = sink.finish(STOP.load(Ordering::SeqCst), &mut front) {
+                failure.get_or_insert(f);
+            }
+            (walked, failure, front.error, front.state)
         });
-        if let Some(bar) = &bar {
-            bar.finish_and_clear();
-        }
-        // The last rows are written while the sink finishes (an archive's compression and
-        // fsync), rather than after.
-        if let Some(state) = &mut front.state {
-            state.send();
-        }
-        if sink.wants_missing()
-            && !STOP.load(Ordering::SeqCst)
-            && let Some(state) = &mut front.state
-        {
-            sink.missing(state.missing(&s.roots));
-        }
-        if let Err(f) = sink.finish(STOP.load(Ordering::SeqCst), &mut front) {
-            failure.get_or_insert(f);
-        }
-        (walked, failure, front.error, front.state)
-    });
     Ran {
         walked,
         failure,

@@ -28,16 +28,6 @@ pub fn run(a: RepairArgs) -> anyhow::Result<Exit> {
             parity::DEFAULT_DIR
         )));
     }
-    // Sources that cannot be used are said before anything runs.
-    if let Some(gone) = from
-        .iter()
-        .find(|p| !repair::names_repository(p) && std::fs::symlink_metadata(p).is_err())
-    {
-        return Err(usage(format!(
-            "--from {}: no such file or directory",
-            intact::text::escape(gone)
-        )));
-    }
     let commands = a
         .from_command
         .iter()
@@ -46,6 +36,7 @@ pub fn run(a: RepairArgs) -> anyhow::Result<Exit> {
         .map_err(usage)?;
     let mut s = Settings::new(Verb::Repair, a.paths.paths, &a.common)?;
     s.changes_files(!a.dry_run);
+    s.known_damage_only = !a.full;
     // A dry run records nothing, but where it is to find what is missing it reads (and so
     // records its check) too.
     if !a.dry_run || a.missing {
@@ -66,6 +57,8 @@ pub fn run(a: RepairArgs) -> anyhow::Result<Exit> {
         missing: a.missing,
         source_timeout: a.source_timeout,
     };
-    let mut repairer = Repairer::new(&s.roots, &from, commands, opts, &super::STOP);
+    // Sources that cannot be used are said before anything runs.
+    let mut repairer =
+        Repairer::new(&s.roots, &from, commands, opts, &super::STOP).map_err(usage)?;
     super::drive(s, &mut repairer)
 }

@@ -15,7 +15,7 @@
 //! of a few folders each.
 
 use std::collections::HashMap;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io::{self, Read};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
@@ -28,12 +28,12 @@ use crate::archive::Chunk;
 use crate::process::{Watch, Watched};
 use crate::text::escape;
 
-/// Versions of a repository listed whole, newest first (each such listing reads the
-/// version's whole tree of file names); older ones are listed only in the damaged files'
+/// Versions of a repository listed whole at most, newest first: to learn where a tree that
+/// is mounted elsewhere now was backed up from, and to find files of a damaged file's size
+/// elsewhere (moved since the backup). Every other listing reads only the damaged files'
 /// folders.
 pub const LISTED_WHOLE: usize = 10;
-/// Copies of its size found elsewhere (a file moved since the backup) tried for a damaged
-/// file at most.
+/// Copies of its size found elsewhere tried for a damaged file at most.
 pub const ELSEWHERE: usize = 2;
 
 /// One version of a backup: a restic snapshot, a borg archive.
@@ -44,38 +44,56 @@ struct Version {
     label: String,
     /// When it was made (RFC 3339, which sorts as time does).
     time: String,
+    /// Versions of one group hold the same folders (restic: of one host and paths).
+    group: String,
 }
 
-/// A backup tool's repository.
+/// A backup tool's repository. Paths go in and come out as the tools list them, without a
+/// leading slash (borg's way; restic's has one, which its methods add and take away).
 trait Repository {
-    /// How it is named in reports (`restic:REPO`).
+    /// How it is named in reports (`restic:REPO --host nas`).
     fn name(&self) -> String;
-    /// Its versions.
+    /// Its versions (those its selectors choose).
     fn versions(&self, watch: Watch<'_>) -> Result<Vec<Version>, Unusable>;
-    /// The files of a version (only under `within`, absolute folders, unless it is empty):
-    /// each path as the tool lists it, its size, and what the tool's change detection knows
-    /// of it (its mtime and ctime).
+    /// The files of a version (only under the folders `within`, unless it is empty): each
+    /// path, its size, and what the tool's change detection knows of it (mtime and ctime).
     fn list(
         &self,
         v: &Version,
         within: &[Vec<u8>],
         watch: Watch<'_>,
-        each: &mut dyn FnMut(String, u64, String),
+        each: &mut dyn FnMut(&str, u64, String),
     ) -> Result<(), Unusable>;
-    /// The command that prints the file at `path` (as the version holds it) of a version.
+    /// The command that prints the file at `path` of a version.
     fn dump(&self, v: &Version, path: &[u8]) -> Command;
+    /// The files at `paths` of a version, fetched by one run of the tool (one `dump` each
+    /// would start the tool, and read its index, as many times): `got` is given each path
+    /// the tool delivers and its bytes.
+    fn fetch(
+        &self,
+        v: &Version,
+        paths: &[Vec<u8>],
+        watch: Watch<'_>,
+        got: &mut dyn FnMut(&[u8], &mut dyn Read),
+    ) -> Result<(), Unusable>;
+    /// `path` as the tool shows it.
+    fn shown(&self, path: &[u8]) -> Vec<u8>;
 }
 
-/// A restic repository: `restic:REPO`, or `restic:` for `$RESTIC_REPOSITORY`. The password
-/// comes as restic users give it: `RESTIC_PASSWORD`, `RESTIC_PASSWORD_FILE`,
+/// A restic repository: `restic:REPO`, or `restic:` for `$RESTIC_REPOSITORY`, then, if
+/// wanted, restic's own snapshot selectors (`--host`, `--tag`, `--path`, `--latest`, ids).
+/// The password comes as restic users give it: `RESTIC_PASSWORD`, `RESTIC_PASSWORD_FILE`,
 /// `RESTIC_PASSWORD_COMMAND`.
-pub(super) struct Restic(Option<OsString>);
+pub(super) struct Restic {
+    repo: Option<OsString>,
+    select: Vec<String>,
+}
 
 impl Restic {
     fn restic(&self) -> Command {
         let mut c = Command::new("restic");
         c.arg("--no-lock");
-        if let Some(repo) = &self.0 {
+        if let Some(repo) = &self.repo {
             c.arg("--repo").arg(repo);
         }
         c
@@ -84,11 +102,13 @@ impl Restic {
 
 impl Repository for Restic {
     fn name(&self) -> String {
-        format!("restic:{}", shown(&self.0))
+        named("restic:", &self.repo, &self.select)
     }
 
     fn versions(&self, watch: Watch<'_>) -> Result<Vec<Version>, Unusable> {
-        let out = output(self.restic().args(["snapshots", "--json"]), "restic", watch)?;
+        let mut c = self.restic();
+        c.args(["snapshots", "--json"]).args(&self.select);
+        let out = output(&mut c, "restic", watch)?;
         let snapshots: Vec<serde_json::Value> =
             serde_json::from_slice(&out).map_err(|source| Unusable::Output {
                 what: "restic snapshots",
@@ -102,6 +122,7 @@ impl Repository for Restic {
                 let short = s["short_id"].as_str().unwrap_or(&id[..id.len().min(8)]);
                 Some(Version {
                     label: format!("snapshot {short} of {}", &time[..time.len().min(19)]),
+                    group: format!("{} {}", s["hostname"], s["paths"]),
                     id,
                     time,
                 })
@@ -114,19 +135,19 @@ impl Repository for Restic {
         v: &Version,
         within: &[Vec<u8>],
         watch: Watch<'_>,
-        each: &mut dyn FnMut(String, u64, String),
+        each: &mut dyn FnMut(&str, u64, String),
     ) -> Result<(), Unusable> {
         let mut c = self.restic();
         c.args(["ls", "--json", &v.id]);
         for dir in within {
-            c.arg(std::ffi::OsStr::from_bytes(dir));
+            c.arg(OsStr::from_bytes(&self.shown(dir)));
         }
         lines(&mut c, "restic", watch, |line| {
             if line["struct_type"] == "node"
                 && line["type"] == "file"
                 && let (Some(path), Some(size)) = (line["path"].as_str(), line["size"].as_u64())
             {
-                each(path.to_string(), size, stamp(line));
+                each(path.trim_start_matches('/'), size, stamp(line));
             }
         })
     }
@@ -134,17 +155,52 @@ impl Repository for Restic {
     fn dump(&self, v: &Version, path: &[u8]) -> Command {
         let mut c = self.restic();
         c.args(["dump", &v.id])
-            .arg(std::ffi::OsStr::from_bytes(path));
+            .arg(OsStr::from_bytes(&self.shown(path)));
         c
+    }
+
+    /// `restic restore --include` into a temp folder (restic's dump prints one file, or a
+    /// folder whole), each file then read from there.
+    fn fetch(
+        &self,
+        v: &Version,
+        paths: &[Vec<u8>],
+        watch: Watch<'_>,
+        got: &mut dyn FnMut(&[u8], &mut dyn Read),
+    ) -> Result<(), Unusable> {
+        let into = tempfile::Builder::new()
+            .prefix("intact-restore-")
+            .tempdir()
+            .map_err(Unusable::Unreadable)?;
+        let mut c = self.restic();
+        c.args(["restore", &v.id, "--target"]).arg(into.path());
+        for p in paths {
+            c.arg("--include")
+                .arg(OsStr::from_bytes(&glob_escaped(&self.shown(p))));
+        }
+        output(&mut c, "restic", watch)?;
+        for p in paths {
+            let restored = into.path().join(OsStr::from_bytes(p));
+            if let Ok(mut file) = crate::fs::sys::open_nofollow(&restored) {
+                got(p, &mut file);
+            }
+        }
+        Ok(())
+    }
+
+    fn shown(&self, path: &[u8]) -> Vec<u8> {
+        [b"/", path].concat()
     }
 }
 
 /// A borg repository: `borg:REPO`, `borg:REPO::ARCHIVE` (that archive only), or `borg:` for
-/// `$BORG_REPO`. The passphrase comes as borg users give it: `BORG_PASSPHRASE`,
+/// `$BORG_REPO`, then, if wanted, borg's own archive selectors (`--glob-archives`, `--first`,
+/// `--last`). The passphrase comes as borg users give it: `BORG_PASSPHRASE`,
 /// `BORG_PASSCOMMAND`, `BORG_PASSPHRASE_FD`.
 pub(super) struct Borg {
     repo: Option<OsString>,
     archive: Option<String>,
+    select: Vec<String>,
 }
 
 impl Borg {
@@ -166,15 +222,16 @@ impl Borg {
 
 impl Repository for Borg {
     fn name(&self) -> String {
-        match &self.archive {
-            Some(a) => format!("borg:{}::{a}", shown(&self.repo)),
-            None => format!("borg:{}", shown(&self.repo)),
+        let mut repo = self.repo.clone();
+        if let (Some(r), Some(a)) = (&mut repo, &self.archive) {
+            r.push(format!("::{a}"));
         }
+        named("borg:", &repo, &self.select)
     }
 
     fn versions(&self, watch: Watch<'_>) -> Result<Vec<Version>, Unusable> {
         let mut c = self.borg();
-        c.args(["list", "--json"]);
+        c.args(["list", "--json"]).args(&self.select);
         if let Some(repo) = &self.repo {
             c.arg(repo);
         }
@@ -192,6 +249,8 @@ impl Repository for Borg {
                 let time = a["time"].as_str().or(a["start"].as_str())?.to_string();
                 Some(Version {
                     label: format!("archive {name} of {}", &time[..time.len().min(19)]),
+                    // borg's listing of archives does not say what each holds.
+                    group: name.clone(),
                     id: name,
                     time,
                 })
@@ -205,7 +264,7 @@ impl Repository for Borg {
         v: &Version,
         within: &[Vec<u8>],
         watch: Watch<'_>,
-        each: &mut dyn FnMut(String, u64, String),
+        each: &mut dyn FnMut(&str, u64, String),
     ) -> Result<(), Unusable> {
         let mut c = self.borg();
         // With --json-lines, the keys --format names are the ones listed.
@@ -216,17 +275,14 @@ impl Repository for Borg {
             "{type}{path}{size}{mtime}{ctime}",
         ])
         .arg(self.location(Some(&v.id)));
-        // borg keeps absolute paths without their leading slash.
         for dir in within {
-            c.arg(std::ffi::OsStr::from_bytes(
-                dir.strip_prefix(b"/").unwrap_or(dir),
-            ));
+            c.arg(OsStr::from_bytes(dir));
         }
         lines(&mut c, "borg", watch, |line| {
             if line["type"] == "-"
                 && let (Some(path), Some(size)) = (line["path"].as_str(), line["size"].as_u64())
             {
-                each(path.to_string(), size, stamp(line));
+                each(path.trim_start_matches('/'), size, stamp(line));
             }
         })
     }
@@ -235,43 +291,145 @@ impl Repository for Borg {
         let mut c = self.borg();
         c.args(["extract", "--stdout"])
             .arg(self.location(Some(&v.id)))
-            .arg(std::ffi::OsStr::from_bytes(path));
+            .arg(OsStr::from_bytes(path));
         c
     }
-}
 
-/// Whether `from` names a repository (`restic:…`, `borg:…`) rather than a file.
-pub fn names_repository(from: &Path) -> bool {
-    let raw = from.as_os_str().as_bytes();
-    raw.starts_with(b"restic:") || raw.starts_with(b"borg:")
-}
-
-/// `restic:REPO` or `borg:REPO[::ARCHIVE]`, if `from` names one; its tool is given up on
-/// once it says nothing for `silence`.
-pub(super) fn parse(from: &Path, silence: Duration) -> Option<Box<dyn Search>> {
-    let raw = from.as_os_str().as_bytes();
-    let repo = |rest: &[u8]| (!rest.is_empty()).then(|| OsString::from_vec(rest.to_vec()));
-    if let Some(rest) = raw.strip_prefix(b"restic:") {
-        return Some(Box::new(Backup {
-            repo: Restic(repo(rest)),
-            silence,
-        }));
+    /// `borg export-tar` of the files alone, read as it streams by.
+    fn fetch(
+        &self,
+        v: &Version,
+        paths: &[Vec<u8>],
+        watch: Watch<'_>,
+        got: &mut dyn FnMut(&[u8], &mut dyn Read),
+    ) -> Result<(), Unusable> {
+        let mut c = self.borg();
+        c.arg("export-tar").arg(self.location(Some(&v.id))).arg("-");
+        for p in paths {
+            c.arg(OsStr::from_bytes(p));
+        }
+        read_from(&mut c, "borg", watch, &mut |out| {
+            for entry in tar::Archive::new(&mut *out).entries()? {
+                let mut entry = entry?;
+                if entry.header().entry_type().is_file() {
+                    let path = entry.path_bytes().into_owned();
+                    got(&path, &mut entry);
+                }
+            }
+            // The archive's end: the tool ends as it would have.
+            io::copy(out, &mut io::sink())?;
+            Ok(())
+        })
     }
-    let rest = raw.strip_prefix(b"borg:")?;
-    let (repo_part, archive) = match rest.windows(2).rposition(|w| w == b"::") {
-        Some(at) => (
-            &rest[..at],
-            Some(String::from_utf8_lossy(&rest[at + 2..]).into_owned()),
-        ),
-        None => (rest, None),
+
+    fn shown(&self, path: &[u8]) -> Vec<u8> {
+        path.to_vec()
+    }
+}
+
+/// The selectors of each tool that choose versions, and whether each takes a value: the
+/// tool's own, passed to its listing of versions as they are. Others are refused (one such
+/// as `--repo` or `--json` would change what intact reads).
+const RESTIC_SELECTORS: &[(&str, bool)] = &[
+    ("--host", true),
+    ("-H", true),
+    ("--tag", true),
+    ("--path", true),
+    ("--latest", true),
+];
+const BORG_SELECTORS: &[(&str, bool)] = &[
+    ("--glob-archives", true),
+    ("-a", true),
+    ("--first", true),
+    ("--last", true),
+];
+
+/// `restic:REPO` or `borg:REPO[::ARCHIVE]`, each perhaps followed by its tool's selectors
+/// (from the first word that begins with `-`), if `from` names one; its tool is given up on
+/// once it says nothing for `silence`. Selectors the tool does not have are an error.
+pub(super) fn parse(from: &Path, silence: Duration) -> Option<Result<Box<dyn Search>, String>> {
+    let raw = from.as_os_str().as_bytes();
+    let (tool, rest) = if let Some(rest) = raw.strip_prefix(b"restic:") {
+        ("restic", rest)
+    } else {
+        ("borg", raw.strip_prefix(b"borg:")?)
     };
-    Some(Box::new(Backup {
-        repo: Borg {
-            repo: repo(repo_part),
-            archive,
-        },
-        silence,
+    // The repository ends where its selectors begin.
+    let cut = rest
+        .windows(2)
+        .position(|w| w[0].is_ascii_whitespace() && w[1] == b'-')
+        .unwrap_or(rest.len());
+    let (location, words) = rest.split_at(cut);
+    let select = match std::str::from_utf8(words)
+        .map_err(|_| format!("--from {}: selectors must be UTF-8", escape(from)))
+        .and_then(|w| selectors(tool, w))
+    {
+        Ok(s) => s,
+        Err(e) => return Some(Err(e)),
+    };
+    let repo = |r: &[u8]| (!r.is_empty()).then(|| OsString::from_vec(r.to_vec()));
+    let backup = |repo| -> Box<dyn Search> { Box::new(Backup { repo, silence }) };
+    Some(Ok(if tool == "restic" {
+        backup(Restic {
+            repo: repo(location),
+            select,
+        })
+    } else {
+        let (repo_part, archive) = match location.windows(2).rposition(|w| w == b"::") {
+            Some(at) => (
+                &location[..at],
+                Some(String::from_utf8_lossy(&location[at + 2..]).into_owned()),
+            ),
+            None => (location, None),
+        };
+        Box::new(Backup {
+            repo: Borg {
+                repo: repo(repo_part),
+                archive,
+                select,
+            },
+            silence,
+        })
     }))
+}
+
+/// The words after a repository, checked against its tool's selectors: `--flag value`,
+/// `--flag=value`, and, for restic, snapshot ids.
+fn selectors(tool: &str, words: &str) -> Result<Vec<String>, String> {
+    let known = if tool == "restic" {
+        RESTIC_SELECTORS
+    } else {
+        BORG_SELECTORS
+    };
+    let names = || {
+        let mut n: Vec<&str> = known.iter().map(|(f, _)| *f).collect();
+        if tool == "restic" {
+            n.push("snapshot ids");
+        }
+        n.join(", ")
+    };
+    let mut out = Vec::new();
+    let mut words = words.split_whitespace();
+    while let Some(w) = words.next() {
+        let flag = w.split('=').next().unwrap_or(w);
+        match known.iter().find(|(f, _)| *f == flag) {
+            Some((_, true)) if !w.contains('=') => {
+                let value = words
+                    .next()
+                    .ok_or_else(|| format!("{tool} selector {w} wants a value"))?;
+                out.extend([w.to_string(), value.to_string()]);
+            }
+            Some(_) => out.push(w.to_string()),
+            None if tool == "restic" && !w.starts_with('-') => out.push(w.to_string()),
+            None => {
+                return Err(format!(
+                    "{w} is not one of the {tool} selectors intact passes on ({})",
+                    names()
+                ));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// What a listing says of a file that the tool's change detection looks at: two versions of
@@ -280,10 +438,19 @@ fn stamp(line: &serde_json::Value) -> String {
     format!("{} {}", line["mtime"], line["ctime"])
 }
 
-/// The repository's name for reports, or the environment variable it comes from.
-fn shown(repo: &Option<OsString>) -> String {
-    repo.as_deref()
-        .map_or_else(|| "(from the environment)".into(), |r| escape(Path::new(r)))
+/// A repository's name for reports (`prefix` its tool's), or the environment variable it
+/// comes from, with its selectors.
+fn named(prefix: &str, repo: &Option<OsString>, select: &[String]) -> String {
+    let mut name = format!(
+        "{prefix}{}",
+        repo.as_deref()
+            .map_or_else(|| "(from the environment)".into(), |r| escape(Path::new(r)))
+    );
+    for s in select {
+        name.push(' ');
+        name.push_str(s);
+    }
+    name
 }
 
 /// A repository as a source of copies, its tool given up on once silent for `silence`.
@@ -292,12 +459,175 @@ struct Backup<R> {
     silence: Duration,
 }
 
-/// A copy to try: which version, the path there (as the tool takes it), and why it is one.
-struct Candidate {
+/// A damaged file, as a repository is searched for it.
+struct Sought {
+    /// Its index in the work.
+    i: usize,
+    /// Its absolute path without the leading slash.
+    own: Vec<u8>,
+    /// Which of the trees it is under (an index into the maps).
+    tree: usize,
+    size: Option<u64>,
+}
+
+/// Where a tree was backed up from: its folder `own` (absolute, without the leading slash)
+/// is `there` in the repository. Both empty: the tree is where it was backed up.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+struct Map {
+    own: Vec<u8>,
+    there: Vec<u8>,
+}
+
+impl Map {
+    /// Where `own` (a path under the tree) is in the repository.
+    fn apply(&self, own: &[u8]) -> Vec<u8> {
+        let rest = if self.own.is_empty() {
+            own
+        } else {
+            own.strip_prefix(self.own.as_slice())
+                .and_then(|r| r.strip_prefix(b"/"))
+                .unwrap_or(own)
+        };
+        if self.there.is_empty() {
+            rest.to_vec()
+        } else {
+            [&self.there[..], b"/", rest].concat()
+        }
+    }
+
+    /// The map under which `own` is `listed`, by their longest common tail of whole names
+    /// (at least the file's own name).
+    fn between(own: &[u8], listed: &str) -> Option<Map> {
+        let own_parts: Vec<&[u8]> = own.split(|&b| b == b'/').collect();
+        let listed_parts: Vec<&str> = listed.split('/').collect();
+        let common = own_parts
+            .iter()
+            .rev()
+            .zip(listed_parts.iter().rev())
+            .take_while(|(o, l)| loose(o) == loose(l.as_bytes()))
+            .count();
+        (common > 0).then(|| Map {
+            own: own_parts[..own_parts.len() - common].join(&b'/'),
+            there: listed_parts[..listed_parts.len() - common]
+                .join("/")
+                .into_bytes(),
+        })
+    }
+}
+
+/// A path compared as the tools print it: a name that is not UTF-8 is printed lossily (the
+/// bytes given back to the tool are the file's own).
+fn loose(path: &[u8]) -> String {
+    String::from_utf8_lossy(path).replace('\u{fffd}', "?")
+}
+
+/// A same-path copy a listing showed, or one of a damaged file's size elsewhere.
+struct Copy {
     version: usize,
     path: Vec<u8>,
-    /// At the file's own path (else: of its size, elsewhere).
-    same_path: bool,
+    stamp: String,
+}
+
+/// A copy at damaged file `k`'s path (as mapped), of `size`.
+struct Hit {
+    k: usize,
+    copy: Copy,
+    size: u64,
+}
+
+impl<R: Repository + Send> Backup<R> {
+    /// Offers `copy` (of version `versions[copy.version]`) to damaged file `s`, labelled
+    /// with where its tree was backed up from if that is not where it is now.
+    fn label(&self, copy: &Copy, versions: &[Version], map: &Map) -> String {
+        let shown = |p: &[u8]| escape(Path::new(OsStr::from_bytes(&self.repo.shown(p))));
+        let mut from = format!(
+            "{} {} ({}",
+            self.repo.name(),
+            versions[copy.version].label,
+            shown(&copy.path)
+        );
+        if *map != Map::default() {
+            from.push_str(&format!(
+                ", this tree's {} backed up as {}",
+                escape(Path::new(OsStr::from_bytes(&[b"/", &map.own[..]].concat()))),
+                shown(&map.there)
+            ));
+        }
+        from.push(')');
+        from
+    }
+
+    /// Offers each copy of `copies` (of one version) to its damaged file: all in one run of
+    /// the tool where there are several, each on its own (`dump`) where there is one or the
+    /// tool did not deliver it.
+    fn offer(
+        &self,
+        work: &mut dyn Attempts,
+        sought: &[Sought],
+        copies: Vec<(usize, Copy)>,
+        versions: &[Version],
+        maps: &[Map],
+        watch: Watch<'_>,
+    ) {
+        let label = |k: usize, copy: &Copy| self.label(copy, versions, &maps[sought[k].tree]);
+        let mut delivered = vec![false; copies.len()];
+        if copies.len() > 1 {
+            let version = &versions[copies[0].1.version];
+            let mut paths: Vec<Vec<u8>> = copies.iter().map(|(_, c)| c.path.clone()).collect();
+            paths.sort();
+            paths.dedup();
+            // What the tool could not deliver is dumped on its own below.
+            let _ = self.repo.fetch(version, &paths, watch, &mut |path, bytes| {
+                for (n, (k, copy)) in copies.iter().enumerate() {
+                    if delivered[n] || copy.path != path {
+                        continue;
+                    }
+                    delivered[n] = true;
+                    if work.want(sought[*k].i).is_some() {
+                        work.offer(sought[*k].i, &label(*k, copy), &mut |sink| {
+                            pour(bytes, sink)
+                        });
+                        break;
+                    }
+                }
+            });
+        }
+        for ((k, copy), delivered) in copies.iter().zip(delivered) {
+            if delivered || work.want(sought[*k].i).is_none() {
+                continue;
+            }
+            let version = &versions[copy.version];
+            work.offer(sought[*k].i, &label(*k, copy), &mut |sink| {
+                stream(&mut self.repo.dump(version, &copy.path), watch, sink)
+            });
+        }
+    }
+}
+
+/// Streams what `bytes` holds into `sink`.
+fn pour(bytes: &mut dyn Read, sink: &mut dyn FnMut(Chunk<'_>) -> io::Result<()>) -> io::Result<()> {
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match bytes.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => sink(Chunk::Data(&buf[..n]))?,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// `path` as a restic pattern that matches it alone: its glob characters escaped (restic
+/// matches each name with Go's `filepath.Match`, where a backslash escapes).
+fn glob_escaped(path: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(path.len());
+    for &b in path {
+        if matches!(b, b'*' | b'?' | b'[' | b'\\') {
+            out.push(b'\\');
+        }
+        out.push(b);
+    }
+    out
 }
 
 impl<R: Repository + Send> Search for Backup<R> {
@@ -305,161 +635,275 @@ impl<R: Repository + Send> Search for Backup<R> {
         self.repo.name()
     }
 
+    /// Versions newest first, each listed in the damaged files' folders only, every
+    /// distinct version of a file's path tried as soon as it is listed: a file whose good
+    /// copy is in the newest backup costs one listing of a few folders. The newest versions
+    /// are listed whole while a tree's place in the repository is not known (a tree
+    /// mounted elsewhere now: found by the longest tail of names and sizes that the damaged
+    /// files share with the listing) and, for files still wanting, to find files of their
+    /// size elsewhere.
     fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), Unusable> {
         let watch = Watch {
             cancel,
             silence: self.silence,
         };
+        let mut trees: Vec<Vec<u8>> = Vec::new();
+        let sought: Vec<Sought> = (0..work.count())
+            .filter_map(|i| {
+                let w = work.want(i)?;
+                let abs = crate::state::absolute(&w.path).into_os_string().into_vec();
+                let own = abs.strip_prefix(b"/").unwrap_or(&abs).to_vec();
+                // The tree: the path less its part under the root it was found under.
+                let depth = w.rel.components().count();
+                let parts: Vec<&[u8]> = own.split(|&b| b == b'/').collect();
+                let tree_path = parts[..parts.len().saturating_sub(depth)].join(&b'/');
+                let tree = trees
+                    .iter()
+                    .position(|t| *t == tree_path)
+                    .unwrap_or_else(|| {
+                        trees.push(tree_path);
+                        trees.len() - 1
+                    });
+                Some(Sought {
+                    i,
+                    own,
+                    tree,
+                    size: w.size,
+                })
+            })
+            .collect();
+        if sought.is_empty() {
+            return Ok(());
+        }
         let mut versions = self.repo.versions(watch)?;
         // Newest first (tools list oldest first: of two made in the same second, the one
         // listed later is the newer).
         versions.reverse();
         versions.sort_by(|a, b| b.time.cmp(&a.time));
-        let wants: Vec<(usize, Vec<u8>, Option<u64>)> = (0..work.count())
-            .filter_map(|i| {
-                let w = work.want(i)?;
-                let abs = crate::state::absolute(&w.path).into_os_string().into_vec();
-                Some((i, abs, w.size))
-            })
-            .collect();
-        if wants.is_empty() {
-            return Ok(());
-        }
+        let mut maps = vec![Map::default(); trees.len()];
+        // A tree is placed once one of its files is found at its path (as mapped).
+        let mut placed = vec![false; trees.len()];
         let by_size: HashMap<u64, Vec<usize>> =
-            wants
+            sought
                 .iter()
                 .enumerate()
-                .fold(HashMap::new(), |mut m, (k, w)| {
-                    if let Some(size) = w.2 {
+                .fold(HashMap::new(), |mut m, (k, s)| {
+                    if let Some(size) = s.size {
                         m.entry(size).or_default().push(k);
                     }
                     m
                 });
-        // The damaged files' folders, for the versions not listed whole.
-        let mut folders: Vec<Vec<u8>> = wants
-            .iter()
-            .filter_map(|w| Path::new(std::ffi::OsStr::from_bytes(&w.1)).parent())
-            .map(|p| p.as_os_str().as_bytes().to_vec())
-            .collect();
-        folders.sort();
-        folders.dedup();
-        let mut candidates: Vec<Vec<Candidate>> = wants.iter().map(|_| Vec::new()).collect();
-        // What each file's path held in a newer version: an older one holding the same is
-        // the same stored content, not tried again.
-        let mut seen: Vec<Vec<(u64, String)>> = wants.iter().map(|_| Vec::new()).collect();
+        // What each file's path held in a newer version (size and stamp): an older one
+        // holding the same is the same stored content, not tried again.
+        let mut seen: Vec<Vec<(u64, String)>> = sought.iter().map(|_| Vec::new()).collect();
+        let mut elsewhere: Vec<Vec<Copy>> = sought.iter().map(|_| Vec::new()).collect();
+        let mut listed_whole = vec![false; versions.len()];
+        let mut groups: Vec<&String> = Vec::new();
+        let wanting = |work: &dyn Attempts, k: usize| work.want(sought[k].i).is_some();
         for (v, version) in versions.iter().enumerate() {
-            if cancel.load(Ordering::Relaxed) {
+            if cancel.load(Ordering::Relaxed) || work.remaining() == 0 {
                 return Ok(());
             }
-            let within: &[Vec<u8>] = if v < LISTED_WHOLE { &[] } else { &folders };
+            let open: Vec<usize> = (0..sought.len()).filter(|&k| wanting(work, k)).collect();
+            if open.is_empty() {
+                break;
+            }
+            // A tree not placed yet is looked for in the newest version of each group.
+            let whole = listed_whole.iter().filter(|&&w| w).count() < LISTED_WHOLE
+                && !groups.contains(&&version.group)
+                && open.iter().any(|&k| !placed[sought[k].tree]);
+            listed_whole[v] = whole;
+            if whole {
+                groups.push(&version.group);
+            }
+            let mut by_path: HashMap<String, Vec<usize>> = HashMap::new();
+            for &k in &open {
+                let s = &sought[k];
+                by_path
+                    .entry(loose(&maps[s.tree].apply(&s.own)))
+                    .or_default()
+                    .push(k);
+            }
+            let mut folders: Vec<Vec<u8>> = by_path
+                .values()
+                .map(|ks| {
+                    let s = &sought[ks[0]];
+                    let there = maps[s.tree].apply(&s.own);
+                    match there.iter().rposition(|&b| b == b'/') {
+                        Some(at) => there[..at].to_vec(),
+                        None => Vec::new(),
+                    }
+                })
+                .collect();
+            folders.sort();
+            folders.dedup();
+            // A file at the root of the repository's tree: list it whole.
+            let within: &[Vec<u8>] = if whole || folders.iter().any(Vec::is_empty) {
+                &[]
+            } else {
+                &folders
+            };
+            let mut hits: Vec<Hit> = Vec::new();
+            let mut votes: HashMap<(usize, Map), Vec<Hit>> = HashMap::new();
             self.repo
                 .list(version, within, watch, &mut |listed, size, stamp| {
-                    for &k in by_size.get(&size).into_iter().flatten() {
-                        let same = same_path(&wants[k].1, &listed);
-                        if same.is_some() {
-                            if seen[k].iter().any(|(s, t)| *s == size && *t == stamp) {
-                                continue;
-                            }
-                            seen[k].push((size, stamp.clone()));
-                        }
-                        let found = &mut candidates[k];
-                        let same_path = same.is_some();
-                        // A couple of files of its size elsewhere: one moved since the backup.
-                        if same_path || found.iter().filter(|c| !c.same_path).count() < ELSEWHERE {
-                            found.push(Candidate {
+                    let fits = |k: usize| sought[k].size.is_none_or(|s| s == size);
+                    let mut at_path = Vec::new();
+                    for &k in by_path.get(&loose(listed.as_bytes())).into_iter().flatten() {
+                        if fits(k) {
+                            let s = &sought[k];
+                            at_path.push(k);
+                            let path = maps[s.tree].apply(&s.own);
+                            let copy = Copy {
                                 version: v,
-                                path: same.unwrap_or_else(|| listed.clone().into_bytes()),
-                                same_path,
-                            });
+                                path,
+                                stamp: stamp.clone(),
+                            };
+                            hits.push(Hit { k, copy, size });
+                        }
+                    }
+                    if !whole {
+                        return;
+                    }
+                    for &k in by_size.get(&size).into_iter().flatten() {
+                        let s = &sought[k];
+                        if at_path.contains(&k) || !wanting(work, k) {
+                            continue;
+                        }
+                        let copy = || Copy {
+                            version: v,
+                            path: listed.as_bytes().to_vec(),
+                            stamp: stamp.clone(),
+                        };
+                        // Where an unplaced tree may have been backed up from.
+                        if !placed[s.tree]
+                            && let Some(map) = Map::between(&s.own, listed)
+                        {
+                            let same = map.apply(&s.own);
+                            let c = Copy {
+                                path: same,
+                                ..copy()
+                            };
+                            votes
+                                .entry((s.tree, map))
+                                .or_default()
+                                .push(Hit { k, copy: c, size });
+                        }
+                        let known = elsewhere[k]
+                            .iter()
+                            .any(|c| c.path == listed.as_bytes() && c.stamp == stamp);
+                        if !known && elsewhere[k].len() < ELSEWHERE {
+                            elsewhere[k].push(copy());
                         }
                     }
                 })?;
+            for k in hits.iter().map(|h| h.k) {
+                placed[sought[k].tree] = true;
+            }
+            // Each unplaced tree takes the map most of its files agree on (the longest
+            // shared tail breaks a tie), and the copies that map finds.
+            for tree in 0..trees.len() {
+                if placed[tree] {
+                    continue;
+                }
+                let best = votes
+                    .iter()
+                    .filter(|((t, _), _)| *t == tree)
+                    .map(|((_, map), found)| {
+                        let mut files: Vec<usize> = found.iter().map(|f| f.k).collect();
+                        files.sort_unstable();
+                        files.dedup();
+                        (files.len(), std::cmp::Reverse(map.own.len()), map.clone())
+                    })
+                    .max_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+                if let Some((_, _, map)) = best {
+                    hits.extend(votes.remove(&(tree, map.clone())).unwrap_or_default());
+                    maps[tree] = map;
+                    placed[tree] = true;
+                }
+            }
+            let mut copies = Vec::new();
+            for Hit { k, copy, size } in hits {
+                if !wanting(work, k) || seen[k].iter().any(|(z, t)| *z == size && *t == copy.stamp)
+                {
+                    continue;
+                }
+                seen[k].push((size, copy.stamp.clone()));
+                copies.push((k, copy));
+            }
+            self.offer(work, &sought, copies, &versions, &maps, watch);
+        }
+        // Files still wanting: files of their size elsewhere in the newest versions, one
+        // moved since the backup.
+        for v in 0..versions.len().min(LISTED_WHOLE) {
+            let open: Vec<usize> = (0..sought.len()).filter(|&k| wanting(work, k)).collect();
+            if open.is_empty() || cancel.load(Ordering::Relaxed) {
+                break;
+            }
+            if !listed_whole[v] {
+                self.repo
+                    .list(&versions[v], &[], watch, &mut |listed, size, stamp| {
+                        for &k in by_size.get(&size).into_iter().flatten() {
+                            let s = &sought[k];
+                            let at_path =
+                                loose(listed.as_bytes()) == loose(&maps[s.tree].apply(&s.own));
+                            let known = elsewhere[k]
+                                .iter()
+                                .any(|c| c.path == listed.as_bytes() && c.stamp == stamp);
+                            if !at_path
+                                && !known
+                                && elsewhere[k].len() < ELSEWHERE
+                                && open.contains(&k)
+                            {
+                                elsewhere[k].push(Copy {
+                                    version: v,
+                                    path: listed.as_bytes().to_vec(),
+                                    stamp: stamp.clone(),
+                                });
+                            }
+                        }
+                    })?;
+            }
         }
         let name = self.repo.name();
-        for (k, (i, _, _)) in wants.iter().enumerate() {
-            // Every distinct version of the file's own path, newest first; then files of its
-            // size elsewhere.
-            let mut found = std::mem::take(&mut candidates[k]);
-            found.sort_by_key(|c| (!c.same_path, c.version));
-            if found.is_empty() {
-                work.tried(
-                    *i,
-                    format!(
-                        "{name}: no copy of its path or size in its {} versions",
-                        versions.len()
-                    ),
-                );
-                continue;
-            }
-            let (mut tried, total) = (0, found.len());
-            for c in found {
-                if work.want(*i).is_none() || cancel.load(Ordering::Relaxed) {
+        for (k, s) in sought.iter().enumerate() {
+            // A tree placed after its listing held it: the copy at its path was tried.
+            let at_path = loose(&maps[s.tree].apply(&s.own));
+            let mut others = std::mem::take(&mut elsewhere[k]);
+            others.retain(|c| loose(&c.path) != at_path);
+            let moved = others.len();
+            for copy in others {
+                if !wanting(work, k) || cancel.load(Ordering::Relaxed) {
                     break;
                 }
-                let version = &versions[c.version];
-                let from = format!(
-                    "{name} {} ({})",
-                    version.label,
-                    escape(Path::new(std::ffi::OsStr::from_bytes(&c.path)))
-                );
-                tried += 1;
-                work.offer(*i, &from, &mut |sink| {
-                    stream(&mut self.repo.dump(version, &c.path), watch, sink)
+                let from = self.label(&copy, &versions, &Map::default());
+                let version = &versions[copy.version];
+                work.offer(s.i, &from, &mut |sink| {
+                    stream(&mut self.repo.dump(version, &copy.path), watch, sink)
                 });
             }
-            if work.want(*i).is_some() {
+            if wanting(work, k) && !cancel.load(Ordering::Relaxed) {
+                let (tried, whole) = (seen[k].len(), LISTED_WHOLE.min(versions.len()));
+                let n = versions.len();
                 work.tried(
-                    *i,
-                    format!(
-                        "{name}: {tried} of {total} distinct copies tried (its path in {} \
-                         versions, and files of its size elsewhere in the newest {}); none \
-                         holds the bytes of its tag",
-                        versions.len(),
-                        LISTED_WHOLE.min(versions.len())
-                    ),
+                    s.i,
+                    if tried + moved == 0 {
+                        format!(
+                            "{name}: no copy of its path in its {n} versions, nor of its size \
+                             elsewhere in the newest {whole}"
+                        )
+                    } else {
+                        format!(
+                            "{name}: every distinct copy tried ({tried} of its path in {n} \
+                             versions, {moved} of its size elsewhere in the newest {whole}); \
+                             none holds the bytes of its tag"
+                        )
+                    },
                 );
             }
         }
         Ok(())
     }
-}
-
-/// The path a version holds `abs` (an absolute path, as bytes) at, if `listed` is it: the
-/// same absolute path (borg keeps it without its leading slash), or the path under a backed
-/// up directory (restic lists `/DIR/...` from the directory's name; a borg archive made of a
-/// relative path lists that). Tools print names that are not UTF-8 lossily: the bytes the
-/// tool is given are the file's own.
-fn same_path(abs: &[u8], listed: &str) -> Option<Vec<u8>> {
-    let tail = listed.trim_start_matches('/');
-    let loose = |b: &[u8]| -> String {
-        String::from_utf8_lossy(b)
-            .chars()
-            .map(|c| if c == '\u{fffd}' { '?' } else { c })
-            .collect()
-    };
-    let listed_loose: String = tail
-        .chars()
-        .map(|c| if c == '\u{fffd}' { '?' } else { c })
-        .collect();
-    let own = loose(abs);
-    if !own.ends_with(&listed_loose) || listed_loose.is_empty() {
-        return None;
-    }
-    let start = own.len() - listed_loose.len();
-    if start > 0 && own.as_bytes()[start - 1] != b'/' {
-        return None;
-    }
-    // The same tail of the file's own bytes: as many components as the listed path has.
-    let components = tail.split('/').count();
-    let raw: Vec<&[u8]> = abs.split(|&b| b == b'/').collect();
-    if raw.len() < components {
-        return None;
-    }
-    let mut path = raw[raw.len() - components..].join(&b'/');
-    if listed.starts_with('/') {
-        path.insert(0, b'/');
-    }
-    Some(path)
 }
 
 /// Runs `cmd` and gives what it prints; an error says what it said when it failed (or that
@@ -521,16 +965,35 @@ pub(super) fn stream(
     }
 }
 
-/// Runs `cmd` in a session of its own (no terminal to prompt on, nothing to read), feeding
-/// what it prints to `feed`, which may refuse more (the child is then stopped). The child and
-/// every process it started are stopped when the run is interrupted or the child says
-/// nothing for as long as `watch` allows: a hung ssh, a repository on a failing disk, a tool
-/// waiting for a passphrase never hang the repair.
+/// Runs `cmd`, feeding what it prints to `feed`, which may refuse more (the child is then
+/// stopped): see [`read_from`].
 fn run(
     cmd: &mut Command,
     tool: &str,
     watch: Watch<'_>,
     feed: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+) -> Result<(), Unusable> {
+    read_from(cmd, tool, watch, &mut |out| {
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            match out.read(&mut buf)? {
+                0 => return Ok(()),
+                n => feed(&buf[..n])?,
+            }
+        }
+    })
+}
+
+/// Runs `cmd` in a session of its own (no terminal to prompt on, nothing to read), `consume`
+/// reading what it prints (an error stops the child). The child and every process it
+/// started are stopped when the run is interrupted or the child says nothing for as long as
+/// `watch` allows: a hung ssh, a repository on a failing disk, a tool waiting for a
+/// passphrase never hang the repair.
+fn read_from(
+    cmd: &mut Command,
+    tool: &str,
+    watch: Watch<'_>,
+    consume: &mut dyn FnMut(&mut dyn Read) -> io::Result<()>,
 ) -> Result<(), Unusable> {
     let mut child = crate::process::own_session(cmd)
         .stdin(Stdio::null())
@@ -549,26 +1012,10 @@ fn run(
         let _ = stderr.read_to_end(&mut said);
         said
     });
-    let mut buf = vec![0u8; 1 << 20];
-    let fed = loop {
-        match stdout.read(&mut buf) {
-            Ok(0) => break Ok(()),
-            Ok(n) => {
-                if let Err(e) = feed(&buf[..n]) {
-                    break Err(Unusable::Unreadable(e));
-                }
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
-                ) =>
-            {
-                break Err(Unusable::Stopped(e));
-            }
-            Err(e) => break Err(Unusable::Unreadable(e)),
-        }
-    };
+    let fed = consume(&mut stdout).map_err(|e| match e.kind() {
+        io::ErrorKind::TimedOut | io::ErrorKind::Interrupted => Unusable::Stopped(e),
+        _ => Unusable::Unreadable(e),
+    });
     if fed.is_err() {
         crate::process::stop(&mut child);
     }
@@ -789,25 +1236,46 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_versions_path_is_the_files_own_however_the_tool_lists_it() {
-        let abs = b"/srv/photos/2024/caf\xe9.jpg";
-        // borg, archived by absolute path.
+    fn a_tree_is_found_where_it_was_backed_up_from_by_the_tail_it_shares() {
+        // Where it was: no map, and the file's own bytes (not the tool's lossy print).
+        let own = b"srv/photos/2024/caf\xe9.jpg";
+        let same = Map::between(own, "srv/photos/2024/caf\u{fffd}.jpg").unwrap();
+        assert_eq!(same, Map::default());
+        assert_eq!(same.apply(own), own.to_vec());
+        // Mounted elsewhere now: its folder maps to where it was.
+        let moved = Map::between(b"mnt/copy/t/f1", "tmp/x/t/f1").unwrap();
         assert_eq!(
-            same_path(abs, "srv/photos/2024/caf?.jpg"),
-            Some(b"srv/photos/2024/caf\xe9.jpg".to_vec())
+            (&moved.own[..], &moved.there[..]),
+            (&b"mnt/copy"[..], &b"tmp/x"[..])
         );
-        // restic lists from the backed-up directory's name.
+        assert_eq!(moved.apply(b"mnt/copy/t/sub/g"), b"tmp/x/t/sub/g".to_vec());
+        // A borg archive of a relative path.
+        let relative = Map::between(b"tmp/rx/t/f1", "t/f1").unwrap();
+        assert_eq!(relative.apply(b"tmp/rx/t/sub/g"), b"t/sub/g".to_vec());
+        // Nothing in common, not even the name.
+        assert_eq!(Map::between(b"a/b", "c/d"), None);
+        assert_eq!(Map::between(b"a/xb", "a/b"), None);
+    }
+
+    #[test]
+    fn selectors_are_the_tools_own_and_no_others() {
+        let ok = |tool, w: &str| selectors(tool, w).unwrap();
         assert_eq!(
-            same_path(abs, "/photos/2024/caf\u{fffd}.jpg"),
-            Some(b"/photos/2024/caf\xe9.jpg".to_vec())
+            ok("restic", " --host nas --tag=daily 1a2b3c4d"),
+            ["--host", "nas", "--tag=daily", "1a2b3c4d"]
         );
         assert_eq!(
-            same_path(abs, "/otos/2024/caf?.jpg"),
-            None,
-            "not at a component"
+            ok("borg", " -a 'nas-*' --last 30"),
+            ["-a", "'nas-*'", "--last", "30"]
         );
-        assert_eq!(same_path(abs, "/photos/2025/caf?.jpg"), None);
-        assert_eq!(same_path(b"/a/b", "/b"), Some(b"/b".to_vec()));
+        for (tool, bad) in [
+            ("restic", " --repo /elsewhere"),
+            ("restic", " --host"),
+            ("borg", " some-archive"),
+            ("borg", " --json"),
+        ] {
+            assert!(selectors(tool, bad).is_err(), "{tool}{bad}");
+        }
     }
 
     #[test]
@@ -820,9 +1288,15 @@ mod tests {
                 "borg:/backup/borg::photos-2026",
             ),
             ("borg:ssh://nas/./b", "borg:ssh://nas/./b"),
+            (
+                "restic:/My Backups -H nas --path /srv",
+                "restic:/My Backups -H nas --path /srv",
+            ),
+            ("borg:/b::a1 --last 3", "borg:/b::a1 --last 3"),
         ] {
             assert_eq!(
                 parse(Path::new(from), Duration::from_secs(1))
+                    .unwrap()
                     .unwrap()
                     .name(),
                 name

@@ -15,7 +15,7 @@
 //! where bytes go.
 
 mod backup;
-pub use backup::{FromCommand, names_repository};
+pub use backup::FromCommand;
 mod replace;
 mod source;
 
@@ -125,21 +125,22 @@ pub(crate) struct Want {
 
 impl Repairer {
     /// A repairer for files found under `roots`, searching the sources at `from` in order,
-    /// then the commands `commands` (see `--from-command`).
+    /// then the commands `commands` (see `--from-command`); or why a source named cannot be
+    /// one (said before anything runs).
     pub fn new(
         roots: &[PathBuf],
         from: &[PathBuf],
         commands: Vec<FromCommand>,
         opts: Options,
         cancel: &'static AtomicBool,
-    ) -> Repairer {
+    ) -> Result<Repairer, String> {
         let commands = commands.into_iter().map(|c| Box::new(c) as Box<dyn Search>);
-        Repairer {
-            sources: from
-                .iter()
-                .map(|p| source::at(p, opts.source_timeout))
-                .chain(commands)
-                .collect(),
+        let named = from
+            .iter()
+            .map(|p| source::at(p, opts.source_timeout))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Repairer {
+            sources: named.into_iter().chain(commands).collect(),
             work: Work {
                 roots: roots.to_vec(),
                 anchors: roots.iter().map(|r| Anchor::new(r)).collect(),
@@ -152,7 +153,7 @@ impl Repairer {
             },
             held: Vec::new(),
             cancel,
-        }
+        })
     }
 
     /// Searches the sources in order and restores each damaged file from the first copy

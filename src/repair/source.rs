@@ -92,17 +92,22 @@ pub(crate) enum Unusable {
     },
 }
 
-/// The source at `path`: a restic or borg repository (`restic:REPO`, `borg:REPO`, unless a
-/// file of that name exists), a parity store, a tree, a PAR2 set, or (any other file) an
-/// archive. A backup tool is stopped once it says nothing for `silence`.
-pub(crate) fn at(path: &Path, silence: std::time::Duration) -> Box<dyn Search> {
-    if std::fs::symlink_metadata(path).is_err()
-        && let Some(repository) = super::backup::parse(path, silence)
-    {
-        return repository;
+/// The source at `path`: a restic or borg repository (`restic:REPO`, `borg:REPO`, each
+/// perhaps with its tool's selectors, unless a file of that name exists), a parity store, a
+/// tree, a PAR2 set, or (any other file) an archive; or why it cannot be one (it does not
+/// exist, a selector the tool does not have). A backup tool is stopped once it says nothing
+/// for `silence`.
+pub(crate) fn at(path: &Path, silence: std::time::Duration) -> Result<Box<dyn Search>, String> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return super::backup::parse(path, silence).unwrap_or_else(|| {
+            Err(format!(
+                "--from {}: no such file or directory",
+                escape(path)
+            ))
+        });
     }
     let path = path.to_path_buf();
-    if Store::is_store(&path) {
+    Ok(if Store::is_store(&path) {
         Box::new(ParityStore(path))
     } else if path.is_dir() {
         Box::new(Tree(path))
@@ -113,7 +118,7 @@ pub(crate) fn at(path: &Path, silence: std::time::Duration) -> Box<dyn Search> {
         Box::new(Par2Set(path))
     } else {
         Box::new(Archive(path))
-    }
+    })
 }
 
 /// The damaged files still waiting, by the digest they want.

@@ -497,6 +497,45 @@ impl State {
         found
     }
 
+    /// The damaged files under `roots` (the index of the root each is under, and its path
+    /// there), where this database can say: it knows files under every root and each has a
+    /// verdict. Else `None`, and the trees are walked. Damage no run has found yet is not
+    /// among them: the owner's `repair --full` reads every file.
+    pub fn known_damage_under(&mut self, roots: &[PathBuf]) -> Option<Vec<(usize, PathBuf)>> {
+        self.commit();
+        let judged = |conn: &Connection, root: &Path| -> rusqlite::Result<bool> {
+            let (low, high, exact) = under(root);
+            conn.query_row(
+                "SELECT count(*), count(*) FILTER (WHERE checked IS NULL) FROM files \
+                 WHERE gone IS NULL AND ((path >= ?1 AND path < ?2) OR path = ?3)",
+                params![low, high, exact],
+                |r| Ok(r.get::<_, i64>(0)? > 0 && r.get::<_, i64>(1)? == 0),
+            )
+        };
+        for root in roots {
+            match judged(&self.conn, root) {
+                Ok(true) => {}
+                Ok(false) => return None,
+                Err(e) => {
+                    self.fail(e);
+                    return None;
+                }
+            }
+        }
+        let damaged = self.outstanding(roots);
+        Some(
+            damaged
+                .into_iter()
+                .filter_map(|d| {
+                    roots.iter().enumerate().find_map(|(k, root)| {
+                        let rel = d.path.strip_prefix(absolute(root)).ok()?;
+                        Some((k, root.join(rel)))
+                    })
+                })
+                .collect(),
+        )
+    }
+
     /// What the owner was last told about `roots`, if anything.
     pub fn told(&self, roots: &[PathBuf]) -> Option<crate::notify::Told> {
         self.conn

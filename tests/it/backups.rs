@@ -459,11 +459,53 @@ fn the_good_version_is_found_behind_many_damaged_ones() {
         }
         run(restic().args(["backup", "-q"]).arg(t.path("src")));
     }
+    // Another host's backups of another folder on top.
     for _ in 0..10 {
         ctime_moves(&t.path("other/notes.txt"));
-        run(restic().args(["backup", "-q"]).arg(t.path("other")));
+        run(restic()
+            .args(["backup", "-q", "--host", "elsewhere"])
+            .arg(t.path("other")));
     }
     let from = format!("restic:{}", repo.display());
+    // restic's own selectors choose the versions: this tree's ten.
+    let selected = format!("{from} --path {}", t.path("src").display());
+    let r = cmd!(
+        "repair",
+        "--no-state",
+        "-n",
+        "--from",
+        &selected,
+        t.path("src")
+    )
+    .env("RESTIC_PASSWORD", "pw")
+    .run()
+    .expect_code(1);
+    assert!(
+        said(&r, "photo.jpg").contains("would be repaired from"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        said(&r, "hopeless.jpg").contains("of its path in 10 versions"),
+        "{}",
+        r.stdout
+    );
+    let r = cmd!(
+        "repair",
+        "--no-state",
+        "-n",
+        "--from",
+        format!("{from} -H elsewhere"),
+        t.path("src")
+    )
+    .env("RESTIC_PASSWORD", "pw")
+    .run()
+    .expect_code(1);
+    assert!(
+        said(&r, "photo.jpg").contains("no copy of its path in its 10 versions"),
+        "{}",
+        r.stdout
+    );
     let r = cmd!(
         "repair",
         "--no-state",
@@ -485,8 +527,157 @@ fn the_good_version_is_found_behind_many_damaged_ones() {
     // Its last seven snapshots hold what the third did (restic did not read it again): one
     // copy, tried once.
     assert!(
-        hopeless_said.contains("3 of 3 distinct copies tried")
-            && hopeless_said.contains("in 20 versions"),
+        hopeless_said.contains("every distinct copy tried (3 of its path in 20 versions"),
         "{hopeless_said}"
+    );
+}
+
+/// A tree that is not where it was backed up from (a disk mounted elsewhere now, a backup
+/// taken from a snapshot's mount) is repaired all the same, from restic and from borg: the
+/// backed-up folder is found by the names and sizes the damaged files share with a listing,
+/// and said. Files of one size tell nothing apart by size: their names do.
+#[test]
+fn a_tree_mounted_elsewhere_is_repaired_from_where_it_was_backed_up() {
+    let t = Tree::new();
+    let mut files = Vec::new();
+    for i in 0..10u64 {
+        // Six files of one size, in two folders.
+        let len = if i < 6 {
+            30_000
+        } else {
+            30_000 + 1_000 * i as usize
+        };
+        let rel = format!("src/{}/f{i}.jpg", if i % 2 == 0 { "a" } else { "b" });
+        files.push((rel.clone(), data(len, 200 + i)));
+        t.write(&rel, data(len, 200 + i));
+    }
+    intact!("tag", "-q", t.path("src")).expect_code(0);
+    let (repo, restic) = restic_repo(&t, "pw");
+    run(restic().args(["backup", "-q"]).arg(t.path("src")));
+    let borg_repo = t.path("borg-repo");
+    let borg = || {
+        let mut c = Command::new("borg");
+        c.env("BORG_PASSPHRASE", "pw")
+            .env("BORG_BASE_DIR", t.path("borg-home"));
+        c
+    };
+    run(borg().args(["init", "-e", "repokey"]).arg(&borg_repo));
+    run(borg()
+        .arg("create")
+        .arg(format!("{}::one", borg_repo.display()))
+        .arg(t.path("src")));
+    // The same tree, now at another place.
+    fs::create_dir_all(t.path("mnt/disk")).unwrap();
+    let copy = t.path("mnt/disk/photos");
+    assert!(
+        Command::new("cp")
+            .arg("-a")
+            .arg(t.path("src"))
+            .arg(&copy)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let restic_from = format!("restic:{}", repo.display());
+    let borg_from = format!("borg:{}", borg_repo.display());
+    for from in [&restic_from, &borg_from] {
+        for (rel, _) in &files {
+            flip_byte(&copy.join(rel.strip_prefix("src/").unwrap()), 99);
+        }
+        let r = cmd!(
+            "repair",
+            "--no-state",
+            "--discard-damaged",
+            "--from",
+            from,
+            &copy
+        )
+        .env("RESTIC_PASSWORD", "pw")
+        .env("BORG_PASSPHRASE", "pw")
+        .env("BORG_BASE_DIR", t.path("borg-home"))
+        .run()
+        .expect_code(0);
+        for (rel, good) in &files {
+            let p = copy.join(rel.strip_prefix("src/").unwrap());
+            assert_eq!(
+                &fs::read(&p).unwrap(),
+                good,
+                "{from}: {}\n{}",
+                p.display(),
+                r.stdout
+            );
+        }
+        assert!(
+            r.stdout
+                .contains(&format!("this tree's {} backed up as", copy.display())),
+            "{from}: {}",
+            r.stdout
+        );
+    }
+}
+
+/// Where the state database has a verdict for every file, repair reads only the damage it
+/// knows: damage no run has found yet is left to `--full`, which reads every file. A gone
+/// file that no source holds is named with why, and the repair ends in trouble (exit 3).
+#[test]
+fn repair_reads_only_the_damage_the_state_database_knows() {
+    let t = Tree::new();
+    let db = t.path("state.db");
+    let known = t.write("src/known.jpg", data(50_000, 300));
+    let unknown = t.write("src/unknown.jpg", data(50_000, 301));
+    for i in 0..20 {
+        t.write(format!("src/more/f{i}"), data(5_000, 310 + i));
+    }
+    intact!("tag", "-q", "--state", &db, t.path("src")).expect_code(0);
+    let (repo, restic) = restic_repo(&t, "pw");
+    run(restic().args(["backup", "-q"]).arg(t.path("src")));
+    // A file made after the backup, recorded, then deleted: no source holds it.
+    let late = t.write("src/late.jpg", data(7_000, 330));
+    intact!("tag", "-q", "--state", &db, &late).expect_code(0);
+    flip_byte(&known, 1234);
+    intact!("check", "-q", "--state", &db, t.path("src")).expect_code(1);
+    flip_byte(&unknown, 4321);
+    fs::remove_file(&late).unwrap();
+    let from = format!("restic:{}", repo.display());
+    let repair = |extra: &[&str]| {
+        cmd!(
+            "repair",
+            "--discard-damaged",
+            "--state",
+            &db,
+            "--from",
+            &from,
+            t.path("src")
+        )
+        .args(extra)
+        .env("RESTIC_PASSWORD", "pw")
+        .run()
+    };
+    let r = repair(&[]).expect_code(0);
+    assert!(
+        r.stderr.contains("only the 1 damaged file(s)"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(fs::read(&known).unwrap(), data(50_000, 300));
+    assert_ne!(
+        fs::read(&unknown).unwrap(),
+        data(50_000, 301),
+        "read without --full"
+    );
+    // --missing: what a source holds comes back; what none holds is named, with why.
+    let r = repair(&["--missing"]).expect_code(3);
+    assert!(
+        said(&r, "late.jpg").contains("no good copy found"),
+        "{}",
+        r.stdout
+    );
+    let r = repair(&["--full"]).expect_code(0);
+    assert!(!r.stderr.contains("only the"), "{}", r.stderr);
+    assert_eq!(fs::read(&unknown).unwrap(), data(50_000, 301));
+    assert!(
+        said(&r, "unknown.jpg").contains("restored from"),
+        "{}",
+        r.stdout
     );
 }
