@@ -408,8 +408,9 @@ pub struct RepairArgs {
     /// stores made by `intact protect`, directories of tagged files (a backup, a mirror),
     /// PAR2 sets, or backup repositories: `restic:REPO` (password from RESTIC_PASSWORD,
     /// RESTIC_PASSWORD_FILE ...; `restic:` for RESTIC_REPOSITORY) and `borg:REPO[::ARCHIVE]`
-    /// (BORG_PASSPHRASE ...; `borg:` for BORG_REPO). Searched in order; PATH/.intact-parity
-    /// is searched last if it exists
+    /// (BORG_PASSPHRASE ...; `borg:` for BORG_REPO), each perhaps followed by the tool's
+    /// selectors ('restic:REPO --host nas'). Searched in order; PATH/.intact-parity is
+    /// searched last if it exists
     #[arg(long, short = 'f', value_name = "SOURCE")]
     pub from: Vec<PathBuf>,
     /// A command that prints a good copy of a file, run with `sh -c` for each damaged file,
@@ -471,11 +472,17 @@ The damaged original is kept as NAME.damaged, marked (user.intact.damaged) so th
 runs skip it rather than take it for a good file.
 
 Backups: --from restic:REPO and --from borg:REPO[::ARCHIVE] try every distinct version of a
-damaged file's path, newest first (listed whole in the latest 10 versions, by its folder in
-older ones), then files of its size elsewhere; --from-command runs a command that prints a copy ({ssh} for ssh). Their
-bytes replace nothing unless they hash to the tag; nothing is written into a repository.
-Tools run with no terminal, and are stopped with their children when silent for
---source-timeout or when the repair is interrupted.
+damaged file's path, newest first, listing each version in the damaged files' folders only;
+then files of its size elsewhere. The tools' own selectors may follow the repository:
+'restic:REPO --host nas --path /srv/photos', 'borg:REPO --glob-archives nas-*'. A tree
+mounted elsewhere than where it was backed up is found by its files' names and sizes, and
+said. --from-command runs a command that prints a copy ({ssh} for ssh). Bytes replace
+nothing unless they hash to the tag; nothing is written into a repository. Tools run with
+no terminal, and are stopped with their children when silent for --source-timeout or when
+the repair is interrupted.
+
+Where the state database has a verdict for every file under PATH, only the files it knows
+are damaged are read (--full reads every file).
 
 Exit codes: 0 nothing damaged is left; 1 some damage could not be repaired (or --dry-run);
 3 errors; as for check otherwise.";
