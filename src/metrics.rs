@@ -55,6 +55,17 @@ impl Metrics {
         }
     }
 
+    /// Files found gone from the trees and still remembered: a scrub's, those of the last
+    /// 30 days; another verb's, those it found.
+    pub fn removed(&mut self, verb: &str, files: u64) {
+        self.gauge(
+            "files_removed",
+            "Files found gone from the tree in the last 30 days (scrub), or by this run.",
+            &[("verb", verb)],
+            files as f64,
+        );
+    }
+
     /// What a run did: files by status and action, damage not dealt with, bytes read,
     /// duration, end, exit code.
     pub fn run(&mut self, verb: &str, s: &Summary, exit_code: i32, end_ms: i64) {
@@ -63,12 +74,6 @@ impl Metrics {
             "Files found damaged (by this run or earlier ones) and not yet repaired or accepted.",
             &[("verb", verb)],
             s.damaged() as f64,
-        );
-        self.gauge(
-            "files_removed",
-            "Files found gone from the tree since they were last seen (this run).",
-            &[("verb", verb)],
-            s.removed as f64,
         );
         self.gauge(
             "tree_missing",

@@ -136,6 +136,8 @@ pub struct Plan {
     pub per_root: Vec<(u64, u64)>,
     /// The files found gone by this scrub's planning, to be told once.
     pub gone_now: Vec<Gone>,
+    /// The files found gone under the roots and still remembered (within [`GONE_KEPT`]).
+    pub removed_kept: u64,
     attached: bool,
     /// Why the queue ended early, if it failed.
     failed: Arc<Mutex<Option<String>>>,
@@ -254,6 +256,7 @@ pub fn plan(
         complete,
         per_root,
         gone_now: Vec::new(),
+        removed_kept: 0,
         attached: false,
         failed: Arc::default(),
         latest: None,
@@ -386,6 +389,21 @@ impl Plan {
         self.cycle_started = started;
         self.cycle_saved = true;
         Ok(())
+    }
+
+    /// How many files under `roots` were found gone and are still remembered.
+    pub fn removed_kept(&self, roots: &[PathBuf]) -> rusqlite::Result<u64> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT count(*) FROM state.files INDEXED BY files_gone WHERE gone IS NOT NULL \
+             AND ((path >= ?1 AND path < ?2) OR path = ?3)",
+        )?;
+        let mut n = 0;
+        for root in roots {
+            let (low, high, exact) = state::under(root);
+            n += stmt.query_row(params![low, high, exact], |r| r.get::<_, i64>(0))?;
+        }
+        Ok(n.max(0) as u64)
     }
 
     /// After a complete walk, before the run records anything: the files the state database

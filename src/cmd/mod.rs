@@ -347,6 +347,11 @@ fn record(s: &Settings, ran: &mut Ran, reporter: &mut Speaker) {
         summary.exit(s.verb) as i32,
         intact::state::now(),
     );
+    let removed = ran
+        .plan
+        .as_ref()
+        .map_or(summary.removed, |p| p.removed_kept);
+    m.removed(s.verb.name(), removed);
     // A scrub's plan knows the files of the trees it verifies (untagged ones too with
     // --update, which tags them); a walk's record knows the files it recorded. The new files
     // the run left untagged are never verified besides.

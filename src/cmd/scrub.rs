@@ -63,6 +63,9 @@ pub(super) fn prepare(
         plan.attach(db)?;
         plan.start_cycle(now)?;
         let gone = plan.gone(&s.roots, now, db.is_some(), scrub.removal_alarm)?;
+        if db.is_some() {
+            plan.removed_kept = plan.removed_kept(&s.roots)?;
+        }
         Ok((plan.queue(scrub.budget, scrub.untagged_too, now)?, gone))
     };
     let (queue, (gone, alarms)) = super::on_state(&mut front.state, front.reporter, |db| {

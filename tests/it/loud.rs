@@ -557,8 +557,23 @@ fn files_that_vanish_are_told_not_forgotten() {
         "{}",
         r.stdout
     );
-    let r = intact!("scrub", "--json", "--state", &db, &tree).expect_code(0);
+    // Told once, counted for 30 days: the metric a dashboard alerts on does not drop to 0
+    // the night after.
+    let prom = t.path("scrub.prom");
+    let r = intact!("scrub", "--json", "--state", &db, "--metrics", &prom, &tree).expect_code(0);
     assert_eq!(r.json().summary["removed"], 0, "told once");
+    let metric = |p: &std::path::Path| {
+        fs::read_to_string(p)
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with("intact_files_removed{"))
+            .map(str::to_string)
+    };
+    assert!(
+        metric(&prom).is_some_and(|l| l.ends_with(" 1")),
+        "{:?}",
+        metric(&prom)
+    );
     let v = status_json(&db, &tree, 0);
     let removed = v["removed"].as_array().unwrap();
     assert_eq!(removed.len(), 1, "{v}");
