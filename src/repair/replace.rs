@@ -46,20 +46,47 @@ pub(super) fn restore(
     let original = File::from(open_at(&dir, name, OFlags::RDONLY).map_err(Refused::Target)?);
     let meta = original.metadata().map_err(Refused::Target)?;
     unchanged(report, want, &original, &meta)?;
-    let (digest, size) = (want.digest, want.size);
     let mut temp = if opts.dry_run {
         None
     } else {
         Some(Temp::new_in(&dir).map_err(Refused::Target)?)
     };
-    let mut hasher = Hasher::new(digest.algo);
-    let mut len = 0u64;
     // A sparse file comes back sparse, whatever the source streams (parity and backup tools
     // give every zero as data).
     let sparse = meta.blocks().saturating_mul(512) < meta.len();
-    let mut out = temp.as_ref().map(|t| Out::new(t.file(), sparse));
-    // Why the stream was stopped from this side: the target could not be written, or
-    // the copy is longer than the file it should restore.
+    let len = verified(want, temp.as_ref().map(|t| Out::new(t.file(), sparse)), fill)?;
+    let Some(temp) = temp.take() else {
+        return Ok(Staged::Planned);
+    };
+    let keep = keep_at(&opts.keep, name, &want.rel);
+    temp.file().set_len(len).map_err(Refused::Target)?;
+    if meta.nlink() > 1 {
+        let restored = rewrite_in_place(temp, name, &original, &meta, want.mtime, len, keep)?;
+        return Ok(Staged::Done(shown_in(dir_path, restored)));
+    }
+    prepare(&temp, &original, &meta, want.mtime).map_err(Refused::Target)?;
+    Ok(Staged::Pending(Box::new(Pending {
+        temp,
+        name: name.to_os_string(),
+        dir_path: dir_path.to_path_buf(),
+        original,
+        meta,
+        keep,
+        size: len,
+    })))
+}
+
+/// Streams the copy `fill` gives into `out` (none in a dry run), hashing it on the way: its
+/// length if it is the content `want` names, else why not. The copy is stopped as soon as it
+/// is longer than the file it should restore, or the target cannot be written.
+fn verified(
+    want: &Want,
+    mut out: Option<Out<'_>>,
+    fill: &mut super::Fill<'_>,
+) -> Result<u64, Refused> {
+    let mut hasher = Hasher::new(want.digest.algo);
+    let mut len = 0u64;
+    // Why the stream was stopped from this side.
     let mut write_err = None;
     let mut too_long = false;
     let filled = fill(&mut |chunk| {
@@ -68,7 +95,7 @@ pub(super) fn restore(
             Chunk::Hole(n) => n,
         };
         len = len.saturating_add(n);
-        if size.is_some_and(|s| len > s) {
+        if want.size.is_some_and(|s| len > s) {
             too_long = true;
             return Err(io::Error::other("longer than the file it should restore"));
         }
@@ -95,28 +122,10 @@ pub(super) fn restore(
         return Err(Refused::CopyDamaged);
     }
     filled.map_err(Refused::Unreadable)?;
-    if hasher.finalize() != digest || size.is_some_and(|s| s != len) {
+    if hasher.finalize() != want.digest || want.size.is_some_and(|s| s != len) {
         return Err(Refused::CopyDamaged);
     }
-    let Some(temp) = temp.take() else {
-        return Ok(Staged::Planned);
-    };
-    let keep = keep_at(&opts.keep, name, &want.rel);
-    temp.file().set_len(len).map_err(Refused::Target)?;
-    if meta.nlink() > 1 {
-        let restored = rewrite_in_place(temp, name, &original, &meta, want.mtime, len, keep)?;
-        return Ok(Staged::Done(shown_in(dir_path, restored)));
-    }
-    prepare(&temp, &original, &meta, want.mtime).map_err(Refused::Target)?;
-    Ok(Staged::Pending(Box::new(Pending {
-        temp,
-        name: name.to_os_string(),
-        dir_path: dir_path.to_path_buf(),
-        original,
-        meta,
-        keep,
-        size: len,
-    })))
+    Ok(len)
 }
 
 /// Where a verified copy's bytes go: its temp file, written in order. For a sparse file,
@@ -232,39 +241,7 @@ pub(super) fn restore_missing(
         (Some(dir), false) => Some(Temp::new_in(dir).map_err(Refused::Target)?),
         _ => None,
     };
-    let mut hasher = Hasher::new(want.digest.algo);
-    let mut len = 0u64;
-    let mut out = temp.as_ref().map(|t| Out::new(t.file(), false));
-    let mut write_err = None;
-    let filled = fill(&mut |chunk| {
-        let n = match chunk {
-            Chunk::Data(d) => d.len() as u64,
-            Chunk::Hole(n) => n,
-        };
-        len = len.saturating_add(n);
-        if want.size.is_some_and(|s| len > s) {
-            return Err(io::Error::other("longer than the file it should restore"));
-        }
-        match chunk {
-            Chunk::Data(d) => hasher.update(d),
-            Chunk::Hole(n) => hasher.update_zeros(n),
-        }
-        out.as_mut().map_or(Ok(()), |o| o.put(chunk)).map_err(|e| {
-            let stop = io::Error::new(e.kind(), "write failed");
-            write_err = Some(e);
-            stop
-        })
-    });
-    if let Some(e) = write_err {
-        return Err(Refused::Target(e));
-    }
-    if want.size.is_some_and(|s| len > s) {
-        return Err(Refused::CopyDamaged);
-    }
-    filled.map_err(Refused::Unreadable)?;
-    if hasher.finalize() != want.digest || want.size.is_some_and(|s| s != len) {
-        return Err(Refused::CopyDamaged);
-    }
+    let len = verified(want, temp.as_ref().map(|t| Out::new(t.file(), false)), fill)?;
     let Some(mut temp) = temp else {
         return Ok(Staged::Planned);
     };
