@@ -20,8 +20,10 @@
 //! many small files).
 
 mod protect;
+mod prune;
 
 pub use protect::{Protector, store_dir};
+pub use prune::{Live, Pruned, STALE_DIR};
 
 use std::cell::RefCell;
 use std::collections::HashMap;

@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender};
 
-use super::{Added, DEFAULT_DIR, Job, Outcome, Protectee, Store};
+use super::{Added, DEFAULT_DIR, Job, Live, Outcome, Protectee, Store};
 use crate::core::classify::Status;
 use crate::core::digest::Digest;
 use crate::engine::{Action, FileError, FileReport, SinkReads};
@@ -50,6 +50,13 @@ pub struct Protector {
     window: u64,
     /// Files with several names found damaged, and the first name.
     damaged: crate::engine::Damaged,
+    /// Per store, the contents found in its tree: the parity that stays.
+    live: Vec<Live>,
+    /// Something under a tree could not be looked at: what it holds is not known, so no
+    /// parity is moved aside.
+    unsure: bool,
+    /// How long a stale set is kept once moved aside.
+    keep_stale: std::time::Duration,
     cancel: &'static AtomicBool,
 }
 
@@ -65,14 +72,16 @@ struct Held {
 
 impl Protector {
     /// Opens (creating them if need be) the store given, or each root's own, and starts
-    /// `threads` workers; they stop early once `cancel` is set. Returns the temp files
-    /// that killed runs had left in the stores, removed.
+    /// `threads` workers; they stop early once `cancel` is set. Sets no file of the tree
+    /// needs any more are moved aside at the end, and removed `keep_stale` later. Returns
+    /// the temp files that killed runs had left in the stores, removed.
     pub fn open(
         roots: &[PathBuf],
         given: Option<&Path>,
         redundancy: f64,
         threads: usize,
         window: u64,
+        keep_stale: std::time::Duration,
         cancel: &'static AtomicBool,
     ) -> Result<(Protector, Vec<PathBuf>), super::OpenError> {
         let mut stores = Vec::new();
@@ -116,6 +125,9 @@ impl Protector {
             held: VecDeque::new(),
             window,
             damaged: HashMap::new(),
+            live: roots.iter().map(|_| Live::default()).collect(),
+            unsure: false,
+            keep_stale,
             cancel,
         };
         Ok((protector, removed))
@@ -301,6 +313,103 @@ impl Protector {
     }
 }
 
+impl Protector {
+    /// Notes what `report`'s file holds (or should hold) as content whose parity stays.
+    fn note_live(&mut self, report: &FileReport) {
+        let live = &mut self.live[report.root];
+        let tag = report.tag.as_ref().map(|t| t.digest);
+        if report.status.is_damage() {
+            if let Some(d) = tag {
+                live.damaged(&d);
+            }
+            return;
+        }
+        match report.unread().map(|t| t.digest).or(report.digest).or(tag) {
+            Some(d) => live.add(&d),
+            // A folder that could not be read, a file that could not be: its content is
+            // not known.
+            None if matches!(report.status, Status::Error) => self.unsure = true,
+            None => {}
+        }
+        // A file read anew keeps the parity of the content its tag names too, until a run
+        // sees it as it is (its old parity may be all that can repair it).
+        if let Some(d) = tag {
+            live.add(&d);
+        }
+    }
+
+    /// Moves aside the sets no file of the trees needs, removes those past their grace
+    /// period, and packs again the members of packs moved aside; says what it did.
+    fn prune(&mut self, out: &mut dyn Out) -> Result<(), Failure> {
+        if self.unsure {
+            out.note(
+                "protect: no stale parity was moved aside: something under the tree could \
+                 not be read, so what it holds is not known"
+                    .into(),
+            );
+            return Ok(());
+        }
+        let (mut moved, mut removed, mut bytes, mut kept, mut repacked) = (0, 0, 0, 0, 0);
+        let stores = self.stores.clone();
+        for (i, store) in stores.iter().enumerate() {
+            let pruned = store.prune(&self.live[i], self.keep_stale).map_err(|e| {
+                Failure::new(
+                    format!(
+                        "moving stale parity aside in {}",
+                        crate::text::escape(&store.dir)
+                    ),
+                    e,
+                )
+            })?;
+            moved += pruned.moved;
+            removed += pruned.removed;
+            bytes += pruned.removed_bytes;
+            kept += pruned.kept_for_damage;
+            for (name, digest) in pruned.repack {
+                let Some(path) = super::resolve(&store.root, &name) else {
+                    continue;
+                };
+                let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                    continue;
+                };
+                // Its set's first pass hashes it again: a file that is not that content now
+                // gets no parity from it (the next run gives it its own).
+                let added = store.add(Protectee {
+                    path,
+                    name,
+                    size: meta.len(),
+                    digest,
+                });
+                if let Added::Run(job) = added {
+                    self.send(i, job)?;
+                }
+                repacked += 1;
+            }
+        }
+        if repacked > 0 {
+            self.flush()?;
+        }
+        if moved + removed + kept > 0 {
+            let mut said = format!(
+                "protect: {moved} stale set(s) moved aside to {}/ (renamed *.{}, which par2 does \
+                 not take for a set); {repacked} file(s) packed again; {removed} stale file(s) \
+                 ({}) removed past their {} grace period",
+                super::STALE_DIR,
+                "stale",
+                crate::text::bytes(bytes),
+                humantime::format_duration(self.keep_stale)
+            );
+            if kept > 0 {
+                said.push_str(&format!(
+                    "; {kept} kept past it: they can repair a damaged file"
+                ));
+            }
+            out.note(said);
+        }
+        Ok(())
+    }
+}
+
 /// A file left unread whose set's first pass found the content its tag claims.
 fn verified(report: &mut FileReport) {
     report.status = Status::Ok;
@@ -329,6 +438,7 @@ fn damaged_or_changed(report: &mut FileReport) {
 impl Sink for Protector {
     fn take(&mut self, mut report: FileReport, out: &mut dyn Out) -> Result<(), Failure> {
         let given = self.give(&mut report);
+        self.note_live(&report);
         let (wait, already) = given.as_ref().map_or((None, false), |g| *g);
         self.held.push_back(Held {
             report,
@@ -345,7 +455,10 @@ impl Sink for Protector {
     }
 
     fn finish(&mut self, interrupted: bool, out: &mut dyn Out) -> Result<(), Failure> {
-        let result = if interrupted { Ok(()) } else { self.flush() };
+        let mut result = if interrupted { Ok(()) } else { self.flush() };
+        if result.is_ok() && !interrupted {
+            result = self.prune(out);
+        }
         drop(self.jobs.take());
         for worker in self.workers.drain(..) {
             let _ = worker.join();

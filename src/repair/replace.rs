@@ -54,7 +54,11 @@ pub(super) fn restore(
     // A sparse file comes back sparse, whatever the source streams (parity and backup tools
     // give every zero as data).
     let sparse = meta.blocks().saturating_mul(512) < meta.len();
-    let len = verified(want, temp.as_ref().map(|t| Out::new(t.file(), sparse)), fill)?;
+    let len = verified(
+        want,
+        temp.as_ref().map(|t| Out::new(t.file(), sparse)),
+        fill,
+    )?;
     let Some(temp) = temp.take() else {
         return Ok(Staged::Planned);
     };

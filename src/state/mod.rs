@@ -498,9 +498,10 @@ impl State {
     }
 
     /// The damaged files under `roots` (the index of the root each is under, and its path
-    /// there), where this database can say: it knows files under every root and each has a
-    /// verdict. Else `None`, and the trees are walked. Damage no run has found yet is not
-    /// among them: the owner's `repair --full` reads every file.
+    /// there), where this database can say: it knows files under every root, each has a
+    /// verdict, and some are damaged. Else `None`, and the trees are walked: a repair asked
+    /// for where no damage is known is looking for damage. Damage no run has found yet is
+    /// not among them: the owner's `repair --full` reads every file.
     pub fn known_damage_under(&mut self, roots: &[PathBuf]) -> Option<Vec<(usize, PathBuf)>> {
         self.commit();
         let judged = |conn: &Connection, root: &Path| -> rusqlite::Result<bool> {
@@ -523,6 +524,9 @@ impl State {
             }
         }
         let damaged = self.outstanding(roots);
+        if damaged.is_empty() {
+            return None;
+        }
         Some(
             damaged
                 .into_iter()

@@ -342,6 +342,17 @@ fn repair_brings_back_what_is_gone_when_asked() {
     fs::remove_dir_all(t.path("src/album")).unwrap();
     repair(true).expect_code(0);
     assert_eq!(fs::read(&deep).unwrap(), data(30_000, 9));
+    // Gone, and in no backup: named, with why, and the repair ends in trouble.
+    let unsaved = t.write("src/unsaved.jpg", data(9_000, 10));
+    intact!("tag", "-q", "--state", &db, &unsaved).expect_code(0);
+    fs::remove_file(&unsaved).unwrap();
+    let r = repair(true).expect_code(3);
+    assert!(
+        said(&r, "unsaved.jpg").starts_with("missing")
+            && said(&r, "unsaved.jpg").contains("no good copy found"),
+        "{}",
+        r.stdout
+    );
 }
 
 /// A deleted file is remembered whatever happens to its inode (row 1 of the issue): tagged
@@ -616,9 +627,10 @@ fn a_tree_mounted_elsewhere_is_repaired_from_where_it_was_backed_up() {
     }
 }
 
-/// Where the state database has a verdict for every file, repair reads only the damage it
-/// knows: damage no run has found yet is left to `--full`, which reads every file. A gone
-/// file that no source holds is named with why, and the repair ends in trouble (exit 3).
+/// Where the state database has a verdict for every file and knows of damage, repair reads
+/// only the damage it knows: damage no run has found yet is left to `--full`, which reads
+/// every file (as does a repair where no damage is known). A gone file that no source holds
+/// is named with why, and the repair ends in trouble (exit 3).
 #[test]
 fn repair_reads_only_the_damage_the_state_database_knows() {
     let t = Tree::new();
@@ -631,10 +643,13 @@ fn repair_reads_only_the_damage_the_state_database_knows() {
     intact!("tag", "-q", "--state", &db, t.path("src")).expect_code(0);
     let (repo, restic) = restic_repo(&t, "pw");
     run(restic().args(["backup", "-q"]).arg(t.path("src")));
-    // A file made after the backup, recorded, then deleted: no source holds it.
+    // Files made after the backup, recorded: no source holds them. One is deleted, one
+    // rots (and stays known damage: nothing can repair it).
     let late = t.write("src/late.jpg", data(7_000, 330));
-    intact!("tag", "-q", "--state", &db, &late).expect_code(0);
+    let hopeless = t.write("src/hopeless.jpg", data(7_000, 331));
+    intact!("tag", "-q", "--state", &db, &late, &hopeless).expect_code(0);
     flip_byte(&known, 1234);
+    flip_byte(&hopeless, 99);
     intact!("check", "-q", "--state", &db, t.path("src")).expect_code(1);
     flip_byte(&unknown, 4321);
     fs::remove_file(&late).unwrap();
@@ -653,9 +668,9 @@ fn repair_reads_only_the_damage_the_state_database_knows() {
         .env("RESTIC_PASSWORD", "pw")
         .run()
     };
-    let r = repair(&[]).expect_code(0);
+    let r = repair(&[]).expect_code(1);
     assert!(
-        r.stderr.contains("only the 1 damaged file(s)"),
+        r.stderr.contains("only the 2 damaged file(s)"),
         "{}",
         r.stderr
     );
@@ -665,18 +680,24 @@ fn repair_reads_only_the_damage_the_state_database_knows() {
         data(50_000, 301),
         "read without --full"
     );
-    // --missing: what a source holds comes back; what none holds is named, with why.
-    let r = repair(&["--missing"]).expect_code(3);
+    // --missing: what no source holds is named, with why (damage left outranks it: exit 1).
+    let r = repair(&["--missing"]).expect_code(1);
     assert!(
         said(&r, "late.jpg").contains("no good copy found"),
         "{}",
         r.stdout
     );
-    let r = repair(&["--full"]).expect_code(0);
+    assert_ne!(fs::read(&unknown).unwrap(), data(50_000, 301));
+    let r = repair(&["--full"]).expect_code(1);
     assert!(!r.stderr.contains("only the"), "{}", r.stderr);
     assert_eq!(fs::read(&unknown).unwrap(), data(50_000, 301));
     assert!(
         said(&r, "unknown.jpg").contains("restored from"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        said(&r, "hopeless.jpg").contains("no good copy found"),
         "{}",
         r.stdout
     );

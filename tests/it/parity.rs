@@ -465,3 +465,93 @@ fn a_sparse_file_repaired_from_parity_stays_sparse() {
         "{on_disk} bytes on disk for 1 MiB of data"
     );
 }
+
+/// Bytes of the files under `dir`, recursively.
+fn bytes_under(dir: &Path) -> u64 {
+    fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .map(|e| e.unwrap())
+            .map(|e| {
+                if e.file_type().unwrap().is_dir() {
+                    bytes_under(&e.path())
+                } else {
+                    e.metadata().unwrap().len()
+                }
+            })
+            .sum()
+    })
+}
+
+/// Parity follows the tree: after edits and a deletion, `protect` moves the old sets aside
+/// (where par2 does not take them for a set), packs the unchanged members of an old pack
+/// again, and every set left in the store verifies against the tree as it is now with
+/// par2cmdline (an old set would "repair" an edit back). Stale sets go after the grace
+/// period, except one that can repair a damaged file.
+#[test]
+fn parity_follows_the_tree_and_stale_sets_go_after_their_grace() {
+    let t = Tree::new();
+    let src = tree(&t);
+    let store = src.join(".intact-parity");
+    intact!("protect", "-q", &src).expect_code(0);
+    let first = bytes_under(&store);
+    // An edit of the large file, one of a small one, a deletion.
+    t.write("src/big.bin", data(1_500_000, 2));
+    t.write("src/small/s03", b"edited since");
+    fs::remove_file(src.join("small/s05")).unwrap();
+    intact!("update", "-q", &src).expect_code(0);
+    let r = intact!("protect", &src).expect_code(0);
+    assert!(
+        r.stderr.contains("2 stale set(s) moved aside"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("28 file(s) packed again"), "{}", r.stderr);
+    let stale: Vec<_> = fs::read_dir(store.join("stale/packs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !stale.is_empty() && stale.iter().all(|n| n.ends_with(".stale")),
+        "{stale:?}"
+    );
+    let sets = index_files(&store);
+    assert_eq!(sets.len(), 3, "the new large set, two packs: {sets:?}");
+    for set in &sets {
+        let (ok, out) = par2(
+            &src,
+            &[
+                "verify".as_ref(),
+                "-B".as_ref(),
+                src.as_os_str(),
+                set.as_os_str(),
+            ],
+        );
+        assert!(ok, "{}: {out}", set.display());
+    }
+    let live = bytes_under(&store) - bytes_under(&store.join("stale"));
+    assert!(
+        live < first * 3 / 2,
+        "the store follows the tree: {live} bytes against {first} at first"
+    );
+    // A damaged file: the stale pack holding its content stays past the grace period.
+    flip_byte(&src.join("small/s10"), 5);
+    let r = intact!("protect", "--keep-stale", "0s", &src).expect_code(1);
+    assert!(r.stderr.contains("kept past it"), "{}", r.stderr);
+    assert!(!store.join("stale/sha256-").exists());
+    assert!(fs::read_dir(store.join("stale/packs")).unwrap().count() > 0);
+    intact!("repair", "-q", "--discard-damaged", &src).expect_code(0);
+    intact!("protect", "-q", "--keep-stale", "0s", &src).expect_code(0);
+    assert!(!store.join("stale").exists(), "all stale parity removed");
+    for set in index_files(&store) {
+        let (ok, out) = par2(
+            &src,
+            &[
+                "verify".as_ref(),
+                "-B".as_ref(),
+                src.as_os_str(),
+                set.as_os_str(),
+            ],
+        );
+        assert!(ok, "{}: {out}", set.display());
+    }
+}

@@ -1,0 +1,253 @@
+//! Parity that follows the tree: sets whose content is no longer in it are moved aside to
+//! the store's `stale/` folder, renamed `*.par2.stale` (where neither intact nor par2cmdline
+//! takes them for a set to repair with: `par2 repair` of an old set would put old bytes back
+//! over an edit, or bring back a deleted file), and removed once older than the grace
+//! period; never while a file they could repair is damaged. A pack with a changed or deleted
+//! member is moved aside whole, and its members still in the tree are packed again by the
+//! same run.
+//!
+//! Each step is a rename or an unlink of one file: a run killed at any moment leaves sets
+//! that are whole (an index means a complete set, as when they are written) or volumes with
+//! no index, which the next run moves aside.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use super::{Store, is_index, lock, pack_digests, pack_id};
+use crate::core::digest::{Algo, Digest};
+
+/// The store's folder of stale sets.
+pub const STALE_DIR: &str = "stale";
+/// What a stale set's files are renamed with.
+const STALE_EXT: &str = "stale";
+
+/// The contents a run found in the tree: their parity stays. Kept as 8 bytes of each digest
+/// (a million files cost 16 MiB): two contents that share them keep each other's parity,
+/// which is harmless.
+#[derive(Default)]
+pub struct Live {
+    keys: HashSet<u64>,
+    /// Contents of damaged files: the parity that can repair them is never removed.
+    damaged: HashSet<Digest>,
+}
+
+impl Live {
+    /// `digest` is in the tree.
+    pub fn add(&mut self, digest: &Digest) {
+        self.keys.insert(key(digest));
+    }
+
+    /// A file in the tree is damaged and should hold `digest`.
+    pub fn damaged(&mut self, digest: &Digest) {
+        self.add(digest);
+        self.damaged.insert(*digest);
+    }
+
+    fn holds(&self, digest: &Digest) -> bool {
+        self.keys.contains(&key(digest))
+    }
+}
+
+fn key(d: &Digest) -> u64 {
+    u64::from_le_bytes(d.bytes[..8].try_into().expect("8 bytes")) ^ d.algo as u64
+}
+
+/// What a prune did.
+#[derive(Debug, Default)]
+pub struct Pruned {
+    /// Sets moved aside (packs among them).
+    pub moved: u64,
+    /// Stale files removed, past their grace period ...
+    pub removed: u64,
+    /// ... and their bytes.
+    pub removed_bytes: u64,
+    /// Stale files kept past their grace period: they can repair a damaged file.
+    pub kept_for_damage: u64,
+    /// Members of packs moved aside that are still in the tree: their name there and their
+    /// content, to be packed again.
+    pub repack: Vec<(Vec<u8>, Digest)>,
+}
+
+impl Store {
+    /// Moves aside the sets no content of `live` needs, and removes those moved aside more
+    /// than `keep` ago (unless they can repair a damaged file).
+    pub fn prune(&self, live: &Live, keep: Duration) -> io::Result<Pruned> {
+        let mut pruned = Pruned::default();
+        let stale = self.dir.join(STALE_DIR);
+        for entry in std::fs::read_dir(&self.dir)?.flatten() {
+            let dir = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) || name == STALE_DIR {
+                continue;
+            }
+            if name == "packs" {
+                self.prune_packs(&dir, live, &stale, &mut pruned)?;
+                continue;
+            }
+            // One content's sets: `ALGO-XX/HEX.par2` and its volume.
+            let Some(algo) = name.split('-').next().and_then(|a| a.parse::<Algo>().ok()) else {
+                continue;
+            };
+            for (stem, files) in sets_in(&dir)? {
+                let Some(digest) = digest_of(algo, &stem) else {
+                    continue;
+                };
+                if !live.holds(&digest) {
+                    pruned.moved += u64::from(files.iter().any(|f| is_index(f)));
+                    for f in files {
+                        aside(&f, &stale.join(&name))?;
+                    }
+                }
+            }
+        }
+        self.remove_past_grace(&stale, keep, live, &mut pruned)?;
+        Ok(pruned)
+    }
+
+    /// Packs with a member no longer in the tree are moved aside; their other members are
+    /// to be packed again.
+    fn prune_packs(
+        &self,
+        dir: &Path,
+        live: &Live,
+        stale: &Path,
+        pruned: &mut Pruned,
+    ) -> io::Result<()> {
+        for (stem, files) in sets_in(dir)? {
+            let index = dir.join(format!("{stem}.par2"));
+            let members = match std::fs::read(&index) {
+                Ok(bytes) => members(&index, &bytes),
+                // Volumes whose index is gone (a killed run): of no use.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+                Err(e) => return Err(e),
+            };
+            if !members.is_empty() && members.iter().all(|(_, d)| live.holds(d)) {
+                continue;
+            }
+            pruned.moved += u64::from(!members.is_empty());
+            pruned
+                .repack
+                .extend(members.into_iter().filter(|(_, d)| live.holds(d)));
+            if let Some(id) = pack_id(&index) {
+                lock(&self.packed).retain(|_, p| *p != id);
+            }
+            for f in files {
+                aside(&f, &stale.join("packs"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes what was moved aside more than `keep` ago, but for sets that can repair a
+    /// damaged file.
+    fn remove_past_grace(
+        &self,
+        stale: &Path,
+        keep: Duration,
+        live: &Live,
+        pruned: &mut Pruned,
+    ) -> io::Result<()> {
+        let Ok(dirs) = std::fs::read_dir(stale) else {
+            return Ok(());
+        };
+        let now = SystemTime::now();
+        for dir in dirs.flatten() {
+            let name = dir.file_name().to_string_lossy().into_owned();
+            let algo = name.split('-').next().and_then(|a| a.parse::<Algo>().ok());
+            for (stem, files) in sets_in(&dir.path())? {
+                // What it could repair: its content, or its members'.
+                let contents: Vec<Digest> = match algo {
+                    _ if name == "packs" => {
+                        let index = dir.path().join(format!("{stem}.par2.{STALE_EXT}"));
+                        std::fs::read(&index)
+                            .map(|b| members(&index, &b).into_iter().map(|(_, d)| d).collect())
+                            .unwrap_or_default()
+                    }
+                    Some(algo) => digest_of(algo, &stem).into_iter().collect(),
+                    None => Vec::new(),
+                };
+                let needed = contents.iter().any(|d| live.damaged.contains(d));
+                for f in files {
+                    let meta = std::fs::symlink_metadata(&f)?;
+                    let age = meta
+                        .modified()
+                        .ok()
+                        .and_then(|m| now.duration_since(m).ok())
+                        .unwrap_or_default();
+                    if age < keep {
+                        continue;
+                    }
+                    if needed {
+                        pruned.kept_for_damage += 1;
+                        continue;
+                    }
+                    std::fs::remove_file(&f)?;
+                    pruned.removed += 1;
+                    pruned.removed_bytes += meta.len();
+                }
+            }
+            // Fails, harmlessly, unless the folder is empty.
+            let _ = std::fs::remove_dir(dir.path());
+        }
+        Ok(())
+    }
+}
+
+/// The files of `dir` by set: the name before its first dot (a digest's hex, a pack's ID),
+/// with `.stale` taken off. Temp files of a run in progress are left out.
+fn sets_in(dir: &Path) -> io::Result<HashMap<String, Vec<PathBuf>>> {
+    let mut sets: HashMap<String, Vec<PathBuf>> = HashMap::new();
+    for e in std::fs::read_dir(dir)?.flatten() {
+        let name = e.file_name();
+        if crate::fs::atomic::temp_pid(&name).is_some() || !e.file_type().is_ok_and(|t| t.is_file())
+        {
+            continue;
+        }
+        let name = name.to_string_lossy();
+        let stem = name.split('.').next().unwrap_or_default().to_string();
+        sets.entry(stem).or_default().push(e.path());
+    }
+    Ok(sets)
+}
+
+/// The content a set named `hex` protects.
+fn digest_of(algo: Algo, hex: &str) -> Option<Digest> {
+    let bytes: [u8; 32] = hex::decode(hex).ok()?.try_into().ok()?;
+    Some(Digest { algo, bytes })
+}
+
+/// A pack's members (their names and contents), from its index `bytes`.
+fn members(index: &Path, bytes: &[u8]) -> Vec<(Vec<u8>, Digest)> {
+    let digests = pack_digests(bytes);
+    let Ok(set) = par2::Set::open(
+        vec![std::fs::File::open(index).ok()]
+            .into_iter()
+            .flatten()
+            .collect(),
+    ) else {
+        return Vec::new();
+    };
+    set.files
+        .iter()
+        .filter_map(|f| {
+            let d = digests.iter().find(|(id, _)| *id == f.id)?.1;
+            Some((f.name.clone(), d))
+        })
+        .collect()
+}
+
+/// Moves `file` into the folder `to`, renamed `NAME.stale`, dated now (its grace period
+/// starts).
+fn aside(file: &Path, to: &Path) -> io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    let mut name = file.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".{STALE_EXT}"));
+    let dest = to.join(name);
+    std::fs::rename(file, &dest)?;
+    std::fs::File::options()
+        .write(true)
+        .open(&dest)?
+        .set_modified(SystemTime::now())
+}
