@@ -447,7 +447,7 @@ pub struct RepairArgs {
     #[arg(long)]
     pub missing: bool,
     /// Read every file under PATH for damage. Without it, where the state database has a
-    /// verdict for every file under PATH, only the files it knows are damaged are read
+    /// verdict for every file under PATH and knows of damage, only the damaged files are read
     #[arg(long)]
     pub full: bool,
     #[command(flatten)]
@@ -486,8 +486,8 @@ nothing unless they hash to the tag; nothing is written into a repository. Tools
 no terminal, and are stopped with their children when silent for --source-timeout or when
 the repair is interrupted.
 
-Where the state database has a verdict for every file under PATH, only the files it knows
-are damaged are read (--full reads every file).
+Where the state database has a verdict for every file under PATH and knows of damage, only
+the files it knows are damaged are read (--full reads every file).
 
 Exit codes: 0 nothing damaged is left; 1 some damage could not be repaired (or --dry-run);
 3 errors; as for check otherwise.";
