@@ -489,7 +489,7 @@ def bench_backups(base, intact, runs, scale):
             sh(["restic", "backup", "-q", "--repo", restic_repo, dir])
             sh(["borg", "create", f"{borg_repo}::night{night:02}", dir])
             print(f"  backup {night + 1} of {snapshots}", file=sys.stderr)
-    damaged = [files[i * (n // 20) + 3] for i in range(20)]
+    damaged = [files[i * (n // 20) + 3 + i] for i in range(20)]
     db = os.path.join(base, "backups-state.db")
     for leftover in (db, db + "-wal", db + "-shm", db + ".damage"):
         if os.path.exists(leftover):

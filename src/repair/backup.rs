@@ -308,7 +308,8 @@ impl Repository for Borg {
         for p in paths {
             c.arg(OsStr::from_bytes(p));
         }
-        read_from(&mut c, "borg", watch, &mut |out| {
+        // borg ends with 1, a warning, when a path is not in the archive.
+        read_from(&mut c, "borg", watch, &[0, 1], &mut |out| {
             for entry in tar::Archive::new(&mut *out).entries()? {
                 let mut entry = entry?;
                 if entry.header().entry_type().is_file() {
@@ -560,6 +561,9 @@ impl<R: Repository + Send> Backup<R> {
     /// Offers each copy of `copies` (of one version) to its damaged file: all in one run of
     /// the tool where there are several, each on its own (`dump`) where there is one or the
     /// tool did not deliver it.
+    /// `blind`: the paths were not listed (the newest version, tried before any listing):
+    /// one the tool does not deliver is not there.
+    #[allow(clippy::too_many_arguments)]
     fn offer(
         &self,
         work: &mut dyn Attempts,
@@ -568,16 +572,17 @@ impl<R: Repository + Send> Backup<R> {
         versions: &[Version],
         maps: &[Map],
         watch: Watch<'_>,
+        blind: bool,
     ) {
         let label = |k: usize, copy: &Copy| self.label(copy, versions, &maps[sought[k].tree]);
         let mut delivered = vec![false; copies.len()];
-        if copies.len() > 1 {
+        if copies.len() > 1 || blind {
             let version = &versions[copies[0].1.version];
             let mut paths: Vec<Vec<u8>> = copies.iter().map(|(_, c)| c.path.clone()).collect();
             paths.sort();
             paths.dedup();
             // What the tool could not deliver is dumped on its own below.
-            let _ = self.repo.fetch(version, &paths, watch, &mut |path, bytes| {
+            let fetched = self.repo.fetch(version, &paths, watch, &mut |path, bytes| {
                 for (n, (k, copy)) in copies.iter().enumerate() {
                     if delivered[n] || copy.path != path {
                         continue;
@@ -591,6 +596,9 @@ impl<R: Repository + Send> Backup<R> {
                     }
                 }
             });
+            if blind && fetched.is_ok() {
+                return;
+            }
         }
         for ((k, copy), delivered) in copies.iter().zip(delivered) {
             if delivered || work.want(sought[*k].i).is_none() {
@@ -700,7 +708,27 @@ impl<R: Repository + Send> Search for Backup<R> {
         let mut listed_whole = vec![false; versions.len()];
         let mut groups: Vec<&String> = Vec::new();
         let wanting = |work: &dyn Attempts, k: usize| work.want(sought[k].i).is_some();
-        for (v, version) in versions.iter().enumerate() {
+        // The newest version first, fetched without a listing: most damage is repaired from
+        // the newest backup, by one run of the tool.
+        let blind: Vec<(usize, Copy)> = (0..sought.len())
+            .map(|k| {
+                let copy = Copy {
+                    version: 0,
+                    path: sought[k].own.clone(),
+                    stamp: String::new(),
+                };
+                (k, copy)
+            })
+            .collect();
+        if !versions.is_empty() {
+            self.offer(work, &sought, blind, &versions, &maps, watch, true);
+        }
+        // The trees whose files were not found where they are now: looked for in whole
+        // listings.
+        let mut lost = vec![false; trees.len()];
+        let mut v = 0;
+        while v < versions.len() {
+            let version = &versions[v];
             if cancel.load(Ordering::Relaxed) || work.remaining() == 0 {
                 return Ok(());
             }
@@ -708,10 +736,16 @@ impl<R: Repository + Send> Search for Backup<R> {
             if open.is_empty() {
                 break;
             }
-            // A tree not placed yet is looked for in the newest version of each group.
-            let whole = listed_whole.iter().filter(|&&w| w).count() < LISTED_WHOLE
-                && !groups.contains(&&version.group)
-                && open.iter().any(|&k| !placed[sought[k].tree]);
+            // A tree not found where it is now is looked for in the newest version of each
+            // group.
+            let may_list_whole = |listed_whole: &[bool], groups: &[&String]| {
+                listed_whole.iter().filter(|&&w| w).count() < LISTED_WHOLE
+                    && !groups.contains(&&version.group)
+            };
+            let whole = may_list_whole(&listed_whole, &groups)
+                && open
+                    .iter()
+                    .any(|&k| !placed[sought[k].tree] && lost[sought[k].tree]);
             listed_whole[v] = whole;
             if whole {
                 groups.push(&version.group);
@@ -800,6 +834,17 @@ impl<R: Repository + Send> Search for Backup<R> {
             for k in hits.iter().map(|h| h.k) {
                 placed[sought[k].tree] = true;
             }
+            // Not where they are now: this version again, whole, to find where.
+            let mut again = false;
+            if !whole {
+                for &k in &open {
+                    let tree = sought[k].tree;
+                    if !placed[tree] && !lost[tree] {
+                        lost[tree] = true;
+                        again |= may_list_whole(&listed_whole, &groups);
+                    }
+                }
+            }
             // Each unplaced tree takes the map most of its files agree on (the longest
             // shared tail breaks a tie), and the copies that map finds.
             for tree in 0..trees.len() {
@@ -829,9 +874,17 @@ impl<R: Repository + Send> Search for Backup<R> {
                     continue;
                 }
                 seen[k].push((size, copy.stamp.clone()));
+                // The newest version's copy at the file's own path was tried before the
+                // listing.
+                if v == 0 && maps[sought[k].tree] == Map::default() {
+                    continue;
+                }
                 copies.push((k, copy));
             }
-            self.offer(work, &sought, copies, &versions, &maps, watch);
+            self.offer(work, &sought, copies, &versions, &maps, watch, false);
+            if !again {
+                v += 1;
+            }
         }
         // Files still wanting: files of their size elsewhere in the newest versions, one
         // moved since the backup.
@@ -973,7 +1026,7 @@ fn run(
     watch: Watch<'_>,
     feed: &mut dyn FnMut(&[u8]) -> io::Result<()>,
 ) -> Result<(), Unusable> {
-    read_from(cmd, tool, watch, &mut |out| {
+    read_from(cmd, tool, watch, &[0], &mut |out| {
         let mut buf = vec![0u8; 1 << 20];
         loop {
             match out.read(&mut buf)? {
@@ -985,14 +1038,15 @@ fn run(
 }
 
 /// Runs `cmd` in a session of its own (no terminal to prompt on, nothing to read), `consume`
-/// reading what it prints (an error stops the child). The child and every process it
-/// started are stopped when the run is interrupted or the child says nothing for as long as
-/// `watch` allows: a hung ssh, a repository on a failing disk, a tool waiting for a
-/// passphrase never hang the repair.
+/// reading what it prints (an error stops the child); it succeeds if it ends with one of
+/// `ok` (its exit codes). The child and every process it started are stopped when the run
+/// is interrupted or the child says nothing for as long as `watch` allows: a hung ssh, a
+/// repository on a failing disk, a tool waiting for a passphrase never hang the repair.
 fn read_from(
     cmd: &mut Command,
     tool: &str,
     watch: Watch<'_>,
+    ok: &[i32],
     consume: &mut dyn FnMut(&mut dyn Read) -> io::Result<()>,
 ) -> Result<(), Unusable> {
     let mut child = crate::process::own_session(cmd)
@@ -1025,7 +1079,7 @@ fn read_from(
     crate::process::kill_group(&child);
     let said_text = errors.join().unwrap_or_default();
     fed?;
-    if status.success() {
+    if status.code().is_some_and(|c| ok.contains(&c)) {
         Ok(())
     } else {
         Err(said(tool, &said_text, status))
