@@ -499,8 +499,8 @@ impl State {
 
     /// The damaged files under `roots` (the index of the root each is under, and its path
     /// there), where this database can say: it knows files under every root, each has a
-    /// verdict, and some are damaged. Else `None`, and the trees are walked: a repair asked
-    /// for where no damage is known is looking for damage. Damage no run has found yet is
+    /// verdict, and some are damaged (none with other names). Else `None`, and the trees are
+    /// walked: a repair asked for where no damage is known is looking for damage. Damage no run has found yet is
     /// not among them: the owner's `repair --full` reads every file.
     pub fn known_damage_under(&mut self, roots: &[PathBuf]) -> Option<Vec<(usize, PathBuf)>> {
         self.commit();
@@ -524,7 +524,9 @@ impl State {
             }
         }
         let damaged = self.outstanding(roots);
-        if damaged.is_empty() {
+        // A file with other names: only a walk finds them, to say each was repaired.
+        let linked = |d: &Damaged| std::fs::symlink_metadata(&d.path).is_ok_and(|m| m.nlink() > 1);
+        if damaged.is_empty() || damaged.iter().any(linked) {
             return None;
         }
         Some(
@@ -533,7 +535,11 @@ impl State {
                 .filter_map(|d| {
                     roots.iter().enumerate().find_map(|(k, root)| {
                         let rel = d.path.strip_prefix(absolute(root)).ok()?;
-                        Some((k, root.join(rel)))
+                        let path = match rel.as_os_str().is_empty() {
+                            true => root.clone(),
+                            false => root.join(rel),
+                        };
+                        Some((k, path))
                     })
                 })
                 .collect(),
