@@ -395,9 +395,10 @@ pub struct ProtectArgs {
     #[arg(long, value_name = "DIR")]
     pub store: Option<PathBuf>,
     /// How long parity no file of the tree needs any more (its file edited or deleted) is
-    /// kept in the store's stale/ folder before it is removed; never while it can repair a
-    /// damaged file
-    #[arg(long, value_name = "DURATION", default_value = "7d", value_parser = parse_duration)]
+    /// kept in the store's stale/ folder before it is removed (as long as a deletion is
+    /// remembered: `repair --missing` rebuilds a deleted file from it); never while it can
+    /// repair a damaged file
+    #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = parse_duration)]
     pub keep_stale: std::time::Duration,
     #[command(flatten)]
     pub state: StateArgs,

@@ -23,6 +23,7 @@ mod protect;
 mod prune;
 
 pub use protect::{Protector, store_dir};
+use prune::STALE_EXT;
 pub use prune::{Live, Pruned, STALE_DIR};
 
 use std::cell::RefCell;
@@ -78,6 +79,9 @@ pub struct Store {
     /// Digests of files in packs, and the pack each is in: an entry per small file of the
     /// tree, so the pack is named by its ID (a path each cost 200,000 files 30 MiB).
     packed: Mutex<HashMap<Digest, PackId>>,
+    /// The same for the packs moved aside to `stale/`: still a source for intact's repair
+    /// (which verifies by digest), never a set par2cmdline takes by accident.
+    stale_packed: HashMap<Digest, PackId>,
     /// What became of the contents given to this run; a digest not here had parity before
     /// it (or never came).
     outcomes: Mutex<HashMap<Digest, Outcome>>,
@@ -271,11 +275,11 @@ impl Store {
             (_, _, Some(r)) => r,
             (_, p, None) => p.unwrap_or(Path::new(".")).to_path_buf(),
         };
-        let mut packed = HashMap::new();
-        if let Ok(entries) = std::fs::read_dir(dir.join("packs")) {
-            for e in entries.flatten() {
+        // An unreadable pack index loses that pack's files, not the store.
+        let packs_in = |folder: PathBuf| {
+            let mut packed = HashMap::new();
+            for e in std::fs::read_dir(folder).into_iter().flatten().flatten() {
                 let p = e.path();
-                // An unreadable pack index loses that pack's files, not the store.
                 if is_index(&p)
                     && let Some(id) = pack_id(&p)
                     && let Ok(bytes) = std::fs::read(&p)
@@ -285,11 +289,15 @@ impl Store {
                     }
                 }
             }
-        }
+            packed
+        };
+        let packed = packs_in(dir.join("packs"));
+        let stale_packed = packs_in(dir.join(STALE_DIR).join("packs"));
         Ok(Store {
             dir: dir.to_path_buf(),
             root,
             packed: Mutex::new(packed),
+            stale_packed,
             outcomes: Mutex::new(HashMap::new()),
             redundancy: 0.0,
             threads: 1,
@@ -588,42 +596,58 @@ impl Store {
     }
 
     /// The index file of the set that protects `digest` (its own set, or its pack), if any:
-    /// files with the same index are repaired from one load of their set.
+    /// files with the same index are repaired from one load of their set. A set moved aside
+    /// as stale is one too, when no current set protects the content (a file deleted, or
+    /// edited, since: `repair --missing`, or a damaged file whose tag names old content).
     pub fn index_of(&self, digest: &Digest) -> Option<PathBuf> {
         if let Some(id) = lock(&self.packed).get(digest) {
             return Some(self.pack_index(id));
         }
-        Some(with_ext(&self.set_base(digest), "par2")).filter(|index| index.exists())
+        let own = with_ext(&self.set_base(digest), "par2");
+        if own.exists() {
+            return Some(own);
+        }
+        let stale = self.dir.join(STALE_DIR);
+        if let Some(id) = self.stale_packed.get(digest) {
+            return Some(
+                stale
+                    .join("packs")
+                    .join(format!("{}.par2.{STALE_EXT}", hex::encode(id))),
+            );
+        }
+        let base = self.set_base(digest);
+        let folder = base.parent()?.file_name()?;
+        let name = base.file_name()?;
+        let own = stale
+            .join(folder)
+            .join(format!("{}.par2.{STALE_EXT}", name.to_string_lossy()));
+        own.exists().then_some(own)
     }
 
     /// The set that protects `digest`, loaded, and the position in it of the file with that
     /// content: its own set, or its pack.
     pub fn find(&self, digest: &Digest) -> Option<io::Result<Found>> {
-        if let Some(index) = lock(&self.packed).get(digest).map(|id| self.pack_index(id)) {
-            return Some((|| {
-                let bytes = std::fs::read(&index)?;
-                let set = load_set(&index)?;
-                let digests = pack_digests(&bytes);
-                let of =
-                    |id: &par2::packet::Id| digests.iter().find(|(i, _)| i == id).map(|(_, d)| *d);
-                let members: Vec<Option<Digest>> = set.files.iter().map(|f| of(&f.id)).collect();
-                let at = members.iter().position(|d| d.as_ref() == Some(digest));
-                at.map(|at| Found { set, at, members })
-                    .ok_or_else(|| io::Error::other("the pack does not describe the file"))
-            })());
-        }
-        let index = with_ext(&self.set_base(digest), "par2");
-        if !index.exists() {
-            return None;
-        }
-        Some(load_set(&index).and_then(|set| match set.files.len() {
-            1 => Ok(Found {
-                set,
-                at: 0,
-                members: vec![Some(*digest)],
-            }),
-            _ => Err(io::Error::other("a file's set describes other files")),
-        }))
+        let index = self.index_of(digest)?;
+        Some((|| {
+            let bytes = std::fs::read(&index)?;
+            let set = load_set(&index)?;
+            let digests = pack_digests(&bytes);
+            if digests.is_empty() {
+                return match set.files.len() {
+                    1 => Ok(Found {
+                        set,
+                        at: 0,
+                        members: vec![Some(*digest)],
+                    }),
+                    _ => Err(io::Error::other("a file's set describes other files")),
+                };
+            }
+            let of = |id: &par2::packet::Id| digests.iter().find(|(i, _)| i == id).map(|(_, d)| *d);
+            let members: Vec<Option<Digest>> = set.files.iter().map(|f| of(&f.id)).collect();
+            let at = members.iter().position(|d| d.as_ref() == Some(digest));
+            at.map(|at| Found { set, at, members })
+                .ok_or_else(|| io::Error::other("the pack does not describe the file"))
+        })())
     }
 }
 
@@ -820,16 +844,23 @@ pub fn load(path: &Path) -> io::Result<par2::Set> {
 /// until a repair reads the slices it needs.
 fn load_set(index: &Path) -> io::Result<par2::Set> {
     let dir = index.parent().unwrap_or(Path::new("."));
-    let stem = index
-        .file_stem()
+    let name = index
+        .file_name()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
+    // A set moved aside: every file of it renamed `*.par2.stale`.
+    let ext = if name.ends_with(&format!(".par2.{STALE_EXT}")) {
+        format!(".par2.{STALE_EXT}")
+    } else {
+        ".par2".to_string()
+    };
+    let stem = name.strip_suffix(ext.as_str()).unwrap_or(&name).to_string();
     // An unreadable index or volume costs its packets, not the set.
     let mut files: Vec<File> = File::open(index).into_iter().collect();
     for e in std::fs::read_dir(dir)?.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         if name.starts_with(&format!("{stem}.vol"))
-            && name.ends_with(".par2")
+            && name.ends_with(&ext)
             && let Ok(file) = File::open(e.path())
         {
             files.push(file);
@@ -870,15 +901,17 @@ type PackId = [u8; 16];
 
 /// The ID of the pack whose index is `p`, from its name.
 fn pack_id(p: &Path) -> Option<PackId> {
-    let stem = p.file_stem()?.to_str()?;
+    let stem = p.file_name()?.to_str()?.split('.').next()?;
     hex::decode(stem).ok()?.try_into().ok()
 }
 
+/// Whether `p` is a set's index (`NAME.par2`, or `NAME.par2.stale` moved aside), not a
+/// volume.
 fn is_index(p: &Path) -> bool {
-    p.extension().is_some_and(|e| e == "par2")
-        && !p
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().contains(".vol"))
+    p.file_name().is_some_and(|n| {
+        let n = n.to_string_lossy();
+        (n.ends_with(".par2") || n.ends_with(&format!(".par2.{STALE_EXT}"))) && !n.contains(".vol")
+    })
 }
 
 fn with_ext(base: &Path, ext: &str) -> PathBuf {

@@ -21,7 +21,7 @@ use crate::core::digest::{Algo, Digest};
 /// The store's folder of stale sets.
 pub const STALE_DIR: &str = "stale";
 /// What a stale set's files are renamed with.
-const STALE_EXT: &str = "stale";
+pub(super) const STALE_EXT: &str = "stale";
 
 /// The contents a run found in the tree: their parity stays. Kept as 8 bytes of each digest
 /// (a million files cost 16 MiB): two contents that share them keep each other's parity,
@@ -123,7 +123,11 @@ impl Store {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
                 Err(e) => return Err(e),
             };
-            if !members.is_empty() && members.iter().all(|(_, d)| live.holds(d)) {
+            // A pack that can repair a damaged member stays as it is until that is repaired:
+            // it is never rewritten around damage.
+            let keep = members.iter().all(|(_, d)| live.holds(d))
+                || members.iter().any(|(_, d)| live.damaged.contains(d));
+            if !members.is_empty() && keep {
                 continue;
             }
             pruned.moved += u64::from(!members.is_empty());

@@ -398,10 +398,14 @@ fn rebuild(
     };
     for (i, at, target) in targets {
         work.offer(i, from, &mut |sink| {
-            let mut current = crate::fs::sys::open_nofollow(&target)?;
-            set.restore(at, &recovered, Some(&mut current), &mut |bytes| {
-                sink(Chunk::Data(bytes))
-            })
+            // A file gone (`--missing`) is rebuilt whole.
+            let mut current = match crate::fs::sys::open_nofollow(&target) {
+                Ok(f) => Some(f),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                Err(e) => return Err(e),
+            };
+            let current = current.as_mut().map(|f| f as &mut dyn Read);
+            set.restore(at, &recovered, current, &mut |bytes| sink(Chunk::Data(bytes)))
             .map_err(|e| match e {
                 par2::Error::Io(e) => e,
                 other => io::Error::other(other.to_string()),

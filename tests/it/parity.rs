@@ -555,3 +555,52 @@ fn parity_follows_the_tree_and_stale_sets_go_after_their_grace() {
         assert!(ok, "{}: {out}", set.display());
     }
 }
+
+/// A deleted small file comes back from its pack after the pack was moved aside (a stale
+/// set is still a source for intact's repair, which verifies what it rebuilds by digest),
+/// and a pack with a damaged member is left as it is until that is repaired.
+#[test]
+fn a_deleted_file_comes_back_from_its_stale_pack() {
+    let t = Tree::new();
+    let src = tree(&t);
+    let store = src.join(".intact-parity");
+    intact!("protect", "-q", &src).expect_code(0);
+    let gone = src.join("small/s07");
+    let good = fs::read(&gone).unwrap();
+    fs::remove_file(&gone).unwrap();
+    let r = intact!("protect", &src).expect_code(0);
+    assert!(
+        r.stderr.contains("1 stale set(s) moved aside"),
+        "{}",
+        r.stderr
+    );
+    let r = intact!("repair", "--missing", &src).expect_code(0);
+    assert_eq!(fs::read(&gone).unwrap(), good, "{}", r.stdout);
+    // Only the pack moved aside holds its content.
+    assert!(r.stdout.contains("restored from parity"), "{}", r.stdout);
+    // A member damaged, another edited: the pack stays until the damage is repaired.
+    let packs = || {
+        let mut p: Vec<_> = fs::read_dir(store.join("packs"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        p.sort();
+        p
+    };
+    intact!("protect", "-q", &src).expect_code(0);
+    let before = packs();
+    flip_byte(&src.join("small/s11"), 3);
+    t.write("src/small/s12", b"an edit");
+    intact!("update", "-q", src.join("small/s12")).expect_code(0);
+    intact!("protect", "-q", &src).expect_code(1);
+    assert!(
+        before.iter().all(|p| packs().contains(p)),
+        "a pack with a damaged member was moved aside"
+    );
+    intact!("repair", "-q", "--discard-damaged", &src).expect_code(0);
+    intact!("protect", "-q", &src).expect_code(0);
+    assert!(
+        !before.iter().all(|p| packs().contains(p)),
+        "the pack with an edited member stays once the damage is repaired"
+    );
+}
