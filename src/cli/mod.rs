@@ -203,6 +203,13 @@ pub struct ScrubArgs {
     /// corrupt ones). Without it a scrub writes nothing to the files, as check
     #[arg(long)]
     pub update: bool,
+    /// With --update: also give the files visited parity, in each tree's own store
+    /// (PATH/.intact-parity), as `protect` does, at 10% (--protect=5% for another share): new
+    /// and edited files are protected the night they are tagged; files whose content has
+    /// parity cost nothing. Stale parity is moved aside by `protect`, which sees the whole tree
+    #[arg(long, value_name = "REDUNDANCY", num_args = 0..=1, require_equals = true,
+          default_missing_value = "10%", value_parser = parse_percent, requires = "update")]
+    pub protect: Option<f64>,
     /// Record the files gone from a tree even when the tree holds none of its files or
     /// lost more than --max-removed of them at once: without it that is an alarm (exit 3), in
     /// case a disk did not mount or a folder was deleted by mistake, and nothing is recorded

@@ -19,7 +19,7 @@ pub fn run(a: ProtectArgs) -> anyhow::Result<Exit> {
         a.redundancy,
         s.config.threads,
         s.config.mtime_window_ns,
-        a.keep_stale,
+        Some(a.keep_stale),
         &super::STOP,
     )
     .map_err(|e| match e {

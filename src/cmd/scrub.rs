@@ -5,8 +5,9 @@ use std::time::Instant;
 
 use super::Ledger;
 use crate::cli::ScrubArgs;
-use crate::cli::settings::{Scrub, Settings};
+use crate::cli::settings::{Scrub, Settings, usage};
 use intact::engine::{Config, Work};
+use intact::parity::{OpenError, Protector};
 use intact::report::{Exit, Reporter, Verb};
 use intact::scrub::{Budget, Plan, Queue};
 use intact::sink::{Out, Pass};
@@ -34,7 +35,28 @@ pub fn run(a: ScrubArgs) -> anyhow::Result<Exit> {
         max_time: a.max_time,
         removal_alarm: (!a.accept_removed).then_some(a.max_removed),
     });
-    super::drive(s, &mut Pass)
+    let Some(redundancy) = a.protect else {
+        return super::drive(s, &mut Pass);
+    };
+    // Parity for what is visited; none moved aside: a scrub sees only part of the tree.
+    let (mut protector, removed) = Protector::open(
+        &s.roots,
+        None,
+        redundancy,
+        s.config.threads,
+        s.config.mtime_window_ns,
+        None,
+        &super::STOP,
+    )
+    .map_err(|e| match e {
+        OpenError::OtherTree { .. } => usage(e.to_string()),
+        OpenError::Io { .. } => anyhow::Error::new(e),
+    })?;
+    for stale in removed {
+        super::removed(&stale);
+    }
+    s.config.sink_verifies = Some(protector.reads());
+    super::drive(s, &mut protector)
 }
 
 /// Plans the scrub: walks the trees reading tags only (what will not be verified is

@@ -55,8 +55,9 @@ pub struct Protector {
     /// Something under a tree could not be looked at: what it holds is not known, so no
     /// parity is moved aside.
     unsure: bool,
-    /// How long a stale set is kept once moved aside.
-    keep_stale: std::time::Duration,
+    /// How long a stale set is kept once moved aside; `None`: nothing is moved aside (a run
+    /// that sees only part of the tree).
+    keep_stale: Option<std::time::Duration>,
     cancel: &'static AtomicBool,
 }
 
@@ -72,16 +73,16 @@ struct Held {
 
 impl Protector {
     /// Opens (creating them if need be) the store given, or each root's own, and starts
-    /// `threads` workers; they stop early once `cancel` is set. Sets no file of the tree
-    /// needs any more are moved aside at the end, and removed `keep_stale` later. Returns
-    /// the temp files that killed runs had left in the stores, removed.
+    /// `threads` workers; they stop early once `cancel` is set. With `keep_stale`, sets no
+    /// file of the tree needs any more are moved aside at the end, and removed that much
+    /// later. Returns the temp files that killed runs had left in the stores, removed.
     pub fn open(
         roots: &[PathBuf],
         given: Option<&Path>,
         redundancy: f64,
         threads: usize,
         window: u64,
-        keep_stale: std::time::Duration,
+        keep_stale: Option<std::time::Duration>,
         cancel: &'static AtomicBool,
     ) -> Result<(Protector, Vec<PathBuf>), super::OpenError> {
         let mut stores = Vec::new();
@@ -341,6 +342,9 @@ impl Protector {
     /// Moves aside the sets no file of the trees needs, removes those past their grace
     /// period, and packs again the members of packs moved aside; says what it did.
     fn prune(&mut self, out: &mut dyn Out) -> Result<(), Failure> {
+        let Some(keep_stale) = self.keep_stale else {
+            return Ok(());
+        };
         if self.unsure {
             out.note(
                 "protect: no stale parity was moved aside: something under the tree could \
@@ -352,7 +356,7 @@ impl Protector {
         let (mut moved, mut removed, mut bytes, mut kept, mut repacked) = (0, 0, 0, 0, 0);
         let stores = self.stores.clone();
         for (i, store) in stores.iter().enumerate() {
-            let pruned = store.prune(&self.live[i], self.keep_stale).map_err(|e| {
+            let pruned = store.prune(&self.live[i], keep_stale).map_err(|e| {
                 Failure::new(
                     format!(
                         "moving stale parity aside in {}",
@@ -397,7 +401,7 @@ impl Protector {
                 super::STALE_DIR,
                 "stale",
                 crate::text::bytes(bytes),
-                humantime::format_duration(self.keep_stale)
+                humantime::format_duration(keep_stale)
             );
             if kept > 0 {
                 said.push_str(&format!(

@@ -405,7 +405,9 @@ fn rebuild(
                 Err(e) => return Err(e),
             };
             let current = current.as_mut().map(|f| f as &mut dyn Read);
-            set.restore(at, &recovered, current, &mut |bytes| sink(Chunk::Data(bytes)))
+            set.restore(at, &recovered, current, &mut |bytes| {
+                sink(Chunk::Data(bytes))
+            })
             .map_err(|e| match e {
                 par2::Error::Io(e) => e,
                 other => io::Error::other(other.to_string()),

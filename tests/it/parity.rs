@@ -604,3 +604,65 @@ fn a_deleted_file_comes_back_from_its_stale_pack() {
         "the pack with an edited member stays once the damage is repaired"
     );
 }
+
+/// The nightly scrub protects what it tags: `scrub --update --protect` gives new and edited
+/// files parity the night they appear (repaired from it alone the next day), costs nothing
+/// for files whose content has parity, and moves nothing aside (it sees part of the tree).
+#[test]
+fn the_nightly_scrub_protects_new_and_edited_files() {
+    let t = Tree::new();
+    let src = tree(&t);
+    let db = t.path("state.db");
+    intact!("protect", "-q", "--state", &db, &src).expect_code(0);
+    let r = intact!(
+        "scrub",
+        "--json",
+        "--state",
+        &db,
+        "--update",
+        "--protect",
+        &src
+    )
+    .expect_code(0)
+    .json();
+    assert_eq!(r.summary["actions"]["protected"], 31, "{}", r.summary);
+    let sets = index_files(&src.join(".intact-parity"));
+    // A new large file, a new small one, an edit.
+    let big = t.write("src/new/big.bin", data(600_000, 50));
+    let small = t.write("src/new/small", data(3_000, 51));
+    t.write("src/small/s04", b"edited tonight");
+    let r = intact!(
+        "scrub",
+        "--json",
+        "--state",
+        &db,
+        "--update",
+        "--protect",
+        &src
+    )
+    .expect_code(0)
+    .json();
+    for name in ["new/big.bin", "new/small", "small/s04"] {
+        assert_eq!(
+            r.file(name)["action"],
+            "protected",
+            "{name}: {:?}",
+            r.file(name)
+        );
+    }
+    assert!(index_files(&src.join(".intact-parity")).len() > sets.len());
+    assert!(
+        !src.join(".intact-parity/stale").exists(),
+        "a scrub moves nothing aside"
+    );
+    let good = [
+        (big.clone(), fs::read(&big).unwrap()),
+        (small.clone(), fs::read(&small).unwrap()),
+    ];
+    flip_byte(&big, 100_000);
+    flip_byte(&small, 10);
+    intact!("repair", "-q", "--discard-damaged", "--full", &src).expect_code(0);
+    for (p, bytes) in good {
+        assert_eq!(fs::read(&p).unwrap(), bytes, "{}", p.display());
+    }
+}
