@@ -782,10 +782,51 @@ impl Plan {
             ages,
             damage,
             protected: copies[0],
+            parity: None,
             archived: copies[1],
             cycle_verified: copies[2],
             oldest,
         })
+    }
+
+    /// What parity the tagged files have in their trees' own stores, if any tree has one.
+    pub fn parity(&self, roots: &[PathBuf]) -> rusqlite::Result<Option<Parity>> {
+        let stores: Vec<Option<crate::parity::Store>> = roots
+            .iter()
+            .map(|r| {
+                let dir = crate::parity::store_dir(r);
+                crate::parity::Store::is_store(&dir)
+                    .then(|| crate::parity::Store::read(&dir).ok())
+                    .flatten()
+            })
+            .collect();
+        if stores.iter().all(Option::is_none) {
+            return Ok(None);
+        }
+        let mut parity = Parity::default();
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT digest, size, root FROM plan WHERE tagged")?;
+        let mut rows = stmt.query([])?;
+        while let Some(r) = rows.next()? {
+            let (key, size, root): (Vec<u8>, i64, i64) = (r.get(0)?, r.get(1)?, r.get(2)?);
+            let store = stores.get(root as usize).and_then(Option::as_ref);
+            let count = match (store, state::digest_from_key(&key)) {
+                (Some(store), Some(d)) => match store.current(&d) {
+                    Some(true) => &mut parity.current,
+                    Some(false) => &mut parity.stale,
+                    None => &mut parity.none,
+                },
+                _ => &mut parity.none,
+            };
+            count.files += 1;
+            count.bytes += size.max(0) as u64;
+        }
+        for store in stores.iter().flatten() {
+            let (current, stale) = store.sizes();
+            parity.store_bytes += current;
+            parity.stale_bytes += stale;
+        }
+        Ok(Some(parity))
     }
 
     /// Calls `each` with every tagged file's path, size and what the state database says of
@@ -920,14 +961,34 @@ pub struct Overview {
     pub ages: Vec<Age>,
     /// Damage found and neither repaired, accepted nor edited since.
     pub damage: Vec<state::Damaged>,
-    /// Tagged files whose content has a parity set, and their bytes.
+    /// Tagged files whose content has a parity set, and their bytes: where the trees have
+    /// stores, a current set (in the store, not moved aside); else as the state database
+    /// recorded it written.
     pub protected: Count,
+    /// What the trees' own parity stores hold for the tagged files, if any tree has one.
+    pub parity: Option<Parity>,
     /// Tagged files whose content was archived, and their bytes.
     pub archived: Count,
     /// Tagged files checked since the current cycle began, and their bytes.
     pub cycle_verified: Count,
     /// The least recent verification (Unix milliseconds).
     pub oldest: Option<i64>,
+}
+
+/// The parity the tagged files' contents have in their trees' own stores (read from the
+/// stores' names and pack indexes: no data is read).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct Parity {
+    /// A current set: written from verified bytes, and in the store.
+    pub current: Count,
+    /// Only a set moved aside as stale (still a source for repair, until removed).
+    pub stale: Count,
+    /// None.
+    pub none: Count,
+    /// Bytes of the stores' current sets ...
+    pub store_bytes: u64,
+    /// ... and of the sets moved aside.
+    pub stale_bytes: u64,
 }
 
 /// Files and their bytes.

@@ -128,7 +128,12 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
         .as_ref()
         .and_then(|st| st.path().map(|p| p.to_path_buf()));
     let now = state::now();
-    let overview = plan.overview(now)?;
+    let mut overview = plan.overview(now)?;
+    // Where the trees have stores, what they hold now, not what was once written.
+    overview.parity = plan.parity(&s.roots)?;
+    if let Some(p) = &overview.parity {
+        overview.protected = p.current;
+    }
     let (gone, alarms) = plan.gone(
         &s.roots,
         now,
@@ -583,6 +588,29 @@ fn render(
             group(o.archived.files),
             percent(o.archived.files, o.tagged.files)
         )?;
+        if let Some(p) = &o.parity {
+            let mut line = format!(
+                "parity      {} current, {} none",
+                group(p.current.files),
+                group(p.none.files)
+            );
+            if p.stale.files > 0 {
+                line.push_str(&format!(
+                    ", {} only moved aside (stale)",
+                    group(p.stale.files)
+                ));
+            }
+            line.push_str(&format!(
+                "; the store holds {} for {} protected ({})",
+                bytes(p.store_bytes),
+                bytes(p.current.bytes),
+                percent(p.store_bytes, p.current.bytes)
+            ));
+            if p.stale_bytes > 0 {
+                line.push_str(&format!(", and {} moved aside", bytes(p.stale_bytes)));
+            }
+            writeln!(t, "{line}")?;
+        }
         match cycle {
             Some(c) => writeln!(t, "full cycle  {}", c.line())?,
             None => writeln!(t, "full cycle  unknown: no scrub or check recorded yet")?,
@@ -620,6 +648,7 @@ mod tests {
             ages,
             damage: Vec::new(),
             protected: Count::default(),
+            parity: None,
             archived: Count::default(),
             cycle_verified: Count::default(),
             oldest: None,

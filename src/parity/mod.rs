@@ -624,6 +624,30 @@ impl Store {
         own.exists().then_some(own)
     }
 
+    /// Whether the content `digest` has a set here: `Some(true)` a current one, `Some(false)`
+    /// only one moved aside as stale, `None` none.
+    pub fn current(&self, digest: &Digest) -> Option<bool> {
+        let index = self.index_of(digest)?;
+        Some(!index.starts_with(self.dir.join(STALE_DIR)))
+    }
+
+    /// Bytes of the current sets, and of those moved aside.
+    pub fn sizes(&self) -> (u64, u64) {
+        fn under(dir: &Path) -> u64 {
+            std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| match e.file_type() {
+                    Ok(t) if t.is_dir() => under(&e.path()),
+                    _ => e.metadata().map_or(0, |m| m.len()),
+                })
+                .sum()
+        }
+        let stale = under(&self.dir.join(STALE_DIR));
+        (under(&self.dir).saturating_sub(stale), stale)
+    }
+
     /// The set that protects `digest`, loaded, and the position in it of the file with that
     /// content: its own set, or its pack.
     pub fn find(&self, digest: &Digest) -> Option<io::Result<Found>> {

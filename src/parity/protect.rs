@@ -393,22 +393,31 @@ impl Protector {
         if repacked > 0 {
             self.flush()?;
         }
-        if moved + removed + kept > 0 {
-            let mut said = format!(
-                "protect: {moved} stale set(s) moved aside to {}/ (renamed *.{}, which par2 does \
-                 not take for a set); {repacked} file(s) packed again; {removed} stale file(s) \
-                 ({}) removed past their {} grace period",
-                super::STALE_DIR,
-                "stale",
+        let mut said = Vec::new();
+        if moved > 0 {
+            said.push(format!(
+                "{moved} stale set(s) moved aside to {}/ (renamed *.par2.stale: par2 does not \
+                 take them for a set)",
+                super::STALE_DIR
+            ));
+        }
+        if repacked > 0 {
+            said.push(format!("{repacked} file(s) of them packed again"));
+        }
+        if removed > 0 {
+            said.push(format!(
+                "{removed} stale file(s) ({}) removed, older than {}",
                 crate::text::bytes(bytes),
-                humantime::format_duration(keep_stale)
-            );
-            if kept > 0 {
-                said.push_str(&format!(
-                    "; {kept} kept past it: they can repair a damaged file"
-                ));
-            }
-            out.note(said);
+                humantime::format_duration(keep_stale).to_string().replace("days", " days")
+            ));
+        }
+        if kept > 0 {
+            said.push(format!(
+                "{kept} stale file(s) kept past that: they can repair a damaged file"
+            ));
+        }
+        if !said.is_empty() {
+            out.note(format!("protect: {}", said.join("; ")));
         }
         Ok(())
     }
