@@ -598,6 +598,33 @@ fn excluded(overrides: &Override, stack: &[Level], path: &Path, is_dir: bool) ->
     false
 }
 
+/// Every file under `roots` with the tags it carries (read without reading data; files are
+/// opened beneath their root, never through a symlink).
+pub fn tagged(
+    roots: &[PathBuf],
+    cancel: &std::sync::atomic::AtomicBool,
+    mut each: impl FnMut(PathBuf, Vec<crate::core::tag::Tag>),
+) {
+    let anchors: Vec<crate::fs::anchor::Anchor> = roots
+        .iter()
+        .map(|r| crate::fs::anchor::Anchor::new(r))
+        .collect();
+    let _ = walk(roots, &WalkOptions::default(), |entry| {
+        if cancel.load(std::sync::atomic::Ordering::Relaxed) {
+            return ControlFlow::Break(());
+        }
+        if let Entry::File { path, root, .. } = entry
+            && let Ok(file) = anchors[root].open(&path, false)
+            && let Ok(stored) = crate::fs::xattr::read(&file)
+            && !stored.tags.is_empty()
+            && !stored.kept_damaged
+        {
+            each(path, stored.tags);
+        }
+        ControlFlow::Continue(())
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

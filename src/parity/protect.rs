@@ -325,17 +325,21 @@ impl Protector {
             }
             return;
         }
-        match report.unread().map(|t| t.digest).or(report.digest).or(tag) {
+        // What it holds, as read (or as its tag says where it was left unread, or could not
+        // be read: its parity may be all that can repair it). An edit's old content is not
+        // kept: that parity would put the old bytes back.
+        let now = report.unread().map(|t| t.digest).or(report.digest);
+        if let (Some(old), Some(new)) = (tag, now)
+            && old != new
+        {
+            live.edited(&old);
+        }
+        match now.or(tag) {
             Some(d) => live.add(&d),
             // A folder that could not be read, a file that could not be: its content is
             // not known.
             None if matches!(report.status, Status::Error) => self.unsure = true,
             None => {}
-        }
-        // A file read anew keeps the parity of the content its tag names too, until a run
-        // sees it as it is (its old parity may be all that can repair it).
-        if let Some(d) = tag {
-            live.add(&d);
         }
     }
 
@@ -354,6 +358,7 @@ impl Protector {
             return Ok(());
         }
         let (mut moved, mut removed, mut bytes, mut kept, mut repacked) = (0, 0, 0, 0, 0);
+        let (mut merged, mut dropped) = (0, 0);
         let stores = self.stores.clone();
         for (i, store) in stores.iter().enumerate() {
             let pruned = store.prune(&self.live[i], keep_stale).map_err(|e| {
@@ -366,22 +371,57 @@ impl Protector {
                 )
             })?;
             moved += pruned.moved;
+            merged += pruned.merged;
+            dropped += pruned.dropped;
             removed += pruned.removed;
             bytes += pruned.removed_bytes;
             kept += pruned.kept_for_damage;
+            // Members are where the pack says, or (moved since) found by their tags.
+            let mut moved: HashMap<Digest, Vec<u8>> = HashMap::new();
+            let mut members = Vec::new();
+            let anchor = crate::fs::anchor::Anchor::new(&store.root);
             for (name, digest) in pruned.repack {
-                let Some(path) = super::resolve(&store.root, &name) else {
-                    continue;
-                };
-                let Ok(meta) = std::fs::symlink_metadata(&path) else {
-                    continue;
-                };
+                // Still there under its name (its tag says so: no data is read).
+                let there = super::resolve(&store.root, &name).and_then(|path| {
+                    let file = anchor.open(&path, false).ok()?;
+                    let stored = crate::fs::xattr::read(&file).ok()?;
+                    let size = file.metadata().ok()?.len();
+                    stored
+                        .tags
+                        .iter()
+                        .any(|t| t.digest == digest)
+                        .then_some((path, size))
+                });
+                match there {
+                    Some((path, size)) => members.push((path, name, size, digest)),
+                    None => {
+                        moved.insert(digest, name);
+                    }
+                }
+            }
+            if !moved.is_empty() {
+                crate::fs::walk::tagged(
+                    std::slice::from_ref(&store.root),
+                    self.cancel,
+                    |path, tags| {
+                        if let Some(tag) = tags.iter().find(|t| moved.contains_key(&t.digest))
+                            && let Ok(meta) = std::fs::symlink_metadata(&path)
+                            && let Ok(rel) = path.strip_prefix(&store.root)
+                        {
+                            moved.remove(&tag.digest);
+                            let name = rel.as_os_str().as_bytes().to_vec();
+                            members.push((path, name, meta.len(), tag.digest));
+                        }
+                    },
+                );
+            }
+            for (path, name, size, digest) in members {
                 // Its set's first pass hashes it again: a file that is not that content now
                 // gets no parity from it (the next run gives it its own).
                 let added = store.add(Protectee {
                     path,
                     name,
-                    size: meta.len(),
+                    size,
                     digest,
                 });
                 if let Added::Run(job) = added {
@@ -401,14 +441,22 @@ impl Protector {
                 super::STALE_DIR
             ));
         }
+        if dropped > 0 {
+            said.push(format!("{dropped} set(s) of edited content removed"));
+        }
+        if merged > 0 {
+            said.push(format!("{merged} small pack(s) merged"));
+        }
         if repacked > 0 {
-            said.push(format!("{repacked} file(s) of them packed again"));
+            said.push(format!("{repacked} file(s) packed again"));
         }
         if removed > 0 {
             said.push(format!(
                 "{removed} stale file(s) ({}) removed, older than {}",
                 crate::text::bytes(bytes),
-                humantime::format_duration(keep_stale).to_string().replace("days", " days")
+                humantime::format_duration(keep_stale)
+                    .to_string()
+                    .replace("days", " days")
             ));
         }
         if kept > 0 {

@@ -2,7 +2,9 @@
 //! the store's `stale/` folder, renamed `*.par2.stale` (where neither intact nor par2cmdline
 //! takes them for a set to repair with: `par2 repair` of an old set would put old bytes back
 //! over an edit, or bring back a deleted file), and removed once older than the grace
-//! period; never while a file they could repair is damaged. A pack with a changed or deleted
+//! period; never while a file they could repair is damaged. A set whose content was only
+//! edited away (its file holds other content now) is removed at once: nothing in it is
+//! wanted back. A pack with a changed or deleted
 //! member is moved aside whole, and its members still in the tree are packed again by the
 //! same run.
 //!
@@ -15,7 +17,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use super::{Store, is_index, lock, pack_digests, pack_id};
+use super::{PACK_BYTES, PACK_FILES, Store, is_index, lock, pack_digests, pack_id};
 use crate::core::digest::{Algo, Digest};
 
 /// The store's folder of stale sets.
@@ -31,6 +33,9 @@ pub struct Live {
     keys: HashSet<u64>,
     /// Contents of damaged files: the parity that can repair them is never removed.
     damaged: HashSet<Digest>,
+    /// Contents edited away (a file's tag named them, its data is another now): their
+    /// parity is not wanted back, and goes at once rather than aside.
+    edited: HashSet<u64>,
 }
 
 impl Live {
@@ -43,6 +48,11 @@ impl Live {
     pub fn damaged(&mut self, digest: &Digest) {
         self.add(digest);
         self.damaged.insert(*digest);
+    }
+
+    /// A file's content `digest` was edited away.
+    pub fn edited(&mut self, digest: &Digest) {
+        self.edited.insert(key(digest));
     }
 
     fn holds(&self, digest: &Digest) -> bool {
@@ -59,6 +69,10 @@ fn key(d: &Digest) -> u64 {
 pub struct Pruned {
     /// Sets moved aside (packs among them).
     pub moved: u64,
+    /// Small packs merged into fuller ones.
+    pub merged: u64,
+    /// Sets of contents edited away, removed at once.
+    pub dropped: u64,
     /// Stale files removed, past their grace period ...
     pub removed: u64,
     /// ... and their bytes.
@@ -95,9 +109,15 @@ impl Store {
                     continue;
                 };
                 if !live.holds(&digest) {
-                    pruned.moved += u64::from(files.iter().any(|f| is_index(f)));
-                    for f in files {
-                        aside(&f, &stale.join(&name))?;
+                    let set = u64::from(files.iter().any(|f| is_index(f)));
+                    if live.edited.contains(&key(&digest)) {
+                        pruned.dropped += set;
+                        drop_set(files)?;
+                    } else {
+                        pruned.moved += set;
+                        for f in files {
+                            aside(&f, &stale.join(&name))?;
+                        }
                     }
                 }
             }
@@ -115,30 +135,57 @@ impl Store {
         stale: &Path,
         pruned: &mut Pruned,
     ) -> io::Result<()> {
+        // Packs of live members too small to be worth a set of their own (a night's new
+        // files): merged, so that the store does not become many sets of one recovery slice.
+        let mut small: Vec<(Vec<PathBuf>, Vec<(Vec<u8>, Digest)>)> = Vec::new();
         for (stem, files) in sets_in(dir)? {
             let index = dir.join(format!("{stem}.par2"));
-            let members = match std::fs::read(&index) {
+            let (members, bytes) = match std::fs::read(&index) {
                 Ok(bytes) => members(&index, &bytes),
                 // Volumes whose index is gone (a killed run): of no use.
-                Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => (Vec::new(), 0),
                 Err(e) => return Err(e),
             };
             // A pack that can repair a damaged member stays as it is until that is repaired:
             // it is never rewritten around damage.
-            let keep = members.iter().all(|(_, d)| live.holds(d))
-                || members.iter().any(|(_, d)| live.damaged.contains(d));
-            if !members.is_empty() && keep {
+            let all_live = members.iter().all(|(_, d)| live.holds(d));
+            let damaged = members.iter().any(|(_, d)| live.damaged.contains(d));
+            if !members.is_empty() && (all_live || damaged) {
+                if all_live && !damaged && members.len() < PACK_FILES / 4 && bytes < PACK_BYTES / 4
+                {
+                    small.push((files, members));
+                }
                 continue;
             }
-            pruned.moved += u64::from(!members.is_empty());
+            // Only edited away: nothing in it is wanted back.
+            let edited = members
+                .iter()
+                .all(|(_, d)| live.holds(d) || live.edited.contains(&key(d)));
+            let set = u64::from(!members.is_empty());
             pruned
                 .repack
                 .extend(members.into_iter().filter(|(_, d)| live.holds(d)));
             if let Some(id) = pack_id(&index) {
                 lock(&self.packed).retain(|_, p| *p != id);
             }
+            if edited && set > 0 {
+                pruned.dropped += 1;
+                drop_set(files)?;
+                continue;
+            }
+            pruned.moved += set;
             for f in files {
                 aside(&f, &stale.join("packs"))?;
+            }
+        }
+        if small.len() > 1 {
+            for (files, members) in small {
+                // Their content stays in the tree and is packed again: nothing to keep.
+                drop_set(files)?;
+                let ids: Vec<Digest> = members.iter().map(|(_, d)| *d).collect();
+                lock(&self.packed).retain(|d, _| !ids.contains(d));
+                pruned.merged += 1;
+                pruned.repack.extend(members);
             }
         }
         Ok(())
@@ -166,7 +213,7 @@ impl Store {
                     _ if name == "packs" => {
                         let index = dir.path().join(format!("{stem}.par2.{STALE_EXT}"));
                         std::fs::read(&index)
-                            .map(|b| members(&index, &b).into_iter().map(|(_, d)| d).collect())
+                            .map(|b| members(&index, &b).0.into_iter().map(|(_, d)| d).collect())
                             .unwrap_or_default()
                     }
                     Some(algo) => digest_of(algo, &stem).into_iter().collect(),
@@ -222,24 +269,32 @@ fn digest_of(algo: Algo, hex: &str) -> Option<Digest> {
     Some(Digest { algo, bytes })
 }
 
-/// A pack's members (their names and contents), from its index `bytes`.
-fn members(index: &Path, bytes: &[u8]) -> Vec<(Vec<u8>, Digest)> {
+/// A pack's members (their names and contents), from its index `bytes`, and their bytes.
+fn members(index: &Path, bytes: &[u8]) -> (Vec<(Vec<u8>, Digest)>, u64) {
     let digests = pack_digests(bytes);
-    let Ok(set) = par2::Set::open(
-        vec![std::fs::File::open(index).ok()]
-            .into_iter()
-            .flatten()
-            .collect(),
-    ) else {
-        return Vec::new();
+    let Ok(set) = par2::Set::open(std::fs::File::open(index).into_iter().collect()) else {
+        return (Vec::new(), 0);
     };
-    set.files
+    let total = set.files.iter().map(|f| f.len).sum();
+    let members = set
+        .files
         .iter()
         .filter_map(|f| {
             let d = digests.iter().find(|(id, _)| *id == f.id)?.1;
             Some((f.name.clone(), d))
         })
-        .collect()
+        .collect();
+    (members, total)
+}
+
+/// Removes a set's files: the index first (volumes without one are of no use, and go with
+/// the next run).
+fn drop_set(mut files: Vec<PathBuf>) -> io::Result<()> {
+    files.sort_by_key(|f| !is_index(f));
+    for f in files {
+        std::fs::remove_file(f)?;
+    }
+    Ok(())
 }
 
 /// Moves `file` into the folder `to`, renamed `NAME.stale`, dated now (its grace period

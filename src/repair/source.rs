@@ -14,10 +14,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::Want;
 use crate::archive::{self, Chunk};
 use crate::core::digest::Digest;
-use crate::core::tag::Tag;
-use crate::fs::anchor::Anchor;
-use crate::fs::walk::{self, Entry, WalkOptions};
-use crate::fs::xattr;
 use crate::parity::{self, Store};
 use crate::text::escape;
 
@@ -195,7 +191,7 @@ impl Search for Tree {
     fn search(&self, work: &mut dyn Attempts, cancel: &AtomicBool) -> Result<(), Unusable> {
         let wanted = wanted(work);
         let mut candidates: HashMap<Digest, Vec<PathBuf>> = HashMap::new();
-        walk_tags(std::slice::from_ref(&self.0), cancel, |path, tags| {
+        crate::fs::walk::tagged(std::slice::from_ref(&self.0), cancel, |path, tags| {
             if let Some(t) = tags.iter().find(|t| wanted.contains_key(&t.digest)) {
                 candidates.entry(t.digest).or_default().push(path);
             }
@@ -425,7 +421,7 @@ fn locate(
 ) -> Option<PathBuf> {
     let map = by_digest.get_or_insert_with(|| {
         let mut map = HashMap::new();
-        walk_tags(roots, &AtomicBool::new(false), |path, tags| {
+        crate::fs::walk::tagged(roots, &AtomicBool::new(false), |path, tags| {
             for t in tags {
                 map.entry(t.digest).or_insert_with(|| path.clone());
             }
@@ -453,26 +449,6 @@ pub(super) fn read_file(
             Err(e) => return Err(e),
         }
     }
-}
-
-/// Every file under `roots` with the tags it carries (read without reading data; files are
-/// opened beneath their root, never through a symlink).
-fn walk_tags(roots: &[PathBuf], cancel: &AtomicBool, mut each: impl FnMut(PathBuf, Vec<Tag>)) {
-    let anchors: Vec<Anchor> = roots.iter().map(|r| Anchor::new(r)).collect();
-    let _ = walk::walk(roots, &WalkOptions::default(), |entry| {
-        if cancel.load(Ordering::Relaxed) {
-            return ControlFlow::Break(());
-        }
-        if let Entry::File { path, root, .. } = entry
-            && let Ok(file) = anchors[root].open(&path, false)
-            && let Ok(stored) = xattr::read(&file)
-            && !stored.tags.is_empty()
-            && !stored.kept_damaged
-        {
-            each(path, stored.tags);
-        }
-        ControlFlow::Continue(())
-    });
 }
 
 /// How many trailing path components two paths share.
