@@ -64,6 +64,9 @@ fn key(d: &Digest) -> u64 {
     u64::from_le_bytes(d.bytes[..8].try_into().expect("8 bytes")) ^ d.algo as u64
 }
 
+/// A pack's member: its name in the set, its content.
+type Member = (Vec<u8>, Digest);
+
 /// What a prune did.
 #[derive(Debug, Default)]
 pub struct Pruned {
@@ -137,7 +140,7 @@ impl Store {
     ) -> io::Result<()> {
         // Packs of live members too small to be worth a set of their own (a night's new
         // files): merged, so that the store does not become many sets of one recovery slice.
-        let mut small: Vec<(Vec<PathBuf>, Vec<(Vec<u8>, Digest)>)> = Vec::new();
+        let mut small: Vec<(Vec<PathBuf>, Vec<Member>)> = Vec::new();
         for (stem, files) in sets_in(dir)? {
             let index = dir.join(format!("{stem}.par2"));
             let (members, bytes) = match std::fs::read(&index) {
