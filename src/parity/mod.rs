@@ -82,6 +82,9 @@ pub struct Store {
     /// The same for the packs moved aside to `stale/`: still a source for intact's repair
     /// (which verifies by digest), never a set par2cmdline takes by accident.
     stale_packed: HashMap<Digest, PackId>,
+    /// Each pack's member count and bytes when the store was opened: what a prune needs to
+    /// know of a pack whose members are all in the tree, without reading it again.
+    pack_sizes: Mutex<HashMap<PackId, (usize, u64)>>,
     /// What became of the contents given to this run; a digest not here had parity before
     /// it (or never came).
     outcomes: Mutex<HashMap<Digest, Outcome>>,
@@ -277,26 +280,29 @@ impl Store {
         };
         // An unreadable pack index loses that pack's files, not the store.
         let packs_in = |folder: PathBuf| {
-            let mut packed = HashMap::new();
+            let (mut packed, mut sizes) = (HashMap::new(), HashMap::new());
             for e in std::fs::read_dir(folder).into_iter().flatten().flatten() {
                 let p = e.path();
                 if is_index(&p)
                     && let Some(id) = pack_id(&p)
                     && let Ok(bytes) = std::fs::read(&p)
                 {
-                    for (_, digest) in pack_digests(&bytes) {
+                    let (digests, described) = pack_summary(&bytes);
+                    sizes.insert(id, (digests.len(), described));
+                    for (_, digest) in digests {
                         packed.insert(digest, id);
                     }
                 }
             }
-            packed
+            (packed, sizes)
         };
-        let packed = packs_in(dir.join("packs"));
-        let stale_packed = packs_in(dir.join(STALE_DIR).join("packs"));
+        let (packed, pack_sizes) = packs_in(dir.join("packs"));
+        let (stale_packed, _) = packs_in(dir.join(STALE_DIR).join("packs"));
         Ok(Store {
             dir: dir.to_path_buf(),
             root,
             packed: Mutex::new(packed),
+            pack_sizes: Mutex::new(pack_sizes),
             stale_packed,
             outcomes: Mutex::new(HashMap::new()),
             redundancy: 0.0,
@@ -496,6 +502,7 @@ impl Store {
         let id: PackId = id.finalize().bytes[..16].try_into().expect("16 bytes");
         let index = self.pack_index(&id);
         self.write_set(files, slice, &index.with_extension(""), true)?;
+        lock(&self.pack_sizes).insert(id, (files.len(), total));
         Ok(id)
     }
 
@@ -898,26 +905,34 @@ const DIGEST_ENTRY: usize = 16 + 1 + 32;
 
 /// The (file ID, digest) entries of a pack's digest packet.
 fn pack_digests(bytes: &[u8]) -> Vec<(par2::packet::Id, Digest)> {
-    let mut out = Vec::new();
+    pack_summary(bytes).0
+}
+
+/// A pack's (file ID, digest) entries, and the bytes of the files it describes (each
+/// description once), from one parse of its index.
+fn pack_summary(bytes: &[u8]) -> (Vec<(par2::packet::Id, Digest)>, u64) {
+    let (mut out, mut seen, mut total) = (Vec::new(), std::collections::HashSet::new(), 0);
     for found in par2::packet::parse(bytes) {
-        if let par2::packet::Packet::Other { kind, body } = found.packet
-            && &kind == DIGESTS
-        {
-            for rec in bytes[body].chunks_exact(DIGEST_ENTRY) {
-                let algo = match rec[16] {
-                    0 => Algo::Sha256,
-                    1 => Algo::Blake3,
-                    _ => continue,
-                };
-                let digest = Digest {
-                    algo,
-                    bytes: rec[17..49].try_into().expect("32 bytes"),
-                };
-                out.push((rec[..16].try_into().expect("16 bytes"), digest));
+        match found.packet {
+            par2::packet::Packet::Other { kind, body } if &kind == DIGESTS => {
+                for rec in bytes[body].chunks_exact(DIGEST_ENTRY) {
+                    let algo = match rec[16] {
+                        0 => Algo::Sha256,
+                        1 => Algo::Blake3,
+                        _ => continue,
+                    };
+                    let digest = Digest {
+                        algo,
+                        bytes: rec[17..49].try_into().expect("32 bytes"),
+                    };
+                    out.push((rec[..16].try_into().expect("16 bytes"), digest));
+                }
             }
+            par2::packet::Packet::FileDesc { id, len, .. } if seen.insert(id) => total += len,
+            _ => {}
         }
     }
-    out
+    (out, total)
 }
 
 /// A pack's ID: the first 16 bytes of the SHA-256 of its members' digests, its name in hex.

@@ -17,7 +17,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use super::{PACK_BYTES, PACK_FILES, Store, is_index, lock, pack_digests, pack_id};
+use super::{PACK_BYTES, PACK_FILES, PackId, Store, is_index, lock, pack_digests, pack_id};
 use crate::core::digest::{Algo, Digest};
 
 /// The store's folder of stale sets.
@@ -141,10 +141,29 @@ impl Store {
         // Packs of live members too small to be worth a set of their own (a night's new
         // files): merged, so that the store does not become many sets of one recovery slice.
         let mut small: Vec<(Vec<PathBuf>, Vec<Member>)> = Vec::new();
+        // The contents of each pack, as known since the store was opened: a pack whose
+        // members are all in the tree and that is not small is left unread.
+        let mut contents: HashMap<PackId, Vec<Digest>> = HashMap::new();
+        for (d, id) in lock(&self.packed).iter() {
+            contents.entry(*id).or_default().push(*d);
+        }
         for (stem, files) in sets_in(dir)? {
             let index = dir.join(format!("{stem}.par2"));
+            let known = pack_id(&index).and_then(|id| {
+                let (count, bytes) = *lock(&self.pack_sizes).get(&id)?;
+                let digests = contents.get(&id).filter(|d| d.len() == count)?;
+                Some((digests, count, bytes))
+            });
+            if let Some((digests, count, bytes)) = known
+                && digests.iter().all(|d| live.holds(d))
+                && (digests.iter().any(|d| live.damaged.contains(d))
+                    || count >= PACK_FILES / 4
+                    || bytes >= PACK_BYTES / 4)
+            {
+                continue;
+            }
             let (members, bytes) = match std::fs::read(&index) {
-                Ok(bytes) => members(&index, &bytes),
+                Ok(bytes) => members(&bytes),
                 // Volumes whose index is gone (a killed run): of no use.
                 Err(e) if e.kind() == io::ErrorKind::NotFound => (Vec::new(), 0),
                 Err(e) => return Err(e),
@@ -216,7 +235,7 @@ impl Store {
                     _ if name == "packs" => {
                         let index = dir.path().join(format!("{stem}.par2.{STALE_EXT}"));
                         std::fs::read(&index)
-                            .map(|b| members(&index, &b).0.into_iter().map(|(_, d)| d).collect())
+                            .map(|b| members(&b).0.into_iter().map(|(_, d)| d).collect())
                             .unwrap_or_default()
                     }
                     Some(algo) => digest_of(algo, &stem).into_iter().collect(),
@@ -272,21 +291,21 @@ fn digest_of(algo: Algo, hex: &str) -> Option<Digest> {
     Some(Digest { algo, bytes })
 }
 
-/// A pack's members (their names and contents), from its index `bytes`, and their bytes.
-fn members(index: &Path, bytes: &[u8]) -> (Vec<(Vec<u8>, Digest)>, u64) {
+/// A pack's members (their names and contents), from its index `bytes`, and their bytes:
+/// from its file descriptions alone (each is checked as it is parsed).
+fn members(bytes: &[u8]) -> (Vec<Member>, u64) {
     let digests = pack_digests(bytes);
-    let Ok(set) = par2::Set::open(std::fs::File::open(index).into_iter().collect()) else {
-        return (Vec::new(), 0);
-    };
-    let total = set.files.iter().map(|f| f.len).sum();
-    let members = set
-        .files
-        .iter()
-        .filter_map(|f| {
-            let d = digests.iter().find(|(id, _)| *id == f.id)?.1;
-            Some((f.name.clone(), d))
-        })
-        .collect();
+    let mut seen = HashSet::new();
+    let (mut members, mut total) = (Vec::new(), 0);
+    for found in par2::packet::parse(bytes) {
+        if let par2::packet::Packet::FileDesc { id, len, name, .. } = found.packet
+            && seen.insert(id)
+            && let Some((_, d)) = digests.iter().find(|(i, _)| *i == id)
+        {
+            total += len;
+            members.push((name, *d));
+        }
+    }
     (members, total)
 }
 
