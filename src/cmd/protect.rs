@@ -1,5 +1,8 @@
 //! `protect`: PAR2 parity for verified files, in each tree's own store or the one given.
 
+use std::path::Path;
+use std::time::Duration;
+
 use crate::cli::ProtectArgs;
 use crate::cli::settings::{Settings, usage};
 use intact::parity::{OpenError, Protector};
@@ -13,13 +16,26 @@ pub fn run(a: ProtectArgs) -> anyhow::Result<Exit> {
     }
     let mut s = Settings::new(Verb::Protect, a.paths.paths, &a.common)?;
     s.record(&a.state);
-    let (mut protector, removed) = Protector::open(
+    let mut protector = protector(&mut s, a.store.as_deref(), a.redundancy, Some(a.keep_stale))?;
+    super::drive(s, &mut protector)
+}
+
+/// The protector of `s`'s trees, in the store given or each tree's own, at `redundancy`;
+/// moving stale parity aside (kept `keep_stale`) unless `None`. Temp files that killed runs
+/// left in the stores are removed, and said; the engine is told what it may leave unread.
+pub(super) fn protector(
+    s: &mut Settings,
+    store: Option<&Path>,
+    redundancy: f64,
+    keep_stale: Option<Duration>,
+) -> anyhow::Result<Protector> {
+    let (protector, removed) = Protector::open(
         &s.roots,
-        a.store.as_deref(),
-        a.redundancy,
+        store,
+        redundancy,
         s.config.threads,
         s.config.mtime_window_ns,
-        Some(a.keep_stale),
+        keep_stale,
         &super::STOP,
     )
     .map_err(|e| match e {
@@ -30,5 +46,5 @@ pub fn run(a: ProtectArgs) -> anyhow::Result<Exit> {
         super::removed(&stale);
     }
     s.config.sink_verifies = Some(protector.reads());
-    super::drive(s, &mut protector)
+    Ok(protector)
 }

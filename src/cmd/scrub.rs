@@ -5,9 +5,8 @@ use std::time::Instant;
 
 use super::Ledger;
 use crate::cli::ScrubArgs;
-use crate::cli::settings::{Scrub, Settings, usage};
+use crate::cli::settings::{Scrub, Settings};
 use intact::engine::{Config, Work};
-use intact::parity::{OpenError, Protector};
 use intact::report::{Exit, Reporter, Verb};
 use intact::scrub::{Budget, Plan, Queue};
 use intact::sink::{Out, Pass};
@@ -39,23 +38,7 @@ pub fn run(a: ScrubArgs) -> anyhow::Result<Exit> {
         return super::drive(s, &mut Pass);
     };
     // Parity for what is visited; none moved aside: a scrub sees only part of the tree.
-    let (mut protector, removed) = Protector::open(
-        &s.roots,
-        None,
-        redundancy,
-        s.config.threads,
-        s.config.mtime_window_ns,
-        None,
-        &super::STOP,
-    )
-    .map_err(|e| match e {
-        OpenError::OtherTree { .. } => usage(e.to_string()),
-        OpenError::Io { .. } => anyhow::Error::new(e),
-    })?;
-    for stale in removed {
-        super::removed(&stale);
-    }
-    s.config.sink_verifies = Some(protector.reads());
+    let mut protector = super::protect::protector(&mut s, None, redundancy, None)?;
     super::drive(s, &mut protector)
 }
 

@@ -20,6 +20,20 @@ fn par2(dir: &Path, args: &[&OsStr]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// par2cmdline verifies the files of `set` under `base` (its names are relative to it).
+fn verifies(base: &Path, set: &Path) {
+    let (ok, out) = par2(
+        base,
+        &[
+            "verify".as_ref(),
+            "-B".as_ref(),
+            base.as_os_str(),
+            set.as_os_str(),
+        ],
+    );
+    assert!(ok, "{}: {out}", set.display());
+}
+
 /// The index files (`NAME.par2`, not volumes) under a store.
 fn index_files(store: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -61,16 +75,7 @@ fn par2cmdline_verifies_and_repairs_what_protect_wrote() {
     // One set for the large file, one pack for the thirty small ones.
     assert_eq!(sets.len(), 2, "{sets:?}");
     for set in &sets {
-        let (ok, out) = par2(
-            &src,
-            &[
-                "verify".as_ref(),
-                "-B".as_ref(),
-                src.as_os_str(),
-                set.as_os_str(),
-            ],
-        );
-        assert!(ok, "{}: {out}", set.display());
+        verifies(&src, set);
     }
     let good_big = fs::read(src.join("big.bin")).unwrap();
     let good_small = fs::read(src.join("small/s07")).unwrap();
@@ -348,16 +353,7 @@ fn a_file_whose_recovery_data_exceeds_the_memory_is_protected_in_passes() {
     intact!("tag", t.path("root")).expect_code(0);
     intact!("protect", "-j", "8", t.path("root")).expect_code(0);
     let sets = index_files(&t.path("root/.intact-parity"));
-    let (ok, out) = par2(
-        &t.path("root"),
-        &[
-            "verify".as_ref(),
-            "-B".as_ref(),
-            t.path("root").as_os_str(),
-            sets[0].as_os_str(),
-        ],
-    );
-    assert!(ok, "{out}");
+    verifies(&t.path("root"), &sets[0]);
     // Damage in several slices, in every range a pass covers.
     for at in [5, 10_000, 1_000_000, 7_777_777, 20_000_000] {
         flip_byte(&f, at);
@@ -526,16 +522,7 @@ fn parity_follows_the_tree_and_stale_sets_go_after_their_grace() {
     let sets = index_files(&store);
     assert_eq!(sets.len(), 3, "the new large set, two packs: {sets:?}");
     for set in &sets {
-        let (ok, out) = par2(
-            &src,
-            &[
-                "verify".as_ref(),
-                "-B".as_ref(),
-                src.as_os_str(),
-                set.as_os_str(),
-            ],
-        );
-        assert!(ok, "{}: {out}", set.display());
+        verifies(&src, set);
     }
     let live = bytes_under(&store) - bytes_under(&store.join("stale"));
     assert!(
@@ -552,16 +539,7 @@ fn parity_follows_the_tree_and_stale_sets_go_after_their_grace() {
     intact!("protect", "-q", "--keep-stale", "0s", &src).expect_code(0);
     assert!(!store.join("stale").exists(), "all stale parity removed");
     for set in index_files(&store) {
-        let (ok, out) = par2(
-            &src,
-            &[
-                "verify".as_ref(),
-                "-B".as_ref(),
-                src.as_os_str(),
-                set.as_os_str(),
-            ],
-        );
-        assert!(ok, "{}: {out}", set.display());
+        verifies(&src, set);
     }
 }
 
