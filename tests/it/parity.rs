@@ -539,7 +539,7 @@ fn parity_follows_the_tree_and_stale_sets_go_after_their_grace() {
     intact!("protect", "-q", "--keep-stale", "0s", &src).expect_code(0);
     assert!(!store.join("stale").exists(), "all stale parity removed");
     for set in index_files(&store) {
-        verifies(&src, set);
+        verifies(&src, &set);
     }
 }
 
