@@ -14,10 +14,9 @@
 //! on the command line without following symlinks: no name found in a source ever decides
 //! where bytes go.
 
-mod backup;
-pub use backup::FromCommand;
 mod replace;
 mod source;
+pub use source::backup::FromCommand;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -313,11 +313,6 @@ impl State {
         }
     }
 
-    /// This run's row in `runs`, once it began.
-    pub fn run_id(&self) -> Option<i64> {
-        self.run
-    }
-
     /// Where the database is (`None` in memory).
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()

@@ -23,7 +23,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::source::{Attempts, Search, Unusable};
+use super::{Attempts, Search, Unusable};
 use crate::archive::Chunk;
 use crate::process::{Watch, Watched};
 use crate::text::escape;

@@ -2,6 +2,9 @@
 //! tags), trees of tagged files (a backup, a mirror), parity stores made by `protect`, and
 //! PAR2 sets made by any PAR2 program. Each looks for the wanted contents by digest and
 //! offers what it finds; the repairer verifies every offer, so a source is only ever a lead.
+//! Backups made by other tools (restic, borg, any command) are in [`backup`].
+
+pub(super) mod backup;
 
 use std::collections::HashMap;
 use std::io::{self, Read};
@@ -95,7 +98,7 @@ pub(crate) enum Unusable {
 /// for `silence`.
 pub(crate) fn at(path: &Path, silence: std::time::Duration) -> Result<Box<dyn Search>, String> {
     if std::fs::symlink_metadata(path).is_err() {
-        return super::backup::parse(path, silence).unwrap_or_else(|| {
+        return backup::parse(path, silence).unwrap_or_else(|| {
             Err(format!(
                 "--from {}: no such file or directory",
                 escape(path)
