@@ -206,7 +206,8 @@ pub struct ScrubArgs {
     /// With --update: also give the files visited parity, in each tree's own store
     /// (PATH/.intact-parity), as `protect` does, at 10% (--protect=5% for another share): new
     /// and edited files are protected the night they are tagged; files whose content has
-    /// parity cost nothing. Stale parity is moved aside by `protect`, which sees the whole tree
+    /// parity cost nothing; packs of content edited away are rewritten. Other stale parity is
+    /// moved aside by `protect`, which sees the whole tree
     #[arg(long, value_name = "REDUNDANCY", num_args = 0..=1, require_equals = true,
           default_missing_value = "10%", value_parser = parse_percent, requires = "update")]
     pub protect: Option<f64>,

@@ -346,10 +346,8 @@ impl Protector {
     /// Moves aside the sets no file of the trees needs, removes those past their grace
     /// period, and packs again the members of packs moved aside; says what it did.
     fn prune(&mut self, out: &mut dyn Out) -> Result<(), Failure> {
-        let Some(keep_stale) = self.keep_stale else {
-            return Ok(());
-        };
-        if self.unsure {
+        let whole_tree = self.keep_stale.is_some();
+        if whole_tree && self.unsure {
             out.note(
                 "protect: no stale parity was moved aside: something under the tree could \
                  not be read, so what it holds is not known"
@@ -361,7 +359,11 @@ impl Protector {
         let (mut merged, mut dropped) = (0, 0);
         let stores = self.stores.clone();
         for (i, store) in stores.iter().enumerate() {
-            let pruned = store.prune(&self.live[i], keep_stale).map_err(|e| {
+            let pruned = match self.keep_stale {
+                Some(keep) => store.prune(&self.live[i], keep),
+                None => store.retire(&self.live[i]),
+            };
+            let pruned = pruned.map_err(|e| {
                 Failure::new(
                     format!(
                         "moving stale parity aside in {}",
@@ -399,7 +401,9 @@ impl Protector {
                     }
                 }
             }
-            if !moved.is_empty() {
+            // Only a run that sees the whole tree looks for them there (a scrub's member
+            // gets parity when it is next visited).
+            if whole_tree && !moved.is_empty() {
                 crate::fs::walk::tagged(
                     std::slice::from_ref(&store.root),
                     self.cancel,
@@ -454,7 +458,7 @@ impl Protector {
             said.push(format!(
                 "{removed} stale file(s) ({}) removed, older than {}",
                 crate::text::bytes(bytes),
-                humantime::format_duration(keep_stale)
+                humantime::format_duration(self.keep_stale.unwrap_or_default())
                     .to_string()
                     .replace("days", " days")
             ));

@@ -129,6 +129,45 @@ impl Store {
         Ok(pruned)
     }
 
+    /// What a run that saw only part of the tree (a scrub) may do: the packs holding content
+    /// it saw edited away are moved aside, and their other members are to be packed again;
+    /// never a pack with a damaged member. (A file's own set of old content waits for a
+    /// `protect` that sees the whole tree: another file may hold that content.)
+    pub fn retire(&self, live: &Live) -> io::Result<Pruned> {
+        let mut pruned = Pruned::default();
+        let ids: HashSet<PackId> = lock(&self.packed)
+            .iter()
+            .filter(|(d, _)| live.edited.contains(&key(d)))
+            .map(|(_, id)| *id)
+            .collect();
+        if ids.is_empty() {
+            return Ok(pruned);
+        }
+        let dir = self.dir.join("packs");
+        let mut sets = sets_in(&dir)?;
+        for id in ids {
+            let stem = hex::encode(id);
+            let Ok(bytes) = std::fs::read(dir.join(format!("{stem}.par2"))) else {
+                continue;
+            };
+            let (members, _) = members(&bytes);
+            if members.iter().any(|(_, d)| live.damaged.contains(d)) {
+                continue;
+            }
+            pruned.moved += 1;
+            pruned.repack.extend(
+                members
+                    .into_iter()
+                    .filter(|(_, d)| !live.edited.contains(&key(d))),
+            );
+            lock(&self.packed).retain(|_, p| *p != id);
+            for f in sets.remove(&stem).unwrap_or_default() {
+                aside(&f, &self.dir.join(STALE_DIR).join("packs"))?;
+            }
+        }
+        Ok(pruned)
+    }
+
     /// Packs with a member no longer in the tree are moved aside; their other members are
     /// to be packed again.
     fn prune_packs(

@@ -594,7 +594,8 @@ fn a_deleted_file_comes_back_from_its_stale_pack() {
 
 /// The nightly scrub protects what it tags: `scrub --update --protect` gives new and edited
 /// files parity the night they appear (repaired from it alone the next day), costs nothing
-/// for files whose content has parity, and moves nothing aside (it sees part of the tree).
+/// for files whose content has parity, and moves aside the pack of content it saw edited
+/// away (its other members packed again), so that every set left describes the tree.
 #[test]
 fn the_nightly_scrub_protects_new_and_edited_files() {
     let t = Tree::new();
@@ -639,9 +640,12 @@ fn the_nightly_scrub_protects_new_and_edited_files() {
     }
     assert!(index_files(&src.join(".intact-parity")).len() > sets.len());
     assert!(
-        !src.join(".intact-parity/stale").exists(),
-        "a scrub moves nothing aside"
+        src.join(".intact-parity/stale/packs").exists(),
+        "the pack of s04's old content was left in place"
     );
+    for set in index_files(&src.join(".intact-parity")) {
+        verifies(&src, &set);
+    }
     let good = [
         (big.clone(), fs::read(&big).unwrap()),
         (small.clone(), fs::read(&small).unwrap()),
