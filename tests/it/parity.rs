@@ -602,34 +602,27 @@ fn the_nightly_scrub_protects_new_and_edited_files() {
     let src = tree(&t);
     let db = t.path("state.db");
     intact!("protect", "-q", "--state", &db, &src).expect_code(0);
-    let r = intact!(
-        "scrub",
-        "--json",
-        "--state",
-        &db,
-        "--update",
-        "--protect",
-        &src
-    )
-    .expect_code(0)
-    .json();
+    let nightly = || {
+        intact!(
+            "scrub",
+            "--json",
+            "--state",
+            &db,
+            "--update",
+            "--protect",
+            &src
+        )
+        .expect_code(0)
+        .json()
+    };
+    let r = nightly();
     assert_eq!(r.summary["actions"]["protected"], 31, "{}", r.summary);
     let sets = index_files(&src.join(".intact-parity"));
     // A new large file, a new small one, an edit.
     let big = t.write("src/new/big.bin", data(600_000, 50));
     let small = t.write("src/new/small", data(3_000, 51));
     t.write("src/small/s04", b"edited tonight");
-    let r = intact!(
-        "scrub",
-        "--json",
-        "--state",
-        &db,
-        "--update",
-        "--protect",
-        &src
-    )
-    .expect_code(0)
-    .json();
+    let r = nightly();
     for name in ["new/big.bin", "new/small", "small/s04"] {
         assert_eq!(
             r.file(name)["action"],
