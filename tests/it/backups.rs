@@ -360,7 +360,12 @@ fn repair_brings_back_what_is_gone_when_asked() {
 /// then a read-only check and a scrub: `repair --missing` still brings it back from restic.
 #[test]
 fn a_deletion_is_remembered_when_its_inode_is_reused() {
+    crate::require_faults!();
     let t = Tree::new();
+    // A file system of its own: no other test takes the freed inode first.
+    let image = t.path("ext4.img");
+    fs::File::create(&image).unwrap().set_len(32 << 20).unwrap();
+    let _disk = crate::faultfs::LoopFs::new(&image, &["mkfs.ext4", "-q", "-F"], &t.path("src"));
     let db = t.path("state.db");
     let mut files = Vec::new();
     for i in 0..5u64 {

@@ -590,7 +590,7 @@ impl<R: Repository + Send> Backup<R> {
                     delivered[n] = true;
                     if work.want(sought[*k].i).is_some() {
                         work.offer(sought[*k].i, &label(*k, copy), &mut |sink| {
-                            pour(bytes, sink)
+                            super::pour(bytes, u64::MAX, sink)
                         });
                         break;
                     }
@@ -608,19 +608,6 @@ impl<R: Repository + Send> Backup<R> {
             work.offer(sought[*k].i, &label(*k, copy), &mut |sink| {
                 stream(&mut self.repo.dump(version, &copy.path), watch, sink)
             });
-        }
-    }
-}
-
-/// Streams what `bytes` holds into `sink`.
-fn pour(bytes: &mut dyn Read, sink: &mut dyn FnMut(Chunk<'_>) -> io::Result<()>) -> io::Result<()> {
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        match bytes.read(&mut buf) {
-            Ok(0) => return Ok(()),
-            Ok(n) => sink(Chunk::Data(&buf[..n]))?,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
         }
     }
 }

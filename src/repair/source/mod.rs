@@ -441,11 +441,21 @@ pub(super) fn read_file(
 ) -> io::Result<()> {
     let mut file = crate::fs::sys::open_nofollow(path)?;
     crate::fs::sys::advise_sequential(&file);
-    // No larger than the file: zeroing 1 MiB for each small file would cost more than its read.
     let size = file.metadata()?.len();
+    pour(&mut file, size, sink)
+}
+
+/// Streams what `bytes` holds (about `size` bytes, if known) into `sink`, in pieces of at
+/// most 1 MiB and no larger than it: zeroing 1 MiB for each small file would cost more than
+/// its read.
+pub(super) fn pour(
+    bytes: &mut dyn Read,
+    size: u64,
+    sink: &mut dyn FnMut(Chunk<'_>) -> io::Result<()>,
+) -> io::Result<()> {
     let mut buf = vec![0u8; size.clamp(4096, 1 << 20) as usize];
     loop {
-        match file.read(&mut buf) {
+        match bytes.read(&mut buf) {
             Ok(0) => return Ok(()),
             Ok(n) => sink(Chunk::Data(&buf[..n]))?,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
