@@ -363,6 +363,30 @@ fn a_file_whose_recovery_data_exceeds_the_memory_is_protected_in_passes() {
 }
 
 #[test]
+fn a_file_of_32_gib_is_protected_without_holding_its_slices() {
+    // 2,000 slices of 16.8 MiB: too large to hold two at a time (and their native copies)
+    // in the memory protect keeps. The slices' checksums are taken as the file streams by
+    // (par2cmdline checks sets made so in the par2 crate's tests). Sparse, so it costs no
+    // disk; 0.1% redundancy, two recovery slices. Under an RLIMIT_DATA of 48 MiB, a first
+    // pass that held whole slices was refused memory at once.
+    let t = Tree::new();
+    let f = t.write("root/huge", b"");
+    let file = fs::OpenOptions::new().write(true).open(&f).unwrap();
+    file.set_len(32 << 30).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, b"not only zeros", 1_000_000).unwrap();
+    drop(file);
+    let r = cmd!()
+        .args(["protect", "-r", "0.1%"])
+        .arg(t.path("root"))
+        .memory_limit(48 << 20)
+        .run()
+        .expect_code(0);
+    assert!(r.stderr.contains("1 protected"), "{}", r.stderr);
+    let sets = index_files(&t.path("root/.intact-parity"));
+    assert_eq!(sets.len(), 1, "{sets:?}");
+}
+
+#[test]
 fn damaged_members_of_a_pack_are_rebuilt_together_and_twins_in_turns() {
     let t = Tree::new();
     let src = tree(&t);
@@ -592,6 +616,61 @@ fn a_deleted_file_comes_back_from_its_stale_pack() {
     );
 }
 
+/// A pack moved aside keeps only the recovery slices that rebuild its members gone from the
+/// tree (as many as their slices): the rest would cost the store as much again for the
+/// month it is kept. A pack with more gone than it rebuilds is removed.
+#[test]
+fn a_stale_pack_keeps_only_what_rebuilds_its_gone_members() {
+    let t = Tree::new();
+    let src = tree(&t);
+    let store = src.join(".intact-parity");
+    // Each volume's recovery slices, from its name (`ID.vol00+R.par2`).
+    let volumes = |dir: &Path| -> Vec<(u32, u64)> {
+        let mut v: Vec<(u32, u64)> = fs::read_dir(dir)
+            .map(|d| d.map(|e| e.unwrap()).collect::<Vec<_>>())
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let r = name
+                    .split_once(".vol00+")?
+                    .1
+                    .split('.')
+                    .next()?
+                    .parse()
+                    .ok()?;
+                Some((r, e.metadata().unwrap().len()))
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    intact!("protect", "-q", &src).expect_code(0);
+    let [(recovery, bytes)] = volumes(&store.join("packs"))[..] else {
+        panic!("one pack: {:?}", volumes(&store.join("packs")));
+    };
+    assert!(recovery > 1, "{recovery}");
+    fs::remove_file(src.join("small/s07")).unwrap();
+    intact!("protect", "-q", &src).expect_code(0);
+    let [(kept, stale_bytes)] = volumes(&store.join("stale/packs"))[..] else {
+        panic!("one stale pack: {:?}", volumes(&store.join("stale/packs")));
+    };
+    assert!(kept >= 1 && kept < recovery, "{kept} of {recovery}");
+    assert!(stale_bytes < bytes, "{stale_bytes} against {bytes}");
+    // Ten members of the new pack gone at once: more slices than its recovery slices.
+    for i in 20..30 {
+        fs::remove_file(src.join(format!("small/s{i:02}"))).unwrap();
+    }
+    let r = intact!("protect", &src).expect_code(0);
+    assert!(
+        r.stderr
+            .contains("1 pack(s) removed: more of their members are gone"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(volumes(&store.join("stale/packs")).len(), 1);
+}
+
 /// The nightly scrub protects what it tags: `scrub --update --protect` gives new and edited
 /// files parity the night they appear (repaired from it alone the next day), costs nothing
 /// for files whose content has parity, and moves aside the pack of content it saw edited
@@ -805,5 +884,11 @@ fn two_hundred_nights_of_changes_keep_parity_current_and_the_store_bounded() {
          store {:.1}% of the data when fresh, at most {worst:.2} times that; what was moved \
          aside at most {stale:.2} times the current sets",
         fresh * 100.0
+    );
+    // Kept for the month a deletion is remembered, what was moved aside is about the
+    // deleted data itself (what rebuilds it); whole packs kept were 7 times the current sets.
+    assert!(
+        stale < 5.0,
+        "what was moved aside: {stale:.2} times the current sets"
     );
 }

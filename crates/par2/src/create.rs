@@ -227,7 +227,9 @@ fn critical(set: &Id, main: &[u8], entries: &[FileEntry]) -> Vec<u8> {
 /// Bytes of whole slices in a batch of the first pass, beyond which it has fewer than 16
 /// (whose MD5s are computed at once, one a SIMD lane): with 2,000 slices, a file of 4 GiB
 /// or more. Fewer lanes cost little: the batch's MD5s run beside the file's own, which is
-/// slower still; and memory stays bounded up to files of 2,000 x 16 MiB.
+/// slower still. Slices larger than this (a file of more than 2,000 x 16 MiB) are not held
+/// whole: their MD5s and CRC32s are taken as they stream by (a second MD5 chain beside the
+/// file's, 0.51 GB/s against 0.65 with the SHA-256 too), so memory stays bounded for any size.
 pub const FIRST_BATCH: usize = 16 << 20;
 
 /// A file in set order: its ID, the MD5 of its first 16 KiB, its index among the inputs.
@@ -252,6 +254,9 @@ struct Making<'a> {
     /// slices in the first pass.
     batch_bytes: usize,
     first_batch: usize,
+    /// Slices too large to hold whole ([`FIRST_BATCH`]): the first pass keeps only its strip
+    /// of each and checksums the rest as it reads.
+    streamed: bool,
     /// Passes, each over one range of every slice (a strip).
     strips: Vec<std::ops::Range<usize>>,
     /// Buffers of slices and of their native copies go back here once a batch is done: a
@@ -286,8 +291,12 @@ impl<'a> Making<'a> {
                 w => (w / 128 * 128).max(128).min(slice_size),
             }
         };
-        let first_width = width((2 * first_batch).max(3 * batch_bytes)) as usize;
+        let streamed = slice_size as usize > FIRST_BATCH;
         let later_width = width(3 * batch_bytes) as usize;
+        let first_width = match streamed {
+            true => later_width,
+            false => width((2 * first_batch).max(3 * batch_bytes)) as usize,
+        };
         let size = slice_size as usize;
         let strips = std::iter::successors(Some(0..first_width), |s| {
             (s.end < size).then(|| s.end..(s.end + later_width).min(size))
@@ -302,6 +311,7 @@ impl<'a> Making<'a> {
             threads: plan.threads,
             batch_bytes,
             first_batch,
+            streamed,
             strips,
             spare: Mutex::new(Vec::new()),
             spare_native: Mutex::new(Vec::new()),
@@ -328,9 +338,11 @@ impl<'a> Making<'a> {
             r.resize(range.len());
             r.fill(0);
         }
-        // The first pass holds whole slices (for their checksums), later ones their strip.
-        let held = if first { size } else { range.len() };
-        let batch = if first {
+        // The first pass holds whole slices (for their checksums) unless they are too large,
+        // later ones their strip.
+        let whole_slices = first && !self.streamed;
+        let held = if whole_slices { size } else { range.len() };
+        let batch = if whole_slices {
             self.first_batch
         } else {
             self.batch_bytes
@@ -341,7 +353,7 @@ impl<'a> Making<'a> {
         let (spare, spare_native) = (&self.spare, &self.spare_native);
         let work = Batching {
             cut: range.clone(),
-            first,
+            first: whole_slices,
             strips: &self.strips,
             threads: self.threads,
             spare,
@@ -398,6 +410,26 @@ impl<'a> Making<'a> {
                     let mut buf = take_spare(spare);
                     buf.resize(held);
                     match &mut reading {
+                        Reading::Through(reader) if self.streamed => {
+                            let want = (f.len - offset).min(size as u64) as usize;
+                            let Some((checksum, crcs)) = stream_slice(
+                                &mut **reader,
+                                &mut whole,
+                                &mut buf,
+                                want,
+                                &self.strips,
+                            )?
+                            else {
+                                return Err(changed());
+                            };
+                            if let Some((_, checksums)) = describe.as_mut() {
+                                checksums[slice_index] = checksum;
+                            }
+                            // Empty when there is one strip (and `pieces` too).
+                            if strips > 1 {
+                                pieces[slice_index * strips..][..strips].copy_from_slice(&crcs);
+                            }
+                        }
                         Reading::Through(reader) => {
                             let want = (f.len - offset).min(size as u64) as usize;
                             if read_full(&mut **reader, &mut buf[..want])? < want {
@@ -405,11 +437,7 @@ impl<'a> Making<'a> {
                             }
                             // The last slice of a file is padded with zeros.
                             buf[want..].fill(0);
-                            match reader.sha256() {
-                                Some(sha) => whole.update_with_sha256(&buf[..want], sha),
-                                None => whole
-                                    .update_along(&buf[..want], &mut |piece| reader.along(piece)),
-                            }
+                            hash_through(&mut whole, &mut **reader, &buf[..want]);
                         }
                         Reading::At(files) => {
                             let at = offset + range.start as u64;
@@ -554,6 +582,144 @@ impl Batching<'_> {
         lock(natives).extend(native.into_iter().map(|(n, _)| n));
         lock(self.spare).extend(batch.into_iter().map(|(b, _)| b));
         (rec, at, sums, crcs)
+    }
+}
+
+/// Bytes a streamed first pass reads at a time beyond each slice's strip, and how many such
+/// pieces are on their way to the slice's checksums at most.
+const STREAM_READ: usize = 1 << 20;
+const STREAM_PIECES: usize = 3;
+
+/// Reads the next slice of a file read through (`want` bytes of it; padded with zeros to the
+/// strips' end) for a streamed first pass: its first strip into `buf`, the rest in pieces
+/// that are hashed and let go. The slice's checksums are taken on a thread of their own as
+/// the pieces go by: a second MD5 chain beside the file's own slowed the reader by half.
+/// `None` if the file ends early.
+fn stream_slice(
+    reader: &mut dyn Through,
+    whole: &mut Md5,
+    buf: &mut [u8],
+    want: usize,
+    strips: &[std::ops::Range<usize>],
+) -> io::Result<Option<Checksums>> {
+    let size = strips.last().map_or(0, |s| s.end);
+    let head = want.min(buf.len());
+    if read_full(reader, &mut buf[..head])? < head {
+        return Ok(None);
+    }
+    buf[head..].fill(0);
+    hash_through(whole, reader, &buf[..head]);
+    std::thread::scope(|t| {
+        let (full, to_sum) = std::sync::mpsc::sync_channel::<Vec<u8>>(STREAM_PIECES);
+        let (empty, to_fill) = std::sync::mpsc::channel::<Vec<u8>>();
+        let summing = t.spawn(move || {
+            let mut sums = SliceSums::new(strips);
+            for piece in to_sum {
+                sums.update(&piece);
+                let _ = empty.send(piece);
+            }
+            // The last slice of a file is padded with zeros.
+            let zeros = vec![0u8; (size - want).min(STREAM_READ)];
+            let mut left = size - want;
+            while left > 0 {
+                let n = left.min(STREAM_READ);
+                sums.update(&zeros[..n]);
+                left -= n;
+            }
+            sums.finalize()
+        });
+        let mut made = 0;
+        let mut piece = || match to_fill.try_recv() {
+            Ok(b) => b,
+            Err(_) if made < STREAM_PIECES + 1 => {
+                made += 1;
+                vec![0u8; STREAM_READ]
+            }
+            Err(_) => to_fill
+                .recv()
+                .expect("the summing thread gives every piece back"),
+        };
+        for chunk in buf[..head].chunks(STREAM_READ) {
+            let mut p = piece();
+            p.clear();
+            p.extend_from_slice(chunk);
+            let _ = full.send(p);
+        }
+        let mut done = head;
+        while done < want {
+            let mut p = piece();
+            p.resize((want - done).min(STREAM_READ), 0);
+            if read_full(reader, &mut p)? < p.len() {
+                return Ok(None);
+            }
+            hash_through(whole, reader, &p);
+            done += p.len();
+            let _ = full.send(p);
+        }
+        drop(full);
+        Ok(Some(summing.join().expect("no panic")))
+    })
+}
+
+/// A slice's checksums (MD5, CRC32) and the CRC32 of each of its strips.
+type Checksums = ((Id, u32), Vec<u32>);
+
+/// Hashes a piece of a file read through into its MD5, and into the file's own hash.
+fn hash_through(whole: &mut Md5, reader: &mut dyn Through, piece: &[u8]) {
+    match reader.sha256() {
+        Some(sha) => whole.update_with_sha256(piece, sha),
+        None => whole.update_along(piece, &mut |p| reader.along(p)),
+    }
+}
+
+/// A slice's MD5 and CRC32s (its own, and one for each strip) taken as its bytes stream by.
+struct SliceSums<'a> {
+    md5: Md5,
+    strips: &'a [std::ops::Range<usize>],
+    crcs: Vec<crc32fast::Hasher>,
+    /// Bytes of the slice seen, and the strip they end in.
+    at: usize,
+    strip: usize,
+}
+
+impl<'a> SliceSums<'a> {
+    fn new(strips: &'a [std::ops::Range<usize>]) -> Self {
+        SliceSums {
+            md5: Md5::new(),
+            strips,
+            crcs: vec![crc32fast::Hasher::new(); strips.len()],
+            at: 0,
+            strip: 0,
+        }
+    }
+
+    /// The slice's next bytes.
+    fn update(&mut self, mut data: &[u8]) {
+        self.md5.update(data);
+        while !data.is_empty() {
+            let strip = &self.strips[self.strip];
+            let n = data.len().min(strip.end - self.at);
+            self.crcs[self.strip].update(&data[..n]);
+            self.at += n;
+            data = &data[n..];
+            if self.at == strip.end {
+                self.strip += 1;
+            }
+        }
+    }
+
+    /// The slice's checksums.
+    fn finalize(self) -> Checksums {
+        let mut whole = crc32fast::Hasher::new();
+        let crcs = self
+            .crcs
+            .into_iter()
+            .map(|h| {
+                whole.combine(&h);
+                h.finalize()
+            })
+            .collect();
+        ((self.md5.finalize(), whole.finalize()), crcs)
     }
 }
 

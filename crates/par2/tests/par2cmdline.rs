@@ -94,6 +94,29 @@ fn par2cmdline_verifies_and_repairs_our_sets() {
 }
 
 #[test]
+fn slices_too_large_to_hold_are_checksummed_as_they_stream_by() {
+    // Slices larger than a first batch are not held whole (a file of more than 32 GiB in
+    // 2,000 slices): their MD5s and each strip's CRC32 are taken as the file is read through.
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    let slice = intact_par2::FIRST_BATCH as u64 + 128;
+    let a = data(2 * slice as usize + 12_345, 5);
+    let b = data(3_000_001, 6);
+    fs::write(d.join("a.bin"), &a).unwrap();
+    fs::write(d.join("b.bin"), &b).unwrap();
+    make_set(d, &["a.bin", "b.bin"], slice, 2);
+    let (ok, out) = par2(d, &["verify", "set.par2"]);
+    assert!(ok, "{out}");
+    // Damage in a's first and last slices: two damaged slices, two recovery slices.
+    flip(&d.join("a.bin"), 1_000);
+    flip(&d.join("a.bin"), 2 * slice as usize + 12_000);
+    let (ok, out) = par2(d, &["repair", "set.par2"]);
+    assert!(ok, "{out}");
+    assert_eq!(fs::read(d.join("a.bin")).unwrap(), a);
+    assert_eq!(fs::read(d.join("b.bin")).unwrap(), b);
+}
+
+#[test]
 fn sets_from_par2cmdline_repair_here() {
     let t = tempfile::tempdir().unwrap();
     let d = t.path();
