@@ -356,7 +356,7 @@ impl Protector {
             return Ok(());
         }
         let (mut moved, mut removed, mut bytes, mut kept, mut repacked) = (0, 0, 0, 0, 0);
-        let (mut merged, mut dropped) = (0, 0);
+        let (mut merged, mut dropped, mut spent) = (0, 0, 0);
         let stores = self.stores.clone();
         for (i, store) in stores.iter().enumerate() {
             let pruned = match self.keep_stale {
@@ -375,6 +375,7 @@ impl Protector {
             moved += pruned.moved;
             merged += pruned.merged;
             dropped += pruned.dropped;
+            spent += pruned.spent;
             removed += pruned.removed;
             bytes += pruned.removed_bytes;
             kept += pruned.kept_for_damage;
@@ -447,6 +448,12 @@ impl Protector {
         }
         if dropped > 0 {
             said.push(format!("{dropped} set(s) of edited content removed"));
+        }
+        if spent > 0 {
+            said.push(format!(
+                "{spent} pack(s) removed: more of their members are gone than their parity \
+                 rebuilds"
+            ));
         }
         if merged > 0 {
             said.push(format!("{merged} small pack(s) merged"));

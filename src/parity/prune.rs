@@ -5,8 +5,10 @@
 //! period; never while a file they could repair is damaged. A set whose content was only
 //! edited away (its file holds other content now) is removed at once: nothing in it is
 //! wanted back. A pack with a changed or deleted
-//! member is moved aside whole, and its members still in the tree are packed again by the
-//! same run.
+//! member is moved aside with only as many recovery slices as its members gone from the
+//! tree have slices (what rebuilds them while the others are as it describes them; a pack
+//! that cannot is removed), and its members still in the tree are packed again by the same
+//! run.
 //!
 //! Each step is a rename or an unlink of one file: a run killed at any moment leaves sets
 //! that are whole (an index means a complete set, as when they are written) or volumes with
@@ -76,6 +78,9 @@ pub struct Pruned {
     pub merged: u64,
     /// Sets of contents edited away, removed at once.
     pub dropped: u64,
+    /// Packs with more of their members gone than their recovery slices rebuild: of no use,
+    /// removed at once.
+    pub spent: u64,
     /// Stale files removed, past their grace period ...
     pub removed: u64,
     /// ... and their bytes.
@@ -234,9 +239,19 @@ impl Store {
                 drop_set(files)?;
                 continue;
             }
+            if set > 0 {
+                let gone = slices_gone(&std::fs::read(&index)?, live);
+                if !aside_trimmed(&files, &index, gone, &stale.join("packs"))? {
+                    pruned.spent += 1;
+                    drop_set(files)?;
+                    continue;
+                }
+            }
             pruned.moved += set;
             for f in files {
-                aside(&f, &stale.join("packs"))?;
+                if f.exists() {
+                    aside(&f, &stale.join("packs"))?;
+                }
             }
         }
         if small.len() > 1 {
@@ -346,6 +361,72 @@ fn members(bytes: &[u8]) -> (Vec<Member>, u64) {
         }
     }
     (members, total)
+}
+
+/// How many slices of the pack with the index `bytes` hold members gone from the tree: as
+/// many of its recovery slices rebuild them, while its other members are as it describes
+/// them.
+fn slices_gone(bytes: &[u8], live: &Live) -> u64 {
+    let digests = pack_digests(bytes);
+    let (mut slice, mut lens) = (0, HashMap::new());
+    for found in par2::packet::parse(bytes) {
+        match found.packet {
+            par2::packet::Packet::Main { slice_size, .. } => slice = slice_size,
+            par2::packet::Packet::FileDesc { id, len, .. } => {
+                lens.insert(id, len);
+            }
+            _ => {}
+        }
+    }
+    digests
+        .iter()
+        .filter(|(_, d)| !live.holds(d))
+        .filter_map(|(id, _)| lens.get(id))
+        .map(|len| len.div_ceil(slice.max(1)))
+        .sum()
+}
+
+/// Puts in `to` a volume of the pack with the index `index` that holds only its first
+/// `keep` recovery slices, and removes the pack's own volume: a stale pack is kept for the
+/// members gone from the tree it can rebuild (the others are packed again), and the rest of
+/// its recovery data would cost the store as much again for a month. False, leaving the
+/// pack as it was, if it has fewer (it rebuilds nothing). The index is left to be moved.
+fn aside_trimmed(files: &[PathBuf], index: &Path, keep: u64, to: &Path) -> io::Result<bool> {
+    let Some(volume) = files.iter().find(|f| !is_index(f)) else {
+        return Ok(false);
+    };
+    let bytes = std::fs::read(volume)?;
+    // intact's volumes hold their recovery packets first, each a header (magic, length at
+    // 8, type at 48) and its body.
+    let (mut end, mut kept) = (0usize, 0u64);
+    while kept < keep {
+        let Some(header) = bytes.get(end..end + 64) else {
+            break;
+        };
+        let len = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes")) as usize;
+        if &header[..8] != par2::packet::MAGIC
+            || &header[48..64] != par2::packet::kind::RECOVERY
+            || end + len > bytes.len()
+        {
+            break;
+        }
+        end += len;
+        kept += 1;
+    }
+    if kept < keep || keep == 0 {
+        return Ok(false);
+    }
+    let stem = index.file_stem().unwrap_or_default().to_string_lossy();
+    let name = format!("{}.{STALE_EXT}", par2::volume_name(&stem, 0, keep as u32));
+    std::fs::create_dir_all(to)?;
+    let temp = crate::fs::atomic::Temp::beside(&to.join(&name))?;
+    let mut out = temp.file();
+    std::io::Write::write_all(&mut out, &bytes[..end])?;
+    std::io::Write::write_all(&mut out, &std::fs::read(index)?)?;
+    out.set_modified(SystemTime::now())?;
+    temp.commit(name.as_ref())?;
+    std::fs::remove_file(volume)?;
+    Ok(true)
 }
 
 /// Removes a set's files: the index first (volumes without one are of no use, and go with
