@@ -105,7 +105,7 @@ impl Entry {
 
 /// The journal of the database at `db`: `db` with `.damage` appended.
 pub fn path_of(db: &Path) -> PathBuf {
-    super::with_suffix(db, ".damage")
+    super::recover::with_suffix(db, ".damage")
 }
 
 /// Appends `entry` to the journal at `path`, durably.

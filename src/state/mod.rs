@@ -18,146 +18,47 @@
 //! again. It stays bounded: a file re-tagged or replaced leaves no row of its old content,
 //! and only the latest runs are kept.
 
-use std::collections::HashMap;
 use std::io;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, bounded, unbounded};
-use rusqlite::{CachedStatement, Connection, OptionalExtension, params};
+use crossbeam_channel::TryRecvError;
+use rusqlite::{Connection, OptionalExtension, params};
 
+mod damage;
 pub mod journal;
+mod locks;
+mod paths;
+mod recover;
+mod rows;
+mod schema;
+mod writer;
 
-use crate::core::classify::Status;
-use crate::core::digest::{Algo, Digest};
-use crate::core::tag::Damage;
-use crate::engine::{Action, FileReport, KnownDamage};
+pub use damage::known_damage_at;
+use damage::{JOURNAL_COMPACT_AT, load_damage, replay};
+pub(crate) use locks::wait_for_locks;
+pub use locks::{LOCK_WAIT, on_lock_waits};
+use paths::absolute_from;
+pub(crate) use paths::under;
+pub use paths::{FsIds, absolute, roots_key};
+pub use recover::{Rebuilt, is_damage, why};
+use recover::{rebuild, room_for_shared_memory};
+use rows::{Fact, Row, facts};
+pub use rows::{digest_from_key, digest_key};
+pub(crate) use schema::schema;
+use schema::{INDEXES, VERSION, migrate, tables};
+use writer::{Batch, COMMIT_EVERY, Writer, transaction, writer_gone};
 
-/// The schema, its tables in the schema `prefix` names (`""`, or `"state."` where the
-/// database is attached); `user_version` says which one a database has.
-pub(crate) fn schema(prefix: &str) -> String {
-    tables(prefix) + &INDEXES.replace("{s}", prefix)
-}
-
-/// The tables alone: indexes on columns a migration adds come after it.
-fn tables(prefix: &str) -> String {
-    SCHEMA.replace("{s}", prefix)
-}
-
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS {s}files (
-    fs INTEGER NOT NULL,        -- file system id (statvfs f_fsid)
-    ino INTEGER NOT NULL,
-    digest BLOB NOT NULL,       -- algorithm byte (0 SHA-256, 1 BLAKE3), then the digest
-    path BLOB NOT NULL,         -- absolute, where it was last seen
-    size INTEGER NOT NULL,
-    -- Times are Unix milliseconds: datetime(verified / 1000, 'unixepoch') in sqlite3.
-    verified INTEGER,           -- last time its data matched its tag
-    checked INTEGER,            -- time of the last verdict
-    status TEXT,                -- the last verdict
-    damaged INTEGER,            -- when damage was found, until repaired, accepted or edited
-    protected INTEGER,          -- when parity was written for it
-    archived INTEGER,           -- when it was copied into an archive (one known durable) ...
-    archived_in INTEGER,        -- ... or the last run that archived it, once runs.copied says
-                                -- that archive is durable
-    seen INTEGER,               -- the run that last saw it
-    damaged_digest BLOB,        -- the digest of the damaged bytes (as digest), while damaged
-    gone INTEGER,               -- when a scrub found it gone from its tree
-    PRIMARY KEY (fs, ino, digest)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS {s}runs (
-    id INTEGER PRIMARY KEY,
-    verb TEXT NOT NULL,
-    roots BLOB NOT NULL,
-    started INTEGER NOT NULL,
-    ended INTEGER,
-    files INTEGER,
-    bytes INTEGER,              -- bytes of data read
-    seconds REAL,
-    exit_code INTEGER,
-    copied INTEGER              -- when the copies it made (an archive) became durable
-);
-CREATE TABLE IF NOT EXISTS {s}cycles (
-    root BLOB PRIMARY KEY,      -- a scrubbed root, absolute
-    started INTEGER NOT NULL    -- when its current cycle began
-);
--- What the owner was last told of a set of trees (notifications): so that a reminder says
--- what is new, and an all-clear follows an alarm once. Added to schema 3 as it stands (a
--- table of its own, created on open): no migration.
-CREATE TABLE IF NOT EXISTS {s}told (
-    roots BLOB PRIMARY KEY,     -- the trees, as runs.roots
-    at INTEGER NOT NULL,        -- when
-    alarm INTEGER NOT NULL,     -- 1 an alarm or reminder, 0 an all-clear
-    items TEXT NOT NULL         -- what it told, one key a line
-);
-CREATE TABLE IF NOT EXISTS {s}lost (
-    at INTEGER NOT NULL,        -- when an earlier database was found damaged and replaced
-    aside BLOB,                 -- where it was moved
-    why TEXT
-);
-";
-const INDEXES: &str = "
-CREATE INDEX IF NOT EXISTS {s}files_path ON files (path);
-CREATE INDEX IF NOT EXISTS {s}files_damaged ON files (damaged) WHERE damaged IS NOT NULL;
-CREATE INDEX IF NOT EXISTS {s}files_gone ON files (gone) WHERE gone IS NOT NULL;
-";
-const VERSION: i64 = 3;
-
-/// How long a run waits for the lock of a database that another process is writing: other
-/// runs of intact hold it for a moment at a time (their writes are committed at least every
-/// second), so a wait this long is a stuck or foreign writer, and the run fails (exit 3).
-pub const LOCK_WAIT: Duration = Duration::from_secs(60);
+use crate::core::digest::Digest;
+use crate::engine::{FileReport, KnownDamage};
 
 /// Runs kept in `runs` (older ones are forgotten, their archived copies kept on the files).
 const RUNS_KEPT: i64 = 1000;
 
-/// What a wait for a lock answers to: a flag that ends it (the run was interrupted), and a
-/// function told once that a wait has begun to take long.
-struct Waits {
-    cancel: &'static AtomicBool,
-    notice: fn(Duration),
-}
-
-static WAITS: OnceLock<Waits> = OnceLock::new();
-
-/// Makes every wait for a lock of the database give up as soon as `cancel` is set (so that
-/// Ctrl-C and SIGTERM end a run within a second), and call `notice` once, the first time a
-/// wait lasts a second, with how long it may last.
-pub fn on_lock_waits(cancel: &'static AtomicBool, notice: fn(Duration)) {
-    let _ = WAITS.set(Waits { cancel, notice });
-}
-
-/// SQLite's busy handler: waits in steps of 10 ms, up to [`LOCK_WAIT`] for each lock.
-fn busy(tries: i32) -> bool {
-    const STEP: Duration = Duration::from_millis(10);
-    static NOTICED: AtomicBool = AtomicBool::new(false);
-    if let Some(w) = WAITS.get() {
-        if w.cancel.load(Ordering::Relaxed) {
-            return false;
-        }
-        if tries >= 100 && !NOTICED.swap(true, Ordering::Relaxed) {
-            (w.notice)(LOCK_WAIT);
-        }
-    }
-    if STEP * tries.max(0) as u32 >= LOCK_WAIT {
-        return false;
-    }
-    std::thread::sleep(STEP);
-    true
-}
-
-/// Makes `conn` wait for locks as [`busy`] says.
-pub(crate) fn wait_for_locks(conn: &mut Connection) -> rusqlite::Result<()> {
-    conn.busy_handler(Some(busy))
-}
-
-/// Recorded rows are written at least this often ...
-const COMMIT_EVERY: Duration = Duration::from_secs(1);
-/// ... or once this many are waiting. Batches are handed over, not committed: the writer
+/// Recorded rows are handed to the writer once this many are waiting, or when a second
+/// ([`COMMIT_EVERY`]) has passed. Batches are handed over, not committed: the writer
 /// commits once a second whatever their size, so a small batch costs nothing, and bounds what
 /// waits for a writer that lags (up to four batches are alive: measured on 1M files, batches
 /// of 4,096 rows raised a scrub's peak by 3 MiB where the database's pages came from disk).
@@ -388,36 +289,26 @@ impl State {
     pub fn outstanding(&mut self, roots: &[PathBuf]) -> Vec<Damaged> {
         self.commit();
         let mut found = Vec::new();
-        let run = self.run.unwrap_or(0);
-        let rows = (|| -> rusqlite::Result<Vec<(i64, i64, Damaged)>> {
-            let mut stmt = self.conn.prepare_cached(
-                // Damaged rows are few: through their own index, never a walk of the tree's.
-                "SELECT fs, ino, path, status, damaged FROM files INDEXED BY files_damaged \
-                 WHERE damaged IS NOT NULL \
-                 AND coalesce(seen, 0) != ?3 AND gone IS NULL \
-                 AND ((path >= ?1 AND path < ?2) OR path = ?4) ORDER BY path",
-            )?;
-            let mut all = Vec::new();
-            for root in roots {
-                let (low, high, exact) = under(root);
-                let rows = stmt.query_map(params![low, high, run, exact], |r| {
-                    let path: Vec<u8> = r.get(2)?;
-                    Ok((
-                        r.get::<_, i64>(0)?,
-                        r.get::<_, i64>(1)?,
-                        Damaged {
-                            path: PathBuf::from(std::ffi::OsString::from_vec(path)),
-                            status: r.get(3)?,
-                            found: r.get(4)?,
-                        },
-                    ))
-                })?;
-                for row in rows {
-                    all.push(row?);
-                }
-            }
-            Ok(all)
-        })();
+        let rows = self.under_roots(
+            // Damaged rows are few: through their own index, never a walk of the tree's.
+            "SELECT fs, ino, path, status, damaged FROM files INDEXED BY files_damaged \
+             WHERE damaged IS NOT NULL \
+             AND coalesce(seen, 0) != ?3 AND gone IS NULL \
+             AND ((path >= ?1 AND path < ?2) OR path = ?4) ORDER BY path",
+            roots,
+            |r| {
+                let path: Vec<u8> = r.get(2)?;
+                Ok(Some((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    Damaged {
+                        path: PathBuf::from(std::ffi::OsString::from_vec(path)),
+                        status: r.get(3)?,
+                        found: r.get(4)?,
+                    },
+                )))
+            },
+        );
         match rows {
             Ok(rows) => {
                 for (fs, ino, damaged) in rows {
@@ -434,47 +325,50 @@ impl State {
         found
     }
 
+    /// What `sql` selects under each of `roots` (its parameters: the range of paths under a
+    /// root, ?1 to ?2, this run, ?3, and the root itself, ?4), each row made a value by `row`.
+    fn under_roots<T>(
+        &self,
+        sql: &str,
+        roots: &[PathBuf],
+        mut row: impl FnMut(&rusqlite::Row) -> rusqlite::Result<Option<T>>,
+    ) -> rusqlite::Result<Vec<T>> {
+        let run = self.run.unwrap_or(0);
+        let mut stmt = self.conn.prepare_cached(sql)?;
+        let mut all = Vec::new();
+        for root in roots {
+            let (low, high, exact) = under(root);
+            let mut rows = stmt.query(params![low, high, run, exact])?;
+            while let Some(r) = rows.next()? {
+                all.extend(row(r)?);
+            }
+        }
+        Ok(all)
+    }
+
     /// The files this database knows under `roots` that this run did not see and whose path
     /// holds nothing now: deleted (or moved out of the trees), with the content they had.
     pub fn missing(&mut self, roots: &[PathBuf]) -> Vec<Missing> {
         self.commit();
-        let run = self.run.unwrap_or(0);
         let mut found: Vec<Missing> = Vec::new();
-        let rows = (|| -> rusqlite::Result<Vec<Missing>> {
-            let mut stmt = self.conn.prepare_cached(
-                "SELECT ino, digest, path, size, verified FROM files \
-                 WHERE coalesce(seen, 0) != ?3 AND length(digest) > 1 \
-                 AND ((path >= ?1 AND path < ?2) OR path = ?4) ORDER BY path",
-            )?;
-            let mut all = Vec::new();
-            for root in roots {
-                let (low, high, exact) = under(root);
-                let rows = stmt.query_map(params![low, high, run, exact], |r| {
-                    let key: Vec<u8> = r.get(1)?;
-                    let path: Vec<u8> = r.get(2)?;
-                    Ok((
-                        r.get::<_, i64>(0)?,
-                        key,
-                        path,
-                        r.get::<_, i64>(3)?,
-                        r.get(4)?,
-                    ))
-                })?;
-                for row in rows {
-                    let (ino, key, path, size, verified) = row?;
-                    if let Some(digest) = digest_from_key(&key) {
-                        all.push(Missing {
-                            path: PathBuf::from(std::ffi::OsString::from_vec(path)),
-                            digest,
-                            size: size as u64,
-                            ino: ino as u64,
-                            verified,
-                        });
-                    }
-                }
-            }
-            Ok(all)
-        })();
+        let rows = self.under_roots(
+            "SELECT ino, digest, path, size, verified FROM files \
+             WHERE coalesce(seen, 0) != ?3 AND length(digest) > 1 \
+             AND ((path >= ?1 AND path < ?2) OR path = ?4) ORDER BY path",
+            roots,
+            |r| {
+                let (key, path): (Vec<u8>, Vec<u8>) = (r.get(1)?, r.get(2)?);
+                let (ino, size, verified): (i64, i64, Option<i64>) =
+                    (r.get(0)?, r.get(3)?, r.get(4)?);
+                Ok(digest_from_key(&key).map(|digest| Missing {
+                    path: PathBuf::from(std::ffi::OsString::from_vec(path)),
+                    digest,
+                    size: size as u64,
+                    ino: ino as u64,
+                    verified,
+                }))
+            },
+        );
         match rows {
             Ok(rows) => {
                 for m in rows {
@@ -901,638 +795,6 @@ impl Drop for State {
     }
 }
 
-/// What a writer that stopped (it panicked) leaves to say.
-fn writer_gone() -> rusqlite::Error {
-    rusqlite::Error::SqliteFailure(
-        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
-        Some("the database writer stopped".into()),
-    )
-}
-
-/// Brings a database of an older schema to this one. Schema 1 (before the columns existed)
-/// recorded an archived copy only at the end of its run; schema 2 kept no digest of damaged
-/// bytes and forgot files gone at once.
-fn migrate(conn: &Connection) -> rusqlite::Result<()> {
-    for (table, column, kind) in [
-        ("files", "archived_in", "INTEGER"),
-        ("runs", "copied", "INTEGER"),
-        ("files", "damaged_digest", "BLOB"),
-        ("files", "gone", "INTEGER"),
-    ] {
-        let has: i64 = conn.query_row(
-            "SELECT count(*) FROM pragma_table_info(?1) WHERE name = ?2",
-            [table, column],
-            |r| r.get(0),
-        )?;
-        if has == 0 {
-            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {kind}"))?;
-        }
-    }
-    Ok(())
-}
-
-/// Runs `f` on `conn` in a transaction of its own.
-fn transaction(
-    conn: &Connection,
-    f: impl FnOnce(&Connection) -> rusqlite::Result<()>,
-) -> rusqlite::Result<()> {
-    conn.execute_batch("BEGIN IMMEDIATE")?;
-    match f(conn) {
-        Ok(()) => conn.execute_batch("COMMIT"),
-        Err(e) => {
-            let _ = conn.execute_batch("ROLLBACK");
-            Err(e)
-        }
-    }
-}
-
-/// Writes batches of rows on a connection and a thread of its own, so that a run does not
-/// wait for the database: on a cold cache, its pages come from the disk while files are
-/// hashed (measured on 20,000 files of 4 KiB read cold: the check took 20% longer while the
-/// rows were written on the reporting thread).
-///
-/// One transaction takes the batches of up to a second ([`COMMIT_EVERY`]): a page is then
-/// written once a second rather than once a batch, and a batch of a tree's files touches
-/// most of the table's pages (measured on 20,000 rows in walk order: 110 ms in transactions
-/// of 4,096 rows, 44 ms in one). Another run waits at most that second for the lock, and
-/// one killed loses at most its last second of rows.
-struct Writer {
-    rows: Option<Sender<Batch>>,
-    results: Receiver<rusqlite::Result<()>>,
-    /// Batches sent and not yet reported on.
-    in_flight: usize,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Writer {
-    fn open(path: &Path) -> rusqlite::Result<Writer> {
-        let mut conn = Connection::open(path)?;
-        wait_for_locks(&mut conn)?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        // SQLite's default cache (2 MiB): a second's pages that outgrow it spill to the WAL
-        // early, which measured no slower (20,000 files of 4 KiB, first and later checks);
-        // 8 MiB filled up on large trees and made a nightly scrub's peak grow with the tree
-        // (15 MiB at 50,000 files, 27 at 1,000,000).
-        let (rows, batches) = bounded::<Batch>(2);
-        let (said, results) = unbounded();
-        let thread = std::thread::Builder::new()
-            .name("intact-state".into())
-            .spawn(move || serve(&conn, &batches, &said))
-            .expect("spawning the state writer");
-        Ok(Writer {
-            rows: Some(rows),
-            results,
-            in_flight: 0,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for Writer {
-    fn drop(&mut self) {
-        self.rows = None;
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// The writer's loop: writes each batch into the open transaction (beginning one if need
-/// be) and says how that went; commits when told to, and a second after the transaction
-/// began, whether or not more rows came meanwhile. A commit that fails on the clock is said
-/// with the next batch.
-fn serve(conn: &Connection, batches: &Receiver<Batch>, said: &Sender<rusqlite::Result<()>>) {
-    let mut began: Option<Instant> = None;
-    let mut failed: Option<rusqlite::Error> = None;
-    let end = |conn: &Connection, sql: &str| {
-        conn.execute_batch(sql).inspect_err(|_| {
-            let _ = conn.execute_batch("ROLLBACK");
-        })
-    };
-    loop {
-        let next = match began {
-            Some(t) => batches.recv_deadline(t + COMMIT_EVERY),
-            None => batches.recv().map_err(|_| RecvTimeoutError::Disconnected),
-        };
-        let batch = match next {
-            Ok(batch) => batch,
-            Err(RecvTimeoutError::Timeout) => {
-                began = None;
-                failed = failed.or(end(conn, "COMMIT").err());
-                continue;
-            }
-            Err(RecvTimeoutError::Disconnected) => {
-                if began.is_some() {
-                    let _ = end(conn, "COMMIT");
-                }
-                return;
-            }
-        };
-        let mut result = failed.take().map_or(Ok(()), Err);
-        if result.is_ok() && !batch.rows.is_empty() {
-            if began.is_none() {
-                result = conn.execute_batch("BEGIN IMMEDIATE");
-                began = result.is_ok().then(Instant::now);
-            }
-            result = result.and_then(|()| write_rows(conn, &batch.rows, batch.seen));
-        }
-        let due = batch.commit || began.is_some_and(|t| t.elapsed() >= COMMIT_EVERY);
-        if result.is_err() && began.is_some() {
-            let _ = conn.execute_batch("ROLLBACK");
-            began = None;
-        } else if due && began.take().is_some() {
-            result = end(conn, "COMMIT");
-        }
-        if said.send(result).is_err() {
-            return;
-        }
-    }
-}
-
-/// Rows for the writer to write, of the run `seen`; with `commit`, the word to commit them
-/// and every row before them.
-struct Batch {
-    rows: Vec<Row>,
-    seen: Option<i64>,
-    commit: bool,
-}
-
-/// Writes `rows` (of the run `seen`), inside the writer's transaction.
-fn write_rows(conn: &Connection, rows: &[Row], seen: Option<i64>) -> rusqlite::Result<()> {
-    // Each fact's statements, prepared once a batch: looking them up by their text for
-    // every row cost a fifth of the writer's time.
-    let mut prepared: [Option<[CachedStatement; 2]>; Fact::ALL] = Default::default();
-    // A file met under a new key or a new path no longer holds what other rows say: the
-    // rows of its inode's earlier content under the same path (re-tagged), and those of
-    // another inode that was at its path (replaced: an editor's save, a restore), unless
-    // they hold damage not dealt with (that inode may only have moved, and is reported
-    // until it is). A row of its inode's earlier content under *another* path stays, unless
-    // it is the content the file's own tag named (the file moved, then was re-tagged): the
-    // file there was deleted and its inode reused by another, and that row is all that is
-    // left of it for `--missing` (a scrub tells which: see `scrub::Plan::gone`).
-    let mut stale = conn.prepare_cached(
-        "DELETE FROM files WHERE (fs = ?1 AND ino = ?2 AND digest != ?3 \
-         AND (path = ?4 OR length(digest) <= 1 OR digest = ?5)) \
-         OR (path = ?4 AND (fs != ?1 OR ino != ?2) AND damaged IS NULL)",
-    )?;
-    let mut repaired = conn.prepare_cached(
-        "DELETE FROM files WHERE fs = ?1 AND ino = ?2 AND digest = ?3 AND ?2 != ?4",
-    )?;
-    for row in rows {
-        let [update, upsert] = match &mut prepared[row.fact as usize] {
-            Some(statements) => statements,
-            slot => {
-                let [update, upsert] = row.fact.statements();
-                slot.insert([conn.prepare_cached(update)?, conn.prepare_cached(upsert)?])
-            }
-        };
-        let (damaged, found) = match &row.damage {
-            Some((d, f)) => (Some(d.as_slice()), Some(*f)),
-            None => (None, None),
-        };
-        let all = params![
-            row.fs,
-            row.ino,
-            row.key,
-            row.path,
-            row.size,
-            seen,
-            row.t,
-            row.status,
-            damaged,
-            found,
-            row.old_ino
-        ];
-        let n = update.parameter_count();
-        if update.execute(&all[..n])? == 0 {
-            // First: a repaired file's row takes the copies of its damaged inode's.
-            let n = upsert.parameter_count();
-            upsert.execute(&all[..n])?;
-            // An untagged file's row (the empty key) stands beside none other.
-            if !row.key.is_empty() {
-                stale.execute(params![row.fs, row.ino, row.key, row.path, row.was])?;
-            }
-        }
-        if row.fact == Fact::Repaired
-            && let Some(old) = row.old_ino
-        {
-            repaired.execute(params![row.fs, old, row.key, row.ino])?;
-        }
-    }
-    Ok(())
-}
-
-/// A row waiting to be written.
-struct Row {
-    fact: Fact,
-    fs: i64,
-    ino: i64,
-    key: Vec<u8>,
-    path: Vec<u8>,
-    size: i64,
-    t: i64,
-    status: &'static str,
-    /// Damage: the digest of the damaged bytes, and when they were first found.
-    damage: Option<(Vec<u8>, i64)>,
-    /// A repair: the inode the damaged bytes were in (the repaired file is a new one).
-    old_ino: Option<i64>,
-    /// The key of the tag the file carried before this run re-tagged it, if another.
-    was: Option<Vec<u8>>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Fact {
-    /// The data matched its tag, or was just tagged from what was read: proven good now.
-    Verified,
-    /// The data no longer matches an unchanged tag.
-    Damaged,
-    /// The data changed under a moved mtime (modified, older): an edit, which ends any
-    /// damage; the file was looked at this cycle, but is not proven good.
-    Edited,
-    /// A verdict that proves nothing either way (conflict, unreadable, changed while read):
-    /// looked at this cycle; damage found before stands.
-    Judged,
-    /// Restored from a verified copy.
-    Repaired,
-    /// Parity was written.
-    Protected,
-    /// Copied into an archive by this run: a copy once the run's copies are durable
-    /// ([`State::settle`]).
-    Archived,
-    /// Both `Verified` and `Archived`.
-    VerifiedArchived,
-}
-
-impl Fact {
-    /// How many there are (the last is the last variant).
-    const ALL: usize = Fact::VerifiedArchived as usize + 1;
-
-    /// The statements that record it: one that updates the row of a file still under the
-    /// same path (the common case, which leaves the path index alone), and one that creates
-    /// the row or updates it, path included. Parameters: fs, ino, digest, path, size, seen
-    /// (the run), time, status, the damaged bytes' digest, when they were found, the
-    /// repaired file's old inode (each statement takes those up to the last it uses).
-    fn statements(self) -> [&'static str; 2] {
-        // The columns a new row sets beyond the key, path, size and seen; their values; and
-        // what an existing row gets. A row written is a file seen: not gone.
-        macro_rules! sql {
-            ($cols:literal, $values:literal, $set:expr) => {
-                [
-                    concat!(
-                        "UPDATE files SET size = ?5, seen = ?6, gone = NULL, ",
-                        $set,
-                        " WHERE fs = ?1 AND ino = ?2 AND digest = ?3 AND path = ?4"
-                    ),
-                    concat!(
-                        "INSERT INTO files (fs, ino, digest, path, size, seen, ",
-                        $cols,
-                        ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ",
-                        $values,
-                        ") ON CONFLICT DO UPDATE SET path = ?4, size = ?5, seen = ?6, gone = NULL, ",
-                        $set
-                    ),
-                ]
-            };
-        }
-        // The archive of this run (`?6`) stands once the run's copies are durable; the one the
-        // file was last archived in before, if that one's are, is its latest copy till then.
-        macro_rules! archived {
-            () => {
-                "archived = coalesce((SELECT copied FROM runs WHERE id = files.archived_in), \
-                 files.archived), archived_in = ?6"
-            };
-        }
-        match self {
-            Fact::Verified => sql!(
-                "verified, checked, status",
-                "?7, ?7, ?8",
-                "verified = ?7, checked = ?7, status = ?8, damaged = NULL, damaged_digest = NULL"
-            ),
-            Fact::Damaged => sql!(
-                "checked, status, damaged_digest, damaged",
-                "?7, ?8, ?9, ?10",
-                "checked = ?7, status = ?8, damaged_digest = ?9, \
-                 damaged = coalesce(files.damaged, ?10)"
-            ),
-            Fact::Edited => sql!(
-                "checked, status",
-                "?7, ?8",
-                "checked = ?7, status = ?8, damaged = NULL, damaged_digest = NULL"
-            ),
-            Fact::Judged => sql!("checked, status", "?7, ?8", "checked = ?7, status = ?8"),
-            // The repaired file keeps the copies its damaged inode had (same content).
-            Fact::Repaired => [
-                "UPDATE files SET size = ?5, seen = ?6, gone = NULL, verified = ?7, \
-                 checked = ?7, status = 'repaired', damaged = NULL, damaged_digest = NULL \
-                 WHERE fs = ?1 AND ino = ?2 AND digest = ?3 AND path = ?4",
-                "INSERT INTO files (fs, ino, digest, path, size, seen, verified, checked, \
-                 status, protected, archived, archived_in) \
-                 SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, 'repaired', o.protected, \
-                 coalesce(o.archived, (SELECT copied FROM runs WHERE id = o.archived_in)), \
-                 o.archived_in FROM (SELECT 1) LEFT JOIN files o \
-                 ON o.fs = ?1 AND o.ino = ?11 AND o.digest = ?3 WHERE true \
-                 ON CONFLICT DO UPDATE SET path = ?4, size = ?5, seen = ?6, gone = NULL, \
-                 verified = ?7, checked = ?7, status = 'repaired', damaged = NULL, \
-                 damaged_digest = NULL",
-            ],
-            Fact::Protected => sql!("protected", "?7", "protected = ?7"),
-            Fact::Archived => sql!("archived_in", "?6", archived!()),
-            Fact::VerifiedArchived => sql!(
-                "verified, checked, status, archived_in",
-                "?7, ?7, ?8, ?6",
-                concat!(
-                    "verified = ?7, checked = ?7, status = ?8, damaged = NULL, ",
-                    "damaged_digest = NULL, ",
-                    archived!()
-                )
-            ),
-        }
-    }
-}
-
-/// What a report says that is worth remembering, each fact with the content it is about:
-/// the verdict, and a copy made.
-fn facts(r: &FileReport) -> Vec<(Fact, Vec<u8>)> {
-    let tagged = r.tag.as_ref().map(|t| t.digest);
-    // An untagged file that could not be tagged (update, scrub --update): under the empty
-    // key, which the plan gives untagged files, so that it waits for the next cycle.
-    if tagged.is_none() && matches!(r.status, Status::Error | Status::Changed) {
-        return vec![(Fact::Judged, Vec::new())];
-    }
-    let verdict = match (r.action, r.status) {
-        // A new tag describes the data just read (a new file, an edit, damage accepted):
-        // proven good as of now.
-        (Some(Action::Tagged | Action::Accepted), _) => r.digest.map(|d| (Fact::Verified, d)),
-        // The data matched the tag (only the mtime moved, and was refreshed).
-        (Some(Action::Refreshed), _) => r.digest.map(|d| (Fact::Verified, d)),
-        (Some(Action::Repaired), _) => tagged.map(|d| (Fact::Repaired, d)),
-        // Read, and it matched (touched: under another mtime).
-        (_, Status::Ok | Status::Touched) if r.digest.is_some() => {
-            tagged.map(|d| (Fact::Verified, d))
-        }
-        (_, s) if s.is_damage() => tagged.map(|d| (Fact::Damaged, d)),
-        (_, Status::Modified | Status::Older) => tagged.map(|d| (Fact::Edited, d)),
-        (_, Status::Conflict | Status::Error | Status::Changed) => {
-            tagged.map(|d| (Fact::Judged, d))
-        }
-        _ => None,
-    };
-    let copy = match r.action {
-        Some(Action::Protected) => r.digest.or(tagged).map(|d| (Fact::Protected, d)),
-        Some(Action::Archived) => r.digest.or(tagged).map(|d| (Fact::Archived, d)),
-        _ => None,
-    };
-    // A verification and an archived copy of the same content are one row: half the
-    // writes of an archive run.
-    let facts: Vec<(Fact, Digest)> = match (verdict, copy) {
-        (Some((Fact::Verified, v)), Some((Fact::Archived, c))) if v == c => {
-            vec![(Fact::VerifiedArchived, v)]
-        }
-        (verdict, copy) => verdict.into_iter().chain(copy).collect(),
-    };
-    facts
-        .into_iter()
-        .map(|(fact, d)| (fact, digest_key(&d)))
-        .collect()
-}
-
-/// The digest a database key holds (see [`digest_key`]).
-pub fn digest_from_key(key: &[u8]) -> Option<Digest> {
-    let (&algo, bytes) = key.split_first()?;
-    let algo = match algo {
-        0 => Algo::Sha256,
-        1 => Algo::Blake3,
-        _ => return None,
-    };
-    Some(Digest {
-        algo,
-        bytes: bytes.try_into().ok()?,
-    })
-}
-
-/// A digest as the database keys it: the algorithm byte, then the bytes.
-pub fn digest_key(d: &Digest) -> Vec<u8> {
-    let mut key = Vec::with_capacity(33);
-    key.push(match d.algo {
-        Algo::Sha256 => 0,
-        Algo::Blake3 => 1,
-    });
-    key.extend_from_slice(&d.bytes);
-    key
-}
-
-/// `path` made absolute (against the working directory), without resolving symlinks, and
-/// without a trailing slash: `/srv/photos/` and `/srv/photos` are one tree.
-pub fn absolute(path: &Path) -> PathBuf {
-    absolute_from(&std::env::current_dir().unwrap_or_default(), path)
-}
-
-/// As [`absolute`], relative to `cwd`.
-fn absolute_from(cwd: &Path, path: &Path) -> PathBuf {
-    // The walk's paths are most often already in the form that `components` gives, or are
-    // that under the working directory (`intact check photos`): building them again was
-    // most of recording a file (55 M of the 364 M instructions recording 20,000 cost).
-    let b = path.as_os_str().as_bytes();
-    let formed = !b.is_empty()
-        && b != b"."
-        && !b.starts_with(b"./")
-        && !b.ends_with(b"/")
-        && !b.ends_with(b"/.")
-        && !b.windows(2).any(|w| w == b"//")
-        && !b.windows(3).any(|w| w == b"/./");
-    let c = cwd.as_os_str().as_bytes();
-    match b.first() {
-        Some(b'/') if formed => path.to_path_buf(),
-        Some(_) if formed && c.first() == Some(&b'/') => {
-            let mut joined = Vec::with_capacity(c.len() + 1 + b.len());
-            joined.extend_from_slice(c);
-            if !c.ends_with(b"/") {
-                joined.push(b'/');
-            }
-            joined.extend_from_slice(b);
-            PathBuf::from(std::ffi::OsString::from_vec(joined))
-        }
-        _ => cwd.join(path).components().collect(),
-    }
-}
-
-/// File system ids by device number: stable across reboots and remounts, where device
-/// numbers are not (statvfs `f_fsid`; the device number where that fails).
-#[derive(Default)]
-pub struct FsIds(HashMap<u64, i64>);
-
-impl FsIds {
-    /// The id of device `dev`, which `path` is on.
-    pub fn of(&mut self, dev: u64, path: &Path) -> i64 {
-        *self
-            .0
-            .entry(dev)
-            .or_insert_with(|| rustix::fs::statvfs(path).map_or(dev as i64, |s| s.f_fsid as i64))
-    }
-}
-
-/// The key of a run's roots: their absolute paths, one per line.
-pub fn roots_key(roots: &[PathBuf]) -> Vec<u8> {
-    roots
-        .iter()
-        .map(|r| absolute(r).into_os_string().into_vec())
-        .collect::<Vec<_>>()
-        .join(&b'\n')
-}
-
-/// Adds the damage the database on `conn` remembers to `known`.
-fn load_damage(conn: &Connection, known: &mut KnownDamage) -> rusqlite::Result<()> {
-    let mut stmt = conn.prepare(
-        "SELECT ino, digest, damaged_digest, damaged, fs FROM files \
-         WHERE damaged IS NOT NULL AND damaged_digest IS NOT NULL",
-    )?;
-    let mut rows = stmt.query([])?;
-    while let Some(r) = rows.next()? {
-        let (tag, bad): (Vec<u8>, Vec<u8>) = (r.get(1)?, r.get(2)?);
-        add_damage(known, r.get(0)?, &tag, &bad, r.get(3)?, r.get(4)?);
-    }
-    Ok(())
-}
-
-fn add_damage(known: &mut KnownDamage, ino: i64, tag: &[u8], bad: &[u8], found_ms: i64, fs: i64) {
-    if let (Some(tag), Some(digest)) = (digest_from_key(tag), digest_from_key(bad)) {
-        let found = found_ms.div_euclid(1000);
-        let entry = known.entry((ino as u64, tag)).or_default();
-        if !entry.iter().any(|(f, d)| *f == fs && d.digest == digest) {
-            entry.push((fs, Damage { digest, found }));
-        }
-    }
-}
-
-/// The damage the database at `db` and its journal remember, read without writing anything
-/// (`--no-state` runs, which must never bless known damage either); `None` if neither
-/// exists.
-pub fn known_damage_at(db: &Path) -> Option<KnownDamage> {
-    let entries = journal::read(&journal::path_of(db)).unwrap_or_default();
-    let conn = db
-        .exists()
-        .then(|| Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).ok())
-        .flatten();
-    if conn.is_none() && entries.is_empty() && !journal::path_of(db).exists() {
-        return None;
-    }
-    let mut known = KnownDamage::new();
-    if let Some(conn) = &conn {
-        let _ = load_damage(conn, &mut known);
-    }
-    for e in journal::outstanding(entries) {
-        add_damage(&mut known, e.ino, &e.tag, &e.damaged, e.found, e.fs);
-    }
-    Some(known)
-}
-
-/// A damage journal longer than this is compacted when the database opens.
-const JOURNAL_COMPACT_AT: u64 = 64 << 10;
-
-/// Brings the damage the journal at `path` remembers into the database (`insert`: a new one),
-/// and keeps in the journal only what is still damage: entries whose file is still there,
-/// the same inode under the same tag (repaired, accepted, edited or deleted files are not).
-fn replay(conn: &Connection, path: &Path, insert: bool) -> io::Result<()> {
-    let entries = journal::read(path)?;
-    if entries.is_empty() {
-        return Ok(());
-    }
-    let tag_of = |f: &std::fs::File| {
-        crate::fs::xattr::read(f)
-            .ok()
-            .and_then(|s| s.best().map(|t| digest_key(&t.digest)))
-    };
-    let mut keep: Vec<journal::Entry> = Vec::new();
-    for e in journal::outstanding(entries) {
-        if !e.still_there(&tag_of) {
-            continue;
-        }
-        if insert {
-            let size = std::fs::symlink_metadata(&e.path).map_or(0, |m| m.len() as i64);
-            conn.execute(
-                "INSERT INTO files (fs, ino, digest, path, size, checked, status, damaged, \
-                 damaged_digest) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?6, ?8) \
-                 ON CONFLICT DO UPDATE SET damaged = coalesce(files.damaged, ?6), \
-                 damaged_digest = ?8, status = ?7",
-                params![
-                    e.fs,
-                    e.ino,
-                    e.tag,
-                    e.path.as_os_str().as_bytes(),
-                    size,
-                    e.found,
-                    e.status,
-                    e.damaged
-                ],
-            )
-            .map_err(io::Error::other)?;
-        }
-        keep.push(e);
-    }
-    journal::rewrite(path, &keep)
-}
-
-/// Space a state database needs free before SQLite touches it: its shared memory (`-shm`)
-/// is a sparse file that SQLite maps and writes into, and a page of it that the file system
-/// cannot allocate kills the process with SIGBUS (seen on a full ext4 of 1 KiB blocks, where
-/// SQLite's one byte written per 4 KiB page leaves three blocks of each unallocated). With
-/// less than this free, the database is not used, and the run says so. (A log that cannot
-/// grow is an error SQLite reports: it needs no room set aside here.) The shared memory is
-/// not allocated ahead through a descriptor of intact's own: closing any descriptor of a
-/// file drops the process's POSIX locks on it, SQLite's among them, and another process
-/// then truncated the shared memory under this one's map (SIGBUS, seen with two scrubs at
-/// once).
-const ROOM_NEEDED: u64 = 64 << 10;
-
-/// Fails unless the file system of the database at `path` has [`ROOM_NEEDED`] free for
-/// anyone (not counting the blocks reserved for root, of which the file system keeps some
-/// that not even root can have).
-fn room_for_shared_memory(path: &Path) -> Result<(), StateError> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let Ok(st) = rustix::fs::statvfs(dir) else {
-        return Ok(());
-    };
-    let free = st.f_bavail.saturating_mul(st.f_frsize);
-    if free < ROOM_NEEDED {
-        return Err(StateError::Io(io::Error::other(format!(
-            "its file system is full ({} free; it needs {} for its shared memory)",
-            crate::text::bytes(free),
-            crate::text::bytes(ROOM_NEEDED)
-        ))));
-    }
-    Ok(())
-}
-
-/// `path` with `suffix` appended to its last component (`state.db` → `state.db-wal`), for
-/// any path, UTF-8 or not.
-fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
-    let mut p = path.as_os_str().to_os_string();
-    p.push(suffix);
-    PathBuf::from(p)
-}
-
-/// Moves the database at `path` (and its WAL) aside, to `PATH.broken-TIME`.
-fn move_aside(path: &Path) -> io::Result<PathBuf> {
-    let aside = with_suffix(path, &format!(".broken-{}", now()));
-    std::fs::rename(path, &aside)?;
-    for suffix in ["-wal", "-shm"] {
-        let _ = std::fs::remove_file(with_suffix(path, suffix));
-    }
-    Ok(aside)
-}
-
-/// A damaged database moved aside and replaced by a new one.
-#[derive(Debug)]
-pub struct Rebuilt {
-    /// Where the damaged one is now.
-    pub aside: PathBuf,
-    /// What SQLite said of it.
-    pub why: String,
-}
-
 /// A file found damaged, as the database remembers it.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Damaged {
@@ -1569,69 +831,10 @@ pub struct Lost {
     pub aside: Option<PathBuf>,
 }
 
-/// The rows under `root`: the range of paths `["ROOT/", "ROOT0")`, and `ROOT` itself (a root
-/// that is a file).
-pub(crate) fn under(root: &Path) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
-    let exact = absolute(root).into_os_string().into_vec();
-    let mut low = exact.clone();
-    // "/" is the one root that ends in a slash.
-    if low.last() != Some(&b'/') {
-        low.push(b'/');
-    }
-    let mut high = low.clone();
-    *high.last_mut().expect("not empty") = b'/' + 1;
-    (low, high, exact)
-}
-
-/// Moves the damaged database at `path` aside and makes a new one there that remembers when
-/// and why (`lost`): what the old one knew of damage and verification is gone, and every run
-/// says so until each file has been checked again.
-fn rebuild(path: &Path, why: &str) -> Result<Rebuilt, StateError> {
-    let aside = move_aside(path)?;
-    let fresh = State::open_at(path)?;
-    fresh.conn.execute(
-        "INSERT INTO lost (at, aside, why) VALUES (?1, ?2, ?3)",
-        params![now(), aside.as_os_str().as_bytes(), why],
-    )?;
-    Ok(Rebuilt {
-        aside,
-        why: why.to_string(),
-    })
-}
-
-/// What SQLite said, in words that say what to do where it can.
-pub fn why(e: &rusqlite::Error) -> String {
-    match e.sqlite_error_code() {
-        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
-            match WAITS.get() {
-                Some(w) if w.cancel.load(Ordering::Relaxed) => {
-                    "interrupted while waiting for another process's lock on it".into()
-                }
-                _ => format!(
-                    "another process holds its lock, still after {} s",
-                    LOCK_WAIT.as_secs()
-                ),
-            }
-        }
-        Some(rusqlite::ErrorCode::DiskFull) => format!("{e}: the disk under it is full"),
-        Some(rusqlite::ErrorCode::ReadOnly | rusqlite::ErrorCode::CannotOpen) => {
-            format!("{e}: it, or its directory, cannot be written")
-        }
-        _ => e.to_string(),
-    }
-}
-
-/// Whether SQLite says the file is not a database, or a damaged one.
-pub fn is_damage(e: &rusqlite::Error) -> bool {
-    matches!(
-        e.sqlite_error_code(),
-        Some(rusqlite::ErrorCode::NotADatabase | rusqlite::ErrorCode::DatabaseCorrupt)
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::classify::Status;
     use crate::core::digest::{Algo, digest_bytes};
     use crate::core::tag::{Format, Tag};
     use crate::engine::Action;

@@ -1,0 +1,112 @@
+//! The damage the database remembers, with its journal beside it (which survives the
+//! database).
+
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use rusqlite::{Connection, params};
+
+use super::journal;
+use super::rows::{digest_from_key, digest_key};
+use crate::core::tag::Damage;
+use crate::engine::KnownDamage;
+
+/// Adds the damage the database on `conn` remembers to `known`.
+pub(super) fn load_damage(conn: &Connection, known: &mut KnownDamage) -> rusqlite::Result<()> {
+    let mut stmt = conn.prepare(
+        "SELECT ino, digest, damaged_digest, damaged, fs FROM files \
+         WHERE damaged IS NOT NULL AND damaged_digest IS NOT NULL",
+    )?;
+    let mut rows = stmt.query([])?;
+    while let Some(r) = rows.next()? {
+        let (tag, bad): (Vec<u8>, Vec<u8>) = (r.get(1)?, r.get(2)?);
+        add_damage(known, r.get(0)?, &tag, &bad, r.get(3)?, r.get(4)?);
+    }
+    Ok(())
+}
+
+pub(super) fn add_damage(
+    known: &mut KnownDamage,
+    ino: i64,
+    tag: &[u8],
+    bad: &[u8],
+    found_ms: i64,
+    fs: i64,
+) {
+    if let (Some(tag), Some(digest)) = (digest_from_key(tag), digest_from_key(bad)) {
+        let found = found_ms.div_euclid(1000);
+        let entry = known.entry((ino as u64, tag)).or_default();
+        if !entry.iter().any(|(f, d)| *f == fs && d.digest == digest) {
+            entry.push((fs, Damage { digest, found }));
+        }
+    }
+}
+
+/// The damage the database at `db` and its journal remember, read without writing anything
+/// (`--no-state` runs, which must never bless known damage either); `None` if neither
+/// exists.
+pub fn known_damage_at(db: &Path) -> Option<KnownDamage> {
+    let entries = journal::read(&journal::path_of(db)).unwrap_or_default();
+    let conn = db
+        .exists()
+        .then(|| Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).ok())
+        .flatten();
+    if conn.is_none() && entries.is_empty() && !journal::path_of(db).exists() {
+        return None;
+    }
+    let mut known = KnownDamage::new();
+    if let Some(conn) = &conn {
+        let _ = load_damage(conn, &mut known);
+    }
+    for e in journal::outstanding(entries) {
+        add_damage(&mut known, e.ino, &e.tag, &e.damaged, e.found, e.fs);
+    }
+    Some(known)
+}
+
+/// A damage journal longer than this is compacted when the database opens.
+pub(super) const JOURNAL_COMPACT_AT: u64 = 64 << 10;
+
+/// Brings the damage the journal at `path` remembers into the database (`insert`: a new one),
+/// and keeps in the journal only what is still damage: entries whose file is still there,
+/// the same inode under the same tag (repaired, accepted, edited or deleted files are not).
+pub(super) fn replay(conn: &Connection, path: &Path, insert: bool) -> io::Result<()> {
+    let entries = journal::read(path)?;
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let tag_of = |f: &std::fs::File| {
+        crate::fs::xattr::read(f)
+            .ok()
+            .and_then(|s| s.best().map(|t| digest_key(&t.digest)))
+    };
+    let mut keep: Vec<journal::Entry> = Vec::new();
+    for e in journal::outstanding(entries) {
+        if !e.still_there(&tag_of) {
+            continue;
+        }
+        if insert {
+            let size = std::fs::symlink_metadata(&e.path).map_or(0, |m| m.len() as i64);
+            conn.execute(
+                "INSERT INTO files (fs, ino, digest, path, size, checked, status, damaged, \
+                 damaged_digest) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?6, ?8) \
+                 ON CONFLICT DO UPDATE SET damaged = coalesce(files.damaged, ?6), \
+                 damaged_digest = ?8, status = ?7",
+                params![
+                    e.fs,
+                    e.ino,
+                    e.tag,
+                    e.path.as_os_str().as_bytes(),
+                    size,
+                    e.found,
+                    e.status,
+                    e.damaged
+                ],
+            )
+            .map_err(io::Error::other)?;
+        }
+        keep.push(e);
+    }
+    journal::rewrite(path, &keep)
+}

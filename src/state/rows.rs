@@ -1,0 +1,205 @@
+//! What a report says that is worth remembering, as rows for the writer, and the statements
+//! that record each fact.
+
+use crate::core::classify::Status;
+use crate::core::digest::{Algo, Digest};
+use crate::engine::{Action, FileReport};
+
+/// A row waiting to be written.
+pub(super) struct Row {
+    pub(super) fact: Fact,
+    pub(super) fs: i64,
+    pub(super) ino: i64,
+    pub(super) key: Vec<u8>,
+    pub(super) path: Vec<u8>,
+    pub(super) size: i64,
+    pub(super) t: i64,
+    pub(super) status: &'static str,
+    /// Damage: the digest of the damaged bytes, and when they were first found.
+    pub(super) damage: Option<(Vec<u8>, i64)>,
+    /// A repair: the inode the damaged bytes were in (the repaired file is a new one).
+    pub(super) old_ino: Option<i64>,
+    /// The key of the tag the file carried before this run re-tagged it, if another.
+    pub(super) was: Option<Vec<u8>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Fact {
+    /// The data matched its tag, or was just tagged from what was read: proven good now.
+    Verified,
+    /// The data no longer matches an unchanged tag.
+    Damaged,
+    /// The data changed under a moved mtime (modified, older): an edit, which ends any
+    /// damage; the file was looked at this cycle, but is not proven good.
+    Edited,
+    /// A verdict that proves nothing either way (conflict, unreadable, changed while read):
+    /// looked at this cycle; damage found before stands.
+    Judged,
+    /// Restored from a verified copy.
+    Repaired,
+    /// Parity was written.
+    Protected,
+    /// Copied into an archive by this run: a copy once the run's copies are durable
+    /// ([`State::settle`]).
+    Archived,
+    /// Both `Verified` and `Archived`.
+    VerifiedArchived,
+}
+
+impl Fact {
+    /// How many there are (the last is the last variant).
+    pub(super) const ALL: usize = Fact::VerifiedArchived as usize + 1;
+
+    /// The statements that record it: one that updates the row of a file still under the
+    /// same path (the common case, which leaves the path index alone), and one that creates
+    /// the row or updates it, path included. Parameters: fs, ino, digest, path, size, seen
+    /// (the run), time, status, the damaged bytes' digest, when they were found, the
+    /// repaired file's old inode (each statement takes those up to the last it uses).
+    pub(super) fn statements(self) -> [&'static str; 2] {
+        // The columns a new row sets beyond the key, path, size and seen; their values; and
+        // what an existing row gets. A row written is a file seen: not gone.
+        macro_rules! sql {
+            ($cols:literal, $values:literal, $set:expr) => {
+                [
+                    concat!(
+                        "UPDATE files SET size = ?5, seen = ?6, gone = NULL, ",
+                        $set,
+                        " WHERE fs = ?1 AND ino = ?2 AND digest = ?3 AND path = ?4"
+                    ),
+                    concat!(
+                        "INSERT INTO files (fs, ino, digest, path, size, seen, ",
+                        $cols,
+                        ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ",
+                        $values,
+                        ") ON CONFLICT DO UPDATE SET path = ?4, size = ?5, seen = ?6, gone = NULL, ",
+                        $set
+                    ),
+                ]
+            };
+        }
+        // The archive of this run (`?6`) stands once the run's copies are durable; the one the
+        // file was last archived in before, if that one's are, is its latest copy till then.
+        macro_rules! archived {
+            () => {
+                "archived = coalesce((SELECT copied FROM runs WHERE id = files.archived_in), \
+                 files.archived), archived_in = ?6"
+            };
+        }
+        match self {
+            Fact::Verified => sql!(
+                "verified, checked, status",
+                "?7, ?7, ?8",
+                "verified = ?7, checked = ?7, status = ?8, damaged = NULL, damaged_digest = NULL"
+            ),
+            Fact::Damaged => sql!(
+                "checked, status, damaged_digest, damaged",
+                "?7, ?8, ?9, ?10",
+                "checked = ?7, status = ?8, damaged_digest = ?9, \
+                 damaged = coalesce(files.damaged, ?10)"
+            ),
+            Fact::Edited => sql!(
+                "checked, status",
+                "?7, ?8",
+                "checked = ?7, status = ?8, damaged = NULL, damaged_digest = NULL"
+            ),
+            Fact::Judged => sql!("checked, status", "?7, ?8", "checked = ?7, status = ?8"),
+            // The repaired file keeps the copies its damaged inode had (same content).
+            Fact::Repaired => [
+                "UPDATE files SET size = ?5, seen = ?6, gone = NULL, verified = ?7, \
+                 checked = ?7, status = 'repaired', damaged = NULL, damaged_digest = NULL \
+                 WHERE fs = ?1 AND ino = ?2 AND digest = ?3 AND path = ?4",
+                "INSERT INTO files (fs, ino, digest, path, size, seen, verified, checked, \
+                 status, protected, archived, archived_in) \
+                 SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, 'repaired', o.protected, \
+                 coalesce(o.archived, (SELECT copied FROM runs WHERE id = o.archived_in)), \
+                 o.archived_in FROM (SELECT 1) LEFT JOIN files o \
+                 ON o.fs = ?1 AND o.ino = ?11 AND o.digest = ?3 WHERE true \
+                 ON CONFLICT DO UPDATE SET path = ?4, size = ?5, seen = ?6, gone = NULL, \
+                 verified = ?7, checked = ?7, status = 'repaired', damaged = NULL, \
+                 damaged_digest = NULL",
+            ],
+            Fact::Protected => sql!("protected", "?7", "protected = ?7"),
+            Fact::Archived => sql!("archived_in", "?6", archived!()),
+            Fact::VerifiedArchived => sql!(
+                "verified, checked, status, archived_in",
+                "?7, ?7, ?8, ?6",
+                concat!(
+                    "verified = ?7, checked = ?7, status = ?8, damaged = NULL, ",
+                    "damaged_digest = NULL, ",
+                    archived!()
+                )
+            ),
+        }
+    }
+}
+
+/// What a report says that is worth remembering, each fact with the content it is about:
+/// the verdict, and a copy made.
+pub(super) fn facts(r: &FileReport) -> Vec<(Fact, Vec<u8>)> {
+    let tagged = r.tag.as_ref().map(|t| t.digest);
+    // An untagged file that could not be tagged (update, scrub --update): under the empty
+    // key, which the plan gives untagged files, so that it waits for the next cycle.
+    if tagged.is_none() && matches!(r.status, Status::Error | Status::Changed) {
+        return vec![(Fact::Judged, Vec::new())];
+    }
+    let verdict = match (r.action, r.status) {
+        // A new tag describes the data just read (a new file, an edit, damage accepted):
+        // proven good as of now.
+        (Some(Action::Tagged | Action::Accepted), _) => r.digest.map(|d| (Fact::Verified, d)),
+        // The data matched the tag (only the mtime moved, and was refreshed).
+        (Some(Action::Refreshed), _) => r.digest.map(|d| (Fact::Verified, d)),
+        (Some(Action::Repaired), _) => tagged.map(|d| (Fact::Repaired, d)),
+        // Read, and it matched (touched: under another mtime).
+        (_, Status::Ok | Status::Touched) if r.digest.is_some() => {
+            tagged.map(|d| (Fact::Verified, d))
+        }
+        (_, s) if s.is_damage() => tagged.map(|d| (Fact::Damaged, d)),
+        (_, Status::Modified | Status::Older) => tagged.map(|d| (Fact::Edited, d)),
+        (_, Status::Conflict | Status::Error | Status::Changed) => {
+            tagged.map(|d| (Fact::Judged, d))
+        }
+        _ => None,
+    };
+    let copy = match r.action {
+        Some(Action::Protected) => r.digest.or(tagged).map(|d| (Fact::Protected, d)),
+        Some(Action::Archived) => r.digest.or(tagged).map(|d| (Fact::Archived, d)),
+        _ => None,
+    };
+    // A verification and an archived copy of the same content are one row: half the
+    // writes of an archive run.
+    let facts: Vec<(Fact, Digest)> = match (verdict, copy) {
+        (Some((Fact::Verified, v)), Some((Fact::Archived, c))) if v == c => {
+            vec![(Fact::VerifiedArchived, v)]
+        }
+        (verdict, copy) => verdict.into_iter().chain(copy).collect(),
+    };
+    facts
+        .into_iter()
+        .map(|(fact, d)| (fact, digest_key(&d)))
+        .collect()
+}
+
+/// The digest a database key holds (see [`digest_key`]).
+pub fn digest_from_key(key: &[u8]) -> Option<Digest> {
+    let (&algo, bytes) = key.split_first()?;
+    let algo = match algo {
+        0 => Algo::Sha256,
+        1 => Algo::Blake3,
+        _ => return None,
+    };
+    Some(Digest {
+        algo,
+        bytes: bytes.try_into().ok()?,
+    })
+}
+
+/// A digest as the database keys it: the algorithm byte, then the bytes.
+pub fn digest_key(d: &Digest) -> Vec<u8> {
+    let mut key = Vec::with_capacity(33);
+    key.push(match d.algo {
+        Algo::Sha256 => 0,
+        Algo::Blake3 => 1,
+    });
+    key.extend_from_slice(&d.bytes);
+    key
+}
