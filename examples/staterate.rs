@@ -137,9 +137,7 @@ fn dirs(conn: &Connection, files: usize, per_dir: usize, run: i64, json: bool) {
             .collect();
         i += reports.len();
         let dir = reports[0].path.parent().expect("a folder").to_path_buf();
-        let old: Option<Vec<u8>> = read
-            .query_row(params![path_bytes(&dir)], |r| r.get(0))
-            .ok();
+        let old: Option<Vec<u8>> = read.query_row(params![path_bytes(&dir)], |r| r.get(0)).ok();
         let mut entries: Vec<Entry> = match &old {
             Some(v) if json => serde_json::from_slice(v).expect("JSON entries"),
             Some(v) => decode(v),

@@ -517,12 +517,7 @@ mod tests {
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "pages not dropped under CI"
-        );
-        eprintln!("SKIPPED: pages not dropped here: cold reads not tested");
-        false
+        crate::skip!("pages not dropped here: cold reads not tested", false);
     }
 
     #[test]

@@ -201,12 +201,7 @@ fn full_xattr_space_is_reported() {
         }
     }
     if !filled {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the temp file system never ran out of xattr space, and a skip under CI is a failure"
-        );
-        eprintln!("SKIPPED: this file system never runs out of xattr space");
-        return;
+        skip!("the temp file system never ran out of xattr space");
     }
     let j = intact!("tag", "--json", t.root()).expect_code(3).json();
     assert_eq!(j.file("crowded")["error_kind"], "no-space");

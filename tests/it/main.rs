@@ -2,6 +2,9 @@
 //! xattrs, real corruption and real faults. One binary, one module per feature.
 
 #[macro_use]
+#[path = "../../src/testutil/skip.rs"]
+mod skip;
+#[macro_use]
 mod common;
 #[macro_use]
 mod faultfs;

@@ -1,4 +1,7 @@
-//! Helpers shared by the unit tests of the parsers.
+//! Helpers shared by the unit tests: seeded cases for the parsers, and `skip!`.
+
+#[macro_use]
+mod skip;
 
 /// A seeded generator (fastrand's, as every test of the workspace uses): the same cases on
 /// every run.
