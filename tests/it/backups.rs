@@ -124,140 +124,163 @@ fn said<'a>(r: &'a Run, name: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no line for {name}: {}", r.stdout))
 }
 
-#[test]
-fn repair_from_a_restic_repository() {
-    let t = Tree::new();
-    let files = tree(&t);
-    let (tags, mtimes) = before(&files);
-    let mirror = copy_of_src(&t, "mirror");
-    let (repo, restic) = restic_repo(&t, "correct horse");
-    let now = back_up_and_damage(&t, &files, || {
-        run(restic()
-            .args(["backup", "-q", "--force"])
-            .arg(t.path("src")));
-    });
-    let from = format!("restic:{}", repo.display());
-    let r = cmd!(
-        "repair",
-        "--no-state",
-        "--discard-damaged",
-        "--from",
-        &from,
-        t.path("src")
-    )
-    .env("RESTIC_PASSWORD", "correct horse")
-    .run()
-    .expect_code(0);
-    all_good(&t, &now, &tags, &mtimes);
-    // The newest snapshot copied the rot: said, and an older one used.
-    let twice = said(&r, "twice.jpg");
-    assert!(
-        twice.contains("passed over") && twice.contains("does not match"),
-        "{twice}"
-    );
-    assert!(
-        said(&r, "moved-since.jpg").contains("/src/moved.jpg)"),
-        "{}",
-        r.stdout
-    );
-    // Nothing written into the repository: no lock left, no new file.
-    let locks = fs::read_dir(repo.join("locks")).unwrap().count();
-    assert_eq!(locks, 0);
-
-    // A wrong password is one clear error naming the source; the other sources still serve.
-    for (p, _) in &now {
-        flip_byte(p, 2_000);
-    }
-    let r = cmd!(
-        "repair",
-        "--no-state",
-        "--discard-damaged",
-        "--from",
-        &from,
-        "--from",
-        &mirror
-    )
-    .arg(t.path("src"))
-    .env("RESTIC_PASSWORD", "wrong")
-    .run()
-    .expect_code(0);
-    let photo = said(&r, "photo.jpg");
-    assert!(
-        photo.contains("restored from") && photo.contains("mirror"),
-        "{photo}"
-    );
-    assert!(photo.contains("unusable (restic:"), "{photo}");
-    all_good(&t, &now, &tags, &mtimes);
-    flip_byte(&now[0].0, 2_000);
-    // restic missing: said so.
-    let empty = t.path("bin");
-    fs::create_dir(&empty).unwrap();
-    let r = cmd!("repair", "--no-state", "--from", &from, t.path("src"))
-        .env("PATH", &empty)
-        .run()
-        .expect_code(1);
-    assert!(r.stdout.contains("restic is not installed"), "{}", r.stdout);
+/// A backup tool's new repository in a test's tree: how `--from` names it, what a run of
+/// intact needs in its environment to read it, and how to back up a folder into it.
+struct Repo<'a> {
+    from: String,
+    dir: PathBuf,
+    env: Vec<(&'static str, std::ffi::OsString)>,
+    /// The variable that holds its password.
+    password: &'static str,
+    /// Backs up a folder (an absolute path): a new snapshot or archive each time.
+    backup: Box<dyn FnMut(&std::path::Path) + 'a>,
 }
 
-#[test]
-fn repair_from_a_borg_repository() {
-    let t = Tree::new();
-    let files = tree(&t);
-    let (tags, mtimes) = before(&files);
-    let repo = t.path("borg-repo");
-    let borg = || {
-        let mut c = Command::new("borg");
-        c.env("BORG_PASSPHRASE", "correct horse")
-            .env("BORG_BASE_DIR", t.path("borg-home"))
-            .current_dir(t.root());
+impl Repo<'_> {
+    /// `intact ARGS` with the environment the repository needs.
+    fn intact(&self, args: &[&OsStr]) -> Cmd {
+        let mut c = cmd!().args(args);
+        for (k, v) in &self.env {
+            c = c.env(k, v);
+        }
         c
-    };
-    run(borg().args(["init", "-e", "repokey"]).arg(&repo));
-    let mut n = 0;
-    let now = back_up_and_damage(&t, &files, || {
-        n += 1;
-        let archive = format!("{}::n{n}", repo.display());
-        // Absolute paths: borg keeps them (less the leading slash).
-        run(borg()
-            .args(["create", "--files-cache=disabled", &archive])
-            .arg(t.path("src")));
-    });
-    let from = format!("borg:{}", repo.display());
-    let r = cmd!(
-        "repair",
-        "--no-state",
-        "--discard-damaged",
-        "--from",
-        &from,
-        t.path("src")
-    )
-    .env("BORG_PASSPHRASE", "correct horse")
-    .env("BORG_BASE_DIR", t.path("borg-home"))
-    .run()
-    .expect_code(0);
-    all_good(&t, &now, &tags, &mtimes);
-    assert!(
-        said(&r, "twice.jpg").contains("passed over"),
-        "{}",
-        r.stdout
-    );
-    // One archive only: the first, taken before the rot.
-    flip_byte(&t.path("src/twice.jpg"), 5);
-    let r = cmd!("repair", "--no-state", "--discard-damaged", "--from")
-        .arg(format!("{from}::n1"))
-        .arg(t.path("src"))
-        .env("BORG_PASSPHRASE", "correct horse")
-        .env("BORG_BASE_DIR", t.path("borg-home"))
-        .run()
-        .expect_code(0);
-    assert!(said(&r, "twice.jpg").contains("archive n1"), "{}", r.stdout);
-    flip_byte(&t.path("src/twice.jpg"), 5);
-    let r = cmd!("repair", "--no-state", "--from", &from, t.path("src"))
-        .env("BORG_PASSPHRASE", "wrong")
-        .env("BORG_BASE_DIR", t.path("borg-home"))
-        .run()
-        .expect_code(1);
-    assert!(r.stdout.contains("unusable (borg:"), "{}", r.stdout);
+    }
+}
+
+/// A new repository of `tool` (restic or borg) in `t`, with the password "pw".
+fn repository<'a>(t: &'a Tree, tool: &'static str) -> Repo<'a> {
+    match tool {
+        "restic" => {
+            let (dir, restic) = restic_repo(t, "pw");
+            Repo {
+                from: format!("restic:{}", dir.display()),
+                dir,
+                env: vec![("RESTIC_PASSWORD", "pw".into())],
+                password: "RESTIC_PASSWORD",
+                backup: Box::new(move |folder| {
+                    run(restic().args(["backup", "-q", "--force"]).arg(folder))
+                }),
+            }
+        }
+        _ => {
+            let dir = t.path("borg-repo");
+            let env = vec![
+                ("BORG_PASSPHRASE", "pw".into()),
+                ("BORG_BASE_DIR", t.path("borg-home").into_os_string()),
+            ];
+            let borg = {
+                let env = env.clone();
+                move || {
+                    let mut c = Command::new("borg");
+                    c.envs(env.iter().map(|(k, v)| (k, v)));
+                    c
+                }
+            };
+            run(borg().args(["init", "-e", "repokey"]).arg(&dir));
+            let (mut n, at) = (0, dir.clone());
+            Repo {
+                from: format!("borg:{}", dir.display()),
+                dir,
+                env,
+                password: "BORG_PASSPHRASE",
+                // Absolute paths: borg keeps them (less the leading slash). Archives n1, n2 ...
+                backup: Box::new(move |folder| {
+                    n += 1;
+                    run(borg()
+                        .args(["create", "--files-cache=disabled"])
+                        .arg(format!("{}::n{n}", at.display()))
+                        .arg(folder))
+                }),
+            }
+        }
+    }
+}
+
+/// Repair from restic and from borg, one scenario for both: every kind of damage comes back
+/// bit for bit with its tag and mtime, a newest version that copied the rot is passed over
+/// and said, a file moved since the backup is found at its old path, nothing is written into
+/// the repository; a wrong password is one clear error naming the source while the other
+/// sources still serve, and a missing tool is said.
+#[test]
+fn repair_from_restic_and_borg_repositories() {
+    for tool in ["restic", "borg"] {
+        let t = Tree::new();
+        let files = tree(&t);
+        let (tags, mtimes) = before(&files);
+        let mirror = copy_of_src(&t, "mirror");
+        let mut repo = repository(&t, tool);
+        let now = back_up_and_damage(&t, &files, || (repo.backup)(&t.path("src")));
+        let src = t.path("src");
+        let repair = [
+            "repair".as_ref(),
+            "--no-state".as_ref(),
+            "--discard-damaged".as_ref(),
+            "--from".as_ref(),
+            repo.from.as_ref(),
+            src.as_os_str(),
+        ];
+        let r = repo.intact(&repair).run().expect_code(0);
+        all_good(&t, &now, &tags, &mtimes);
+        // The newest version copied the rot: said, and an older one used.
+        let twice = said(&r, "twice.jpg");
+        assert!(
+            twice.contains("passed over") && twice.contains("does not match"),
+            "{tool}: {twice}"
+        );
+        assert!(
+            said(&r, "moved-since.jpg").contains("/src/moved.jpg)"),
+            "{tool}: {}",
+            r.stdout
+        );
+        match tool {
+            // Nothing written into the repository: no lock left.
+            "restic" => assert_eq!(fs::read_dir(repo.dir.join("locks")).unwrap().count(), 0),
+            // One archive only: the first, taken before the rot.
+            _ => {
+                flip_byte(&t.path("src/twice.jpg"), 5);
+                let one = format!("{}::n1", repo.from);
+                let mut args = repair;
+                args[4] = one.as_ref();
+                let r = repo.intact(&args).run().expect_code(0);
+                assert!(said(&r, "twice.jpg").contains("archive n1"), "{}", r.stdout);
+            }
+        }
+
+        // A wrong password is one clear error naming the source; the others still serve.
+        for (p, _) in &now {
+            flip_byte(p, 2_000);
+        }
+        let r = repo
+            .intact(&repair)
+            .args(["--from".as_ref(), mirror.as_os_str()])
+            .env(repo.password, "wrong")
+            .run()
+            .expect_code(0);
+        let photo = said(&r, "photo.jpg");
+        assert!(
+            photo.contains("restored from") && photo.contains("mirror"),
+            "{tool}: {photo}"
+        );
+        assert!(
+            photo.contains(&format!("unusable ({tool}:")),
+            "{tool}: {photo}"
+        );
+        all_good(&t, &now, &tags, &mtimes);
+        // The tool missing: said so.
+        flip_byte(&now[0].0, 2_000);
+        let empty = t.path("bin");
+        fs::create_dir(&empty).unwrap();
+        let r = repo
+            .intact(&repair)
+            .env("PATH", &empty)
+            .run()
+            .expect_code(1);
+        assert!(
+            r.stdout.contains(&format!("{tool} is not installed")),
+            "{}",
+            r.stdout
+        );
+    }
 }
 
 #[test]
@@ -568,20 +591,10 @@ fn a_tree_mounted_elsewhere_is_repaired_from_where_it_was_backed_up() {
         t.write(&rel, data(len, 200 + i));
     }
     intact!("tag", "-q", t.path("src")).expect_code(0);
-    let (repo, restic) = restic_repo(&t, "pw");
-    run(restic().args(["backup", "-q"]).arg(t.path("src")));
-    let borg_repo = t.path("borg-repo");
-    let borg = || {
-        let mut c = Command::new("borg");
-        c.env("BORG_PASSPHRASE", "pw")
-            .env("BORG_BASE_DIR", t.path("borg-home"));
-        c
-    };
-    run(borg().args(["init", "-e", "repokey"]).arg(&borg_repo));
-    run(borg()
-        .arg("create")
-        .arg(format!("{}::one", borg_repo.display()))
-        .arg(t.path("src")));
+    let mut repos = [repository(&t, "restic"), repository(&t, "borg")];
+    for repo in &mut repos {
+        (repo.backup)(&t.path("src"));
+    }
     // The same tree, now at another place.
     fs::create_dir_all(t.path("mnt/disk")).unwrap();
     let copy = t.path("mnt/disk/photos");
@@ -594,25 +607,22 @@ fn a_tree_mounted_elsewhere_is_repaired_from_where_it_was_backed_up() {
             .unwrap()
             .success()
     );
-    let restic_from = format!("restic:{}", repo.display());
-    let borg_from = format!("borg:{}", borg_repo.display());
-    for from in [&restic_from, &borg_from] {
+    for repo in &repos {
         for (rel, _) in &files {
             flip_byte(&copy.join(rel.strip_prefix("src/").unwrap()), 99);
         }
-        let r = cmd!(
-            "repair",
-            "--no-state",
-            "--discard-damaged",
-            "--from",
-            from,
-            &copy
-        )
-        .env("RESTIC_PASSWORD", "pw")
-        .env("BORG_PASSPHRASE", "pw")
-        .env("BORG_BASE_DIR", t.path("borg-home"))
-        .run()
-        .expect_code(0);
+        let from = &repo.from;
+        let r = repo
+            .intact(&[
+                "repair".as_ref(),
+                "--no-state".as_ref(),
+                "--discard-damaged".as_ref(),
+                "--from".as_ref(),
+                from.as_ref(),
+                copy.as_os_str(),
+            ])
+            .run()
+            .expect_code(0);
         for (rel, good) in &files {
             let p = copy.join(rel.strip_prefix("src/").unwrap());
             assert_eq!(
