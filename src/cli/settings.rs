@@ -10,7 +10,7 @@ use anyhow::Context;
 use super::{AlgoArg, Common, CompatArg, Metrics, NotifyArgs, Output, Speed, StateArgs};
 use intact::core::digest::Algo;
 use intact::core::manifest::{self, Expected};
-use intact::core::tag::Format;
+use intact::core::tag::Compat;
 use intact::engine::{Config, Work};
 use intact::fs::walk::{self, WalkOptions};
 use intact::parity;
@@ -241,13 +241,13 @@ pub fn algo(a: AlgoArg) -> Algo {
     }
 }
 
-/// The tag formats a `--compat` names, each once, in a fixed order.
-pub fn formats(c: &[CompatArg]) -> Vec<Format> {
-    let mut formats: Vec<Format> = c
+/// The tags a `--compat` names, each once, in a fixed order.
+pub fn formats(c: &[CompatArg]) -> Vec<Compat> {
+    let mut formats: Vec<Compat> = c
         .iter()
         .map(|c| match c {
-            CompatArg::Shatag => Format::Shatag,
-            CompatArg::Dintch => Format::Dintch,
+            CompatArg::Shatag => Compat::Shatag,
+            CompatArg::Dintch => Compat::Dintch,
         })
         .collect();
     formats.sort();

@@ -113,6 +113,46 @@ impl Format {
     }
 }
 
+/// Another tool's tag, which intact writes beside its own on request (`--compat`) and removes
+/// with `strip --compat`: the one place that says which there are and what they are made of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Compat {
+    /// cshatag/shatag: the SHA-256 in hex, then the mtime.
+    Shatag,
+    /// The Dintch family: the SHA-256's bytes (under either spelling of its name).
+    Dintch,
+}
+
+impl Compat {
+    /// The format its tag is read as.
+    pub fn format(self) -> Format {
+        match self {
+            Compat::Shatag => Format::Shatag,
+            Compat::Dintch => Format::Dintch,
+        }
+    }
+
+    /// The tag `format` is, if it is another tool's.
+    pub fn of(format: Format) -> Option<Compat> {
+        [Compat::Shatag, Compat::Dintch]
+            .into_iter()
+            .find(|c| c.format() == format)
+    }
+
+    /// Its attributes: each one its tag may have.
+    pub fn attributes(self) -> &'static [&'static str] {
+        match self {
+            Compat::Shatag => &[names::SHATAG_SHA256, names::SHATAG_TS],
+            Compat::Dintch => &[names::DINTCH_HASH, names::DINTCH_HASH_S, names::DINTCH_TIME],
+        }
+    }
+
+    /// Whether its tag records the mtime (shatag's does; a Dintch tag holds only the hash).
+    pub fn has_mtime(self) -> bool {
+        self == Compat::Shatag
+    }
+}
+
 /// What a tag says about the file it sits on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tag {

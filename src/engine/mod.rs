@@ -18,7 +18,7 @@ use crossbeam_channel::{Receiver, Sender, bounded, never, select};
 use crate::core::classify::Status;
 use crate::core::digest::{Algo, Digest};
 use crate::core::manifest::Expected;
-use crate::core::tag::{Damage, Format};
+use crate::core::tag::{Compat, Damage};
 use crate::fs::anchor::Anchor;
 use crate::fs::device::{Cold, Gates};
 use crate::fs::hash::AlignedBuf;
@@ -96,7 +96,7 @@ pub struct Config {
     pub walk: WalkOptions,
     /// Other tools' tags to write beside intact's (`tag`, `update`, `import`) or to remove
     /// (`strip`).
-    pub compat: Vec<Format>,
+    pub compat: Vec<Compat>,
     /// Digests from a manifest, instead of xattrs (`check --manifest`, `import`).
     pub manifest: Option<Arc<Expected>>,
     /// Whether tags may be written. Without, a writing verb still reads and judges every

@@ -11,7 +11,7 @@ use super::outcome::{Action, FileError, FileReport};
 use super::{Config, Held, OpenFile, OpenFiles, Progress, Slot, Slots, Work};
 use crate::core::classify::{self, SinceDamage, Status};
 use crate::core::digest::{Algo, Digest};
-use crate::core::tag::{self, Damage, Format, Tag, Timestamp};
+use crate::core::tag::{self, Compat, Damage, Format, Tag, Timestamp};
 use crate::fs::anchor::Anchor;
 use crate::fs::atomic;
 use crate::fs::device::{Cold, Gate, Gates};
@@ -723,7 +723,7 @@ impl<'a> Worker<'a> {
                 .stored
                 .tags
                 .iter()
-                .filter(|t| t.format != Format::Intact && !self.config.compat.contains(&t.format))
+                .filter(|t| Compat::of(t.format).is_some_and(|c| !self.config.compat.contains(&c)))
                 .filter(|t| t.digest != d.of(t.digest.algo))
                 .map(|t| t.format.name())
                 .collect();
@@ -1069,7 +1069,6 @@ impl<'a> Worker<'a> {
     }
 
     /// Writes the requested compat tags from the SHA-256 just computed.
-    /// Writes the requested compat tags from the SHA-256 just computed.
     fn compat(&self, report: FileReport, s: &Subject, d: &Digests) -> FileReport {
         if self.config.compat.is_empty() {
             return report;
@@ -1086,13 +1085,7 @@ impl<'a> Worker<'a> {
             return report;
         };
         let mut formats = self.config.compat.clone();
-        formats.extend(
-            s.stored
-                .tags
-                .iter()
-                .map(|t| t.format)
-                .filter(|f| matches!(f, Format::Shatag | Format::Dintch)),
-        );
+        formats.extend(s.stored.tags.iter().filter_map(|t| Compat::of(t.format)));
         formats.sort();
         formats.dedup();
         self.write_formats(report, s, &sha256, &formats)
@@ -1109,7 +1102,7 @@ impl<'a> Worker<'a> {
         mut report: FileReport,
         s: &Subject,
         sha256: &Digest,
-        formats: &[Format],
+        formats: &[Compat],
     ) -> FileReport {
         if !self.config.write {
             return report;

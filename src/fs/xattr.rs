@@ -9,7 +9,7 @@ use std::io;
 use rustix::fs::{XattrFlags, fgetxattr, fgetxattr_query, flistxattr, flistxattr_query};
 
 use crate::core::digest::{Algo, Digest};
-use crate::core::tag::{self, Damage, Format, Malformed, Tag, Timestamp, names};
+use crate::core::tag::{self, Compat, Damage, Format, Malformed, Tag, Timestamp, names};
 
 /// Every tag found on one file.
 #[derive(Clone, Debug, Default)]
@@ -44,11 +44,10 @@ impl Stored {
         self.tags.iter().find(|t| t.format == format)
     }
 
-    /// Whether the compat tag of `format` already says exactly what writing it would.
-    pub fn compat_current(&self, format: Format, sha256: &Digest, mtime: Timestamp) -> bool {
-        self.of(format).is_some_and(|t| {
-            &t.digest == sha256 && (format != Format::Shatag || t.mtime == Some(mtime))
-        })
+    /// Whether the tag of `compat` already says exactly what writing it would.
+    pub fn compat_current(&self, compat: Compat, sha256: &Digest, mtime: Timestamp) -> bool {
+        self.of(compat.format())
+            .is_some_and(|t| &t.digest == sha256 && (!compat.has_mtime() || t.mtime == Some(mtime)))
     }
 }
 
@@ -61,19 +60,19 @@ impl Stored {
 /// tagging time is removed.
 pub fn write_compat(
     file: &File,
-    format: Format,
+    compat: Compat,
     digest: &Digest,
     mtime: Timestamp,
 ) -> io::Result<()> {
     assert_eq!(digest.algo, Algo::Sha256, "compat tags hold SHA-256");
     let set =
         |name: &str, value: &[u8]| rustix::fs::fsetxattr(file, name, value, XattrFlags::empty());
-    match format {
-        Format::Shatag => {
+    match compat {
+        Compat::Shatag => {
             set(names::SHATAG_SHA256, digest.hex().as_bytes())?;
             set(names::SHATAG_TS, tag::encode_shatag_ts(mtime).as_bytes())?;
         }
-        Format::Dintch => {
+        Compat::Dintch => {
             set(names::DINTCH_WRITE, &digest.bytes)?;
             // Keep both spellings in step when a file carries both.
             for other in [names::DINTCH_HASH, names::DINTCH_HASH_S] {
@@ -84,20 +83,14 @@ pub fn write_compat(
             // A tagging time left from an older hash could later excuse a mismatch as an edit.
             remove(file, names::DINTCH_TIME)?;
         }
-        Format::Intact | Format::Manifest => unreachable!("not a compat tag"),
     }
     Ok(())
 }
 
 /// Removes another tool's tag (all its attributes); `Ok(false)` if there was none.
-pub fn remove_compat(file: &File, format: Format) -> io::Result<bool> {
-    let attrs: &[&str] = match format {
-        Format::Shatag => &[names::SHATAG_SHA256, names::SHATAG_TS],
-        Format::Dintch => &[names::DINTCH_HASH, names::DINTCH_HASH_S, names::DINTCH_TIME],
-        Format::Intact | Format::Manifest => unreachable!("not a compat tag"),
-    };
+pub fn remove_compat(file: &File, compat: Compat) -> io::Result<bool> {
     let mut removed = false;
-    for attr in attrs {
+    for attr in compat.attributes() {
         removed |= remove(file, attr)?;
     }
     Ok(removed)
