@@ -1,6 +1,8 @@
 //! The `intact` command: parses the command line and hands it to the verb's module, which
 //! builds settings and runs the engine (see `cmd`); maps the outcome to an exit code.
 
+#![allow(unsafe_code)]
+
 mod cli;
 mod cmd;
 

@@ -4,6 +4,8 @@
 //! and is stopped together with every process it started when the run is interrupted or the
 //! program stays silent too long: a program can fail, never hang a run or outlive it.
 
+#![allow(unsafe_code)]
+
 use std::io::{self, Read};
 use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;

@@ -6,6 +6,8 @@
 //! or, where every core hashes (BLAKE3 of one file, SHA-256 of several at once), through
 //! memory maps ([`crate::fs::mapped`]).
 
+#![allow(unsafe_code)]
+
 use std::alloc::Layout;
 use std::fs::File;
 use std::io;

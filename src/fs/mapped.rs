@@ -13,6 +13,8 @@
 //! `MAP_POPULATE` retries the failing read forever (seen on Linux 6.18, under FUSE and under
 //! ext4 on a failing block device), while the madvise returns an error at once.
 
+#![allow(unsafe_code)]
+
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::ptr;

@@ -1,6 +1,8 @@
 //! The few calls that differ between Linux and macOS, in one place. Linux gets the real
 //! thing; elsewhere each degrades to what is safe (no advice, no cache probe).
 
+#![allow(unsafe_code)]
+
 use std::fs::File;
 use std::io;
 

@@ -1,5 +1,6 @@
 //! A small harness: temp trees with real files and xattrs, and the real `intact` binary.
 #![allow(dead_code)]
+#![allow(unsafe_code)]
 
 use std::ffi::{OsStr, OsString};
 use std::fs;

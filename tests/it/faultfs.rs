@@ -8,6 +8,8 @@
 //!
 //! Everything mounted is unmounted and detached on drop, also when a test fails.
 
+#![allow(unsafe_code)]
+
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::fs::File;

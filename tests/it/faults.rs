@@ -1,6 +1,8 @@
 //! Faults: each gets a clear message naming the file and the cause, the run goes on over the
 //! other files, nothing is left half-written, and the exit code says so.
 
+#![allow(unsafe_code)]
+
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;

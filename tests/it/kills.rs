@@ -2,6 +2,8 @@
 //! reported as damaged where it was) or its verified new bytes, never a half-written archive
 //! or parity set under its name; and the next run removes what the killed one left behind.
 
+#![allow(unsafe_code)]
+
 use std::fs;
 use std::path::Path;
 use std::process::Child;

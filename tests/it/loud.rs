@@ -2,6 +2,8 @@
 //! verify was verified; if something is wrong, it says so, with an exit code, on every run
 //! until the owner deals with it. One test per way it once went quiet (issue 27's table).
 
+#![allow(unsafe_code)]
+
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};

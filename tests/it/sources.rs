@@ -4,6 +4,8 @@
 //! tool that would prompt for a passphrase fails at once, even when intact runs on a
 //! terminal; a source that cannot be used is said before anything runs.
 
+#![allow(unsafe_code)]
+
 use std::ffi::OsStr;
 use std::fs;
 use std::net::TcpListener;

@@ -1,5 +1,7 @@
 //! Walking trees: what is followed (nothing), skipped, escaped, excluded, and in what order.
 
+#![allow(unsafe_code)]
+
 use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;

@@ -8,6 +8,8 @@
 //! nibble, 32 or 16 bytes at a time with `pshufb` (AVX2, SSSE3). Elsewhere, two 256-entry
 //! tables per constant.
 
+#![allow(unsafe_code)]
+
 use std::sync::OnceLock;
 
 /// The field's generator polynomial, x^16 + x^12 + x^3 + x + 1.

@@ -6,6 +6,8 @@
 //! 0.64 for the `md-5` crate, `examples/md5speed.rs`), able to hand each block to another
 //! hash as it goes, or to compute a SHA-256 in the same pass ([`crate::sha256`]).
 
+#![allow(unsafe_code)]
+
 use crate::packet::Id;
 
 /// The MD5 of each message. All messages must have the same length (a set's slices do).
