@@ -4,7 +4,9 @@
 //!
 //! The library does all the work and never prints: [`engine::run`] walks trees and yields one
 //! [`engine::FileReport`] per file; [`report::Reporter`] renders those for people or as JSON
-//! and decides the exit code. The binary only parses the command line.
+//! and decides the exit code. The binary parses the command line and runs each verb in
+//! phases (its settings, the engine through the verb's sink, the state database, the
+//! owner's notice: `src/cmd`); it holds no file logic of its own.
 
 pub mod archive;
 pub mod core;

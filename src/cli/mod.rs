@@ -95,25 +95,26 @@ impl Command {
     /// The verb's name, if it was asked for JSON: a run that fails before it begins still
     /// ends its output with a summary object then.
     pub fn json_verb(&self) -> Option<&'static str> {
+        use intact::report::Verb;
         let (verb, output) = match self {
-            Command::Tag(a) => ("tag", &a.common.output),
-            Command::Check(a) => ("check", &a.common.output),
-            Command::Update(a) => ("update", &a.common.output),
-            Command::Scrub(a) => ("scrub", &a.common.output),
-            Command::Status(a) => ("status", &a.common.output),
-            Command::Strip(a) => ("strip", &a.common.output),
-            Command::Show(a) => ("show", &a.common.output),
-            Command::Import(a) => ("import", &a.common.output),
-            Command::Export(a) => ("export", &a.common.output),
-            Command::Archive(ArchiveCommand::Create(a)) => ("archive", &a.common.output),
-            Command::Archive(ArchiveCommand::Verify(a)) => ("verify", &a.output),
-            Command::Protect(a) => ("protect", &a.common.output),
-            Command::Repair(a) => ("repair", &a.common.output),
+            Command::Tag(a) => (Verb::Tag, &a.common.output),
+            Command::Check(a) => (Verb::Check, &a.common.output),
+            Command::Update(a) => (Verb::Update, &a.common.output),
+            Command::Scrub(a) => (Verb::Scrub, &a.common.output),
+            Command::Status(a) => (Verb::Status, &a.common.output),
+            Command::Strip(a) => (Verb::Strip, &a.common.output),
+            Command::Show(a) => (Verb::Show, &a.common.output),
+            Command::Import(a) => (Verb::Import, &a.common.output),
+            Command::Export(a) => (Verb::Export, &a.common.output),
+            Command::Archive(ArchiveCommand::Create(a)) => (Verb::Archive, &a.common.output),
+            Command::Archive(ArchiveCommand::Verify(a)) => (Verb::Verify, &a.output),
+            Command::Protect(a) => (Verb::Protect, &a.common.output),
+            Command::Repair(a) => (Verb::Repair, &a.common.output),
             Command::Archive(ArchiveCommand::List(_))
             | Command::Generate(_)
             | Command::Notify(_) => return None,
         };
-        output.json.then_some(verb)
+        output.json.then_some(verb.name())
     }
 }
 

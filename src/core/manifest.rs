@@ -30,12 +30,12 @@ pub struct BadLine {
     /// 1-based line number.
     pub line: usize,
     /// Why.
-    pub why: Unusable,
+    pub why: LineFault,
 }
 
 /// Why a manifest line cannot be used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Unusable {
+pub enum LineFault {
     /// Too short for a digest, a separator and a name.
     #[error("too short for a digest and a name")]
     TooShort,
@@ -128,7 +128,7 @@ impl Expected {
             }) else {
                 outside.push(BadLine {
                     line: e.line,
-                    why: Unusable::Outside {
+                    why: LineFault::Outside {
                         path: crate::text::escape(Path::new(OsStr::from_bytes(&e.path))),
                         root: crate::text::escape(root),
                     },
@@ -224,7 +224,7 @@ pub fn read(mut input: impl BufRead, algo: Algo) -> io::Result<Parsed> {
             Some(true) => parser.line(number, &line),
             Some(false) => parser.out.bad.push(BadLine {
                 line: number,
-                why: Unusable::TooLong,
+                why: LineFault::TooLong,
             }),
         }
     }
@@ -300,7 +300,7 @@ impl Parser {
                     return;
                 }
                 None if line.starts_with(b"%%%% HASHDEEP") => return,
-                None => Err(Unusable::NoSha256),
+                None => Err(LineFault::NoSha256),
             }
         } else if line.starts_with(b"#") || line.starts_with(b";") {
             // Comments: hashdeep's `##` lines, rhash's and SFV's `;`.
@@ -313,7 +313,7 @@ impl Parser {
         match result {
             Ok(entry) if entry.path.is_empty() => self.out.bad.push(BadLine {
                 line: number,
-                why: Unusable::EmptyName,
+                why: LineFault::EmptyName,
             }),
             Ok(entry) => self.out.entries.push(Entry {
                 line: number,
@@ -326,7 +326,7 @@ impl Parser {
 
 /// `HEX  NAME`, `HEX *NAME` (binary mode), or BSD `ALGO (NAME) = HEX`; an escaped line
 /// starts with a backslash.
-fn parse_line(line: &[u8], algo: Algo) -> Result<Entry, Unusable> {
+fn parse_line(line: &[u8], algo: Algo) -> Result<Entry, LineFault> {
     let (escaped, line) = match line.strip_prefix(b"\\") {
         Some(rest) => (true, rest),
         None => (false, line),
@@ -335,19 +335,19 @@ fn parse_line(line: &[u8], algo: Algo) -> Result<Entry, Unusable> {
         return Ok(entry);
     }
     if line.len() < 66 {
-        return Err(Unusable::TooShort);
+        return Err(LineFault::TooShort);
     }
     let (hex, rest) = line.split_at(64);
     let digest = hex_digest(algo, hex)?;
     let name = match rest {
         [b' ', b' ' | b'*', name @ ..] if !name.is_empty() => name,
-        _ => return Err(Unusable::Separator),
+        _ => return Err(LineFault::Separator),
     };
     entry(digest, name, escaped)
 }
 
 /// An entry for `name` as written (unescaped if the line said so); its line is set later.
-fn entry(digest: Digest, name: &[u8], escaped: bool) -> Result<Entry, Unusable> {
+fn entry(digest: Digest, name: &[u8], escaped: bool) -> Result<Entry, LineFault> {
     Ok(Entry {
         digest,
         path: if escaped {
@@ -360,7 +360,7 @@ fn entry(digest: Digest, name: &[u8], escaped: bool) -> Result<Entry, Unusable> 
 }
 
 /// `SHA256 (name) = hex` as `sha256sum --tag`, `b3sum`-style tools and `rhash --bsd` write.
-fn parse_bsd(line: &[u8], escaped: bool) -> Result<Option<Entry>, Unusable> {
+fn parse_bsd(line: &[u8], escaped: bool) -> Result<Option<Entry>, LineFault> {
     let Some(open) = line.iter().position(|&b| b == b'(') else {
         return Ok(None);
     };
@@ -370,26 +370,26 @@ fn parse_bsd(line: &[u8], escaped: bool) -> Result<Option<Entry>, Unusable> {
         _ => return Ok(None),
     };
     let Some(close) = line.windows(4).rposition(|w| w == b") = ") else {
-        return Err(Unusable::BsdUnclosed);
+        return Err(LineFault::BsdUnclosed);
     };
     if close < open + 1 {
-        return Err(Unusable::EmptyName);
+        return Err(LineFault::EmptyName);
     }
     let name = &line[open + 1..close];
     let digest = hex_digest(algo, &line[close + 4..])?;
     entry(digest, name, escaped).map(Some)
 }
 
-fn hex_digest(algo: Algo, hex: &[u8]) -> Result<Digest, Unusable> {
+fn hex_digest(algo: Algo, hex: &[u8]) -> Result<Digest, LineFault> {
     let mut bytes = [0u8; 32];
     if hex.len() != 64 || hex::decode_to_slice(hex, &mut bytes).is_err() {
-        return Err(Unusable::Digest);
+        return Err(LineFault::Digest);
     }
     Ok(Digest { algo, bytes })
 }
 
 /// Reverses coreutils' escaping: `\\` → `\`, `\n` → newline, `\r` → carriage return.
-fn unescape(name: &[u8]) -> Result<Vec<u8>, Unusable> {
+fn unescape(name: &[u8]) -> Result<Vec<u8>, LineFault> {
     let mut out = Vec::with_capacity(name.len());
     let mut it = name.iter();
     while let Some(&b) = it.next() {
@@ -401,7 +401,7 @@ fn unescape(name: &[u8]) -> Result<Vec<u8>, Unusable> {
             Some(b'\\') => out.push(b'\\'),
             Some(b'n') => out.push(b'\n'),
             Some(b'r') => out.push(b'\r'),
-            _ => return Err(Unusable::Escape),
+            _ => return Err(LineFault::Escape),
         }
     }
     Ok(out)
@@ -426,11 +426,11 @@ impl HashdeepColumns {
         })
     }
 
-    fn parse(&self, line: &[u8]) -> Result<Entry, Unusable> {
+    fn parse(&self, line: &[u8]) -> Result<Entry, LineFault> {
         // The name is the last column and may itself hold commas.
         let fields: Vec<&[u8]> = line.splitn(self.count, |&b| b == b',').collect();
         if fields.len() != self.count {
-            return Err(Unusable::Columns {
+            return Err(LineFault::Columns {
                 found: fields.len(),
                 expected: self.count,
             });

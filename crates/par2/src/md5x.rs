@@ -8,7 +8,8 @@
 
 #![allow(unsafe_code)]
 
-use crate::packet::Id;
+/// An MD5 digest: PAR2's IDs (of sets, files and packets) are MD5s.
+pub type Id = [u8; 16];
 
 /// The MD5 of each message. All messages must have the same length (a set's slices do).
 pub fn digest_many(msgs: &[&[u8]]) -> Vec<Id> {
@@ -246,8 +247,8 @@ fn final_blocks(tail: &[u8], len: u64) -> ([u8; 128], usize) {
 mod x86 {
     use std::arch::x86_64::*;
 
+    use super::Id;
     use super::{INIT, K, S, WORD, final_blocks};
-    use crate::packet::Id;
 
     #[derive(Clone, Copy, PartialEq, Debug)]
     pub enum Lanes {

@@ -27,8 +27,7 @@ pub mod kind {
     pub const CREATOR: &[u8; 16] = b"PAR 2.0\0Creator\0";
 }
 
-/// A 16-byte MD5 value (file IDs, set IDs, hashes).
-pub type Id = [u8; 16];
+pub use crate::md5x::Id;
 
 /// One parsed packet.
 #[derive(Clone, Debug, PartialEq, Eq)]
