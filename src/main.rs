@@ -47,13 +47,10 @@ fn main() -> ExitCode {
             Exit::Trouble
         };
         if let Some(verb) = json {
-            let summary = serde_json::json!({
-                "type": "summary",
-                "verb": verb,
-                "errors": [format!("{e:#}")],
-                "exit_code": exit as i32,
-            });
-            println!("{summary}");
+            println!(
+                "{}",
+                intact::report::failed_start(verb, format!("{e:#}"), exit)
+            );
         }
         exit
     });

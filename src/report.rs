@@ -800,6 +800,17 @@ impl<'a> From<&'a FileReport> for JsonFile<'a> {
     }
 }
 
+/// The JSON summary of a run of `verb` that ended before it began (a usage error, a database
+/// that could not be opened): the same object every run ends with, its counts zero, `why`
+/// among its errors.
+pub fn failed_start(verb: Verb, why: String, exit: Exit) -> String {
+    let summary = Summary {
+        failures: vec![why],
+        ..Summary::default()
+    };
+    serde_json::to_string(&JsonSummary::new(verb, &summary, exit)).expect("a summary serializes")
+}
+
 #[derive(Serialize)]
 struct JsonSummary {
     #[serde(rename = "type")]

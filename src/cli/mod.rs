@@ -94,7 +94,7 @@ pub enum Command {
 impl Command {
     /// The verb's name, if it was asked for JSON: a run that fails before it begins still
     /// ends its output with a summary object then.
-    pub fn json_verb(&self) -> Option<&'static str> {
+    pub fn json_verb(&self) -> Option<intact::report::Verb> {
         use intact::report::Verb;
         let (verb, output) = match self {
             Command::Tag(a) => (Verb::Tag, &a.common.output),
@@ -114,7 +114,7 @@ impl Command {
             | Command::Generate(_)
             | Command::Notify(_) => return None,
         };
-        output.json.then_some(verb.name())
+        output.json.then_some(verb)
     }
 }
 

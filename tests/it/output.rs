@@ -130,6 +130,31 @@ fn usage_errors_exit_2() {
     intact!("check", "--threads", "0", ".").expect_code(2);
     let r = intact!("check", "--exclude", "a[", ".").expect_code(2);
     assert!(r.stderr.contains("bad --exclude pattern"), "{}", r.stderr);
+    // Under --json, a run that ends before it begins ends with the summary every run ends
+    // with: the same fields, its counts zero, why among its errors.
+    let t = Tree::new();
+    t.write("d/f", b"x");
+    intact!("tag", "-q", "--no-state", t.path("d")).expect_code(0);
+    let normal = intact!("check", "--json", "--no-state", t.path("d"))
+        .expect_code(0)
+        .json()
+        .summary;
+    let failed = intact!("check", "--json", "--exclude", "a[", t.path("d"))
+        .expect_code(2)
+        .json()
+        .summary;
+    let keys = |v: &serde_json::Value| {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.retain(|k| k != "errors");
+        k.sort();
+        k
+    };
+    assert_eq!(keys(&failed), keys(&normal), "{failed}");
+    assert_eq!(failed["exit_code"], 2);
+    assert!(
+        failed["errors"][0].as_str().unwrap().contains("--exclude"),
+        "{failed}"
+    );
 }
 
 #[test]
