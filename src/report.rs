@@ -182,6 +182,29 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// A failure beyond single files: said with the summary, and the exit code is 3.
+    pub fn fail(&mut self, what: String) {
+        self.findings
+            .push(crate::notify::Problem::Failure { what: what.clone() });
+        self.failures.push(what);
+    }
+
+    /// A tree that vanished, or lost `files` at once (kept as an alarm, not marked deleted):
+    /// a failure (exit 3) of its own kind.
+    pub fn vanished(&mut self, what: String, files: u64) {
+        self.vanished += 1;
+        self.removed_alarm += files;
+        self.findings
+            .push(crate::notify::Problem::Vanished { what: what.clone() });
+        self.failures.push(what);
+    }
+
+    /// Damage beyond single files: said with the summary, and the exit code is 1.
+    pub fn damage(&mut self, what: String) {
+        self.findings.damaged(what.clone(), None);
+        self.damage.push(what);
+    }
+
     /// Counts one report.
     pub fn add(&mut self, r: &FileReport) {
         self.counts[r.status as usize] += 1;
@@ -448,31 +471,6 @@ impl<W: Write, E: Write> Reporter<W, E> {
     /// A line for people, printed before the summary (not with `--json` or `-q`).
     pub fn note(&mut self, line: String) {
         self.notes.push(line);
-    }
-
-    /// A failure beyond single files: printed with the summary, and the exit code is 3.
-    pub fn fail(&mut self, what: String) {
-        self.summary
-            .findings
-            .push(crate::notify::Problem::Failure { what: what.clone() });
-        self.summary.failures.push(what);
-    }
-
-    /// A tree that vanished, or lost `files` at once (kept as an alarm, not marked deleted):
-    /// a failure (exit 3) of its own kind.
-    pub fn vanished(&mut self, what: String, files: u64) {
-        self.summary.vanished += 1;
-        self.summary.removed_alarm += files;
-        self.summary
-            .findings
-            .push(crate::notify::Problem::Vanished { what: what.clone() });
-        self.summary.failures.push(what);
-    }
-
-    /// Damage beyond single files: printed with the summary, and the exit code is 1.
-    pub fn damaged(&mut self, what: String) {
-        self.summary.findings.damaged(what.clone(), None);
-        self.summary.damage.push(what);
     }
 
     /// Whether rendering `r` writes anything (so a progress bar must step aside).

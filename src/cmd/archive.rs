@@ -67,8 +67,8 @@ pub fn verify(a: VerifyArgs) -> anyhow::Result<Exit> {
     reporter.summary.elapsed = start.elapsed();
     // The summary states the exit code, the archive's own damage included.
     match read {
-        Err(e) if e.damaged => reporter.damaged(format!("{}: {e}", escape(path))),
-        Err(e) => reporter.fail(format!("{}: {e}", escape(path))),
+        Err(e) if e.damaged => reporter.summary.damage(format!("{}: {e}", escape(path))),
+        Err(e) => reporter.summary.fail(format!("{}: {e}", escape(path))),
         Ok(()) => {}
     }
     if let Some(e) = io_error {

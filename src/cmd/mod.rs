@@ -24,7 +24,7 @@ use crate::cli::settings::Settings;
 use intact::engine::{self, Action, FileReport, Progress};
 use intact::fs::walk::{self, Entry};
 use intact::metrics::Metrics;
-use intact::report::{Exit, Reporter};
+use intact::report::{Exit, Reporter, Summary};
 use intact::sink::{Out, Sink};
 use intact::state::State;
 use intact::text::{escape, group};
@@ -60,7 +60,7 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
     if let Some(output) = &output
         && output.kind() != io::ErrorKind::BrokenPipe
     {
-        reporter.fail(format!("writing output: {output}"));
+        reporter.summary.fail(format!("writing output: {output}"));
     }
     tell_the_owner(&s, &mut ran, &mut reporter);
     record(&s, &mut ran, &mut reporter);
@@ -86,7 +86,7 @@ fn speaker(s: &Settings) -> Speaker {
     };
     let mut reporter = Reporter::new(s.verb, s.json, s.verbosity, out, io::stderr());
     for failure in &s.failures {
-        reporter.fail(failure.clone());
+        reporter.summary.fail(failure.clone());
     }
     reporter
 }
@@ -108,7 +108,10 @@ fn begin(s: &Settings, config: &mut engine::Config, reporter: &mut Speaker) -> O
             )),
         }
     }
-    let mut state = s.state.as_deref().and_then(|db| open_state(db, reporter))?;
+    let mut state = s
+        .state
+        .as_deref()
+        .and_then(|db| open_state(db, &mut reporter.summary))?;
     state.begin_run(s.verb.name(), &s.roots);
     // Every verb that judges data knows the damage found before: those that write
     // (update's rules: archive, protect) would otherwise re-tag a touched damaged file.
@@ -166,7 +169,10 @@ fn run(
                             engine::Source::List(Box::new(queue))
                         }
                         Err(e) => {
-                            front.reporter.fail(format!("planning the scrub: {e:#}"));
+                            front
+                                .reporter
+                                .summary
+                                .fail(format!("planning the scrub: {e:#}"));
                             engine::Source::List(Box::new(std::iter::empty()))
                         }
                     },
@@ -249,11 +255,11 @@ fn conclude(s: &Settings, ran: &mut Ran, reporter: &mut Speaker) -> Option<io::E
         Some(f) if f.stdout && f.error.kind() == io::ErrorKind::BrokenPipe => {
             output = Some(f.error)
         }
-        Some(f) => reporter.fail(f.to_string()),
+        Some(f) => reporter.summary.fail(f.to_string()),
         None => {}
     }
     if let Err(e) = &ran.walked {
-        reporter.fail(format!("walking: {e}"));
+        reporter.summary.fail(format!("walking: {e}"));
     }
     let interrupted = STOP.load(Ordering::SeqCst);
     let (plan, state) = (ran.plan.as_ref(), &mut ran.state);
@@ -272,7 +278,7 @@ fn conclude(s: &Settings, ran: &mut Ran, reporter: &mut Speaker) -> Option<io::E
         let counts = plan.map_or(&ran.per_root, |p| &p.per_root);
         for (root, &(files, tagged)) in s.roots.iter().zip(counts) {
             if let Some(why) = nothing_verified(root, files, tagged) {
-                reporter.fail(why);
+                reporter.summary.fail(why);
             }
         }
     }
@@ -284,13 +290,13 @@ fn close(s: &Settings, state: &mut Option<State>, reporter: &mut Speaker) {
     if let Some(state) = state {
         state.commit();
         if let Some(failed) = state.failed.take() {
-            reporter.fail(failed);
+            reporter.summary.fail(failed);
         }
     }
     if state.as_ref().is_some_and(|st| st.broken)
         && let Some(st) = state.take()
     {
-        reporter.fail(match st.quarantine() {
+        reporter.summary.fail(match st.quarantine() {
             Ok(rebuilt) => history_lost(s.state.as_deref(), &rebuilt),
             Err(e) => format!(
                 "the state database {} is damaged and could not be moved aside ({e}): \
@@ -317,7 +323,7 @@ fn tell_the_owner(s: &Settings, ran: &mut Ran, reporter: &mut Speaker) {
     );
     reporter.summary.notify_failed = Some(!failed.is_empty());
     for f in failed {
-        reporter.fail(f);
+        reporter.summary.fail(f);
     }
 }
 
@@ -333,7 +339,7 @@ fn record(s: &Settings, ran: &mut Ran, reporter: &mut Speaker) {
             summary.exit(s.verb) as i32,
         );
         if let Some(failed) = st.failed.take() {
-            reporter.fail(failed);
+            reporter.summary.fail(failed);
         }
     }
     let Some(path) = &s.metrics else {
@@ -364,7 +370,9 @@ fn record(s: &Settings, ran: &mut Ran, reporter: &mut Speaker) {
         verification_ages(&mut m, s.verb.name(), never, oldest);
     }
     if let Err(e) = m.write(path) {
-        reporter.fail(format!("writing the metrics {}: {}", escape(path), e));
+        reporter
+            .summary
+            .fail(format!("writing the metrics {}: {}", escape(path), e));
     }
 }
 
@@ -406,7 +414,7 @@ fn tell_what_is_known<W: Write, E: Write>(
         && let Ok(n) = plan.unchecked_since(lost.at)
         && n > 0
     {
-        reporter.fail(lost_note(&lost, n));
+        reporter.summary.fail(lost_note(&lost, n));
     }
     Ok(())
 }
@@ -490,10 +498,7 @@ fn finish(reporter: &mut Speaker, verb: intact::report::Verb) -> Exit {
 /// The state database at `path`, or none if it cannot be opened: the run verifies all the
 /// same, but what it could not do is a failure of the run (exit 3), and so is a database
 /// found damaged and rebuilt.
-fn open_state<W: Write, E: Write>(
-    path: &std::path::Path,
-    reporter: &mut Reporter<W, E>,
-) -> Option<State> {
+fn open_state(path: &std::path::Path, summary: &mut Summary) -> Option<State> {
     intact::state::on_lock_waits(&STOP, |wait| {
         eprintln!(
             "intact: waiting for the state database: another process holds its lock (up to {} s; \
@@ -504,12 +509,12 @@ fn open_state<W: Write, E: Write>(
     match State::open(path) {
         Ok((state, rebuilt)) => {
             if let Some(rebuilt) = rebuilt {
-                reporter.fail(history_lost(Some(path), &rebuilt));
+                summary.fail(history_lost(Some(path), &rebuilt));
             }
             Some(state)
         }
         Err(e) => {
-            reporter.fail(format!(
+            summary.fail(format!(
                 "cannot use the state database {}: {e}; what it remembers (damage found \
                  before, when files were verified) is out of reach, and nothing of this run is \
                  recorded (`--state FILE` puts it elsewhere, `--no-state` does without it)",
@@ -523,9 +528,9 @@ fn open_state<W: Write, E: Write>(
 /// Runs `f` on the state database (its path; `None` without one). The database is only a
 /// cache: if SQLite finds it damaged, it is moved aside, a new one opened in its place, and
 /// `f` run once more.
-fn on_state<T, W: Write, E: Write>(
+fn on_state<T>(
     state: &mut Option<State>,
-    reporter: &mut Reporter<W, E>,
+    summary: &mut Summary,
     mut f: impl FnMut(Option<&std::path::Path>) -> rusqlite::Result<T>,
 ) -> rusqlite::Result<T> {
     let path = |state: &Option<State>| state.as_ref().and_then(|st| st.path().map(PathBuf::from));
@@ -534,11 +539,11 @@ fn on_state<T, W: Write, E: Write>(
         Err(e) if intact::state::is_damage(&e) && db.is_some() => {
             if let Some(st) = state.take() {
                 match st.quarantine() {
-                    Ok(rebuilt) => reporter.fail(history_lost(db.as_deref(), &rebuilt)),
-                    Err(e) => reporter.fail(format!("the state database is damaged: {e}")),
+                    Ok(rebuilt) => summary.fail(history_lost(db.as_deref(), &rebuilt)),
+                    Err(e) => summary.fail(format!("the state database is damaged: {e}")),
                 }
             }
-            *state = db.as_deref().and_then(|db| open_state(db, reporter));
+            *state = db.as_deref().and_then(|db| open_state(db, summary));
             f(path(state).as_deref())
         }
         other => other,

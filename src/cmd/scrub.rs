@@ -73,13 +73,17 @@ pub(super) fn prepare(
         }
         Ok((plan.queue(scrub.budget, scrub.untagged_too, now)?, gone))
     };
-    let (queue, (gone, alarms)) = super::on_state(&mut front.state, front.reporter, |db| {
-        schedule(&mut plan, db)
-    })
-    .map_err(|e| anyhow::anyhow!("{}", state::why(&e)))?;
+    let (queue, (gone, alarms)) =
+        super::on_state(&mut front.state, &mut front.reporter.summary, |db| {
+            schedule(&mut plan, db)
+        })
+        .map_err(|e| anyhow::anyhow!("{}", state::why(&e)))?;
     plan.gone_now = gone;
     for alarm in alarms {
-        front.reporter.vanished(alarm.describe(), alarm.removed);
+        front
+            .reporter
+            .summary
+            .vanished(alarm.describe(), alarm.removed);
     }
     if let Some(state) = &mut front.state {
         // A database opened anew (the old one was damaged) records this run too.
@@ -88,7 +92,7 @@ pub(super) fn prepare(
     config.deadline = scrub.max_time.map(|t| start + t);
     // A time budget spent before the first file is a scrub that never verifies: said, exit 3.
     if queue.planned.1 > 0 && config.deadline.is_some_and(|d| Instant::now() >= d) {
-        front.reporter.fail(
+        front.reporter.summary.fail(
             "the time budget (--max-time) ran out while planning: nothing was verified; \
              give it more time"
                 .into(),
@@ -109,7 +113,7 @@ pub(super) fn conclude<W: std::io::Write, E: std::io::Write>(
         state.commit();
     }
     if let Some(e) = plan.failure() {
-        reporter.fail(format!(
+        reporter.summary.fail(format!(
             "reading the scrub's queue: {e}; the rest was not verified"
         ));
     }

@@ -11,7 +11,7 @@ use anyhow::Context;
 use crate::cli::StatusArgs;
 use crate::cli::settings::Settings;
 use intact::metrics::Metrics;
-use intact::report::{Exit, Verb, Verbosity};
+use intact::report::{Exit, Summary, Verb, Verbosity};
 use intact::scrub::{FileState, Gone, Overview};
 use intact::state::{self, Pace, State};
 use intact::text::{bytes, escape, group, percent, time_ms};
@@ -104,17 +104,17 @@ struct Found {
 /// Plans the trees (tags and metadata only) against the state database, and finds what
 /// needs attention and how well the trees are covered.
 fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
-    let mut failures = Failures::default();
+    let mut failures = Summary::default();
     for failure in std::mem::take(&mut s.failures) {
-        failures.0.fail(failure);
+        failures.fail(failure);
     }
     let mut state = s
         .state
         .as_deref()
-        .and_then(|db| super::open_state(db, &mut failures.0));
+        .and_then(|db| super::open_state(db, &mut failures));
     let mut plan = intact::scrub::plan(&s.config, &s.roots, true, &super::STOP, |r| {
         if r.status == intact::core::classify::Status::Error {
-            failures.0.fail(format!(
+            failures.fail(format!(
                 "{}: {}",
                 escape(&r.path),
                 r.error.as_ref().map_or(String::new(), |e| e.to_string())
@@ -122,7 +122,7 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
         }
     })
     .context("reading the trees")?;
-    super::on_state(&mut state, &mut failures.0, |db| plan.attach(db))
+    super::on_state(&mut state, &mut failures, |db| plan.attach(db))
         .map_err(|e| anyhow::anyhow!("reading the state database: {}", state::why(&e)))?;
     let db = state
         .as_ref()
@@ -141,14 +141,14 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
         Some(intact::scrub::MASS_REMOVAL_PERCENT),
     )?;
     for alarm in &alarms {
-        failures.0.vanished(alarm.describe(), alarm.removed);
+        failures.vanished(alarm.describe(), alarm.removed);
     }
     // A tree with nothing to verify is not a tree in good health (an unmounted disk, a copy
     // that lost its tags).
     if alarms.is_empty() && plan.complete {
         for (root, &(files, tagged)) in s.roots.iter().zip(&plan.per_root) {
             if let Some(why) = super::nothing_verified(root, files, tagged) {
-                failures.0.fail(why);
+                failures.fail(why);
             }
         }
     }
@@ -160,7 +160,7 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
     if let Some(l) = state.as_ref().and_then(|st| st.history_lost()) {
         let unchecked = plan.unchecked_since(l.at)?;
         if unchecked > 0 {
-            failures.0.fail(super::lost_note(&l, unchecked));
+            failures.fail(super::lost_note(&l, unchecked));
             lost = Some((l.at, unchecked));
             unknown = Some(format!(
                 "unknown for {} {}: the state database was rebuilt at {} and they have not \
@@ -173,16 +173,16 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
     }
     let pace = state.as_ref().and_then(|st| st.pace(&s.roots));
     let cycle = Cycle::estimate(overview.tagged.bytes, pace);
-    let mut exit = failures.0.summary.exit(Verb::Status);
+    let mut exit = failures.exit(Verb::Status);
     if !overview.damage.is_empty() {
         exit = exit.merge(Exit::Damage);
     }
-    let mut findings = std::mem::take(&mut failures.0.summary.findings);
+    let mut findings = std::mem::take(&mut failures.findings);
     for d in &overview.damage {
         findings.damaged(escape(&d.path), d.found);
     }
-    let vanished = failures.0.summary.vanished;
-    let errors = failures.0.summary.failures;
+    let vanished = failures.vanished;
+    let errors = failures.failures;
     let found = Found {
         findings,
         vanished,
@@ -286,22 +286,6 @@ fn text(s: &Settings, damage_lines: usize, plan: &intact::scrub::Plan, f: &Found
         text.push_str("(no state database: every file counts as never verified)\n");
     }
     text
-}
-
-/// Failures beyond single files (a database that cannot be used, unreadable paths), kept
-/// as a run's are: each makes the exit code 3.
-struct Failures(intact::report::Reporter<std::io::Sink, std::io::Sink>);
-
-impl Default for Failures {
-    fn default() -> Self {
-        Failures(intact::report::Reporter::new(
-            Verb::Status,
-            false,
-            Verbosity::Normal,
-            std::io::sink(),
-            std::io::sink(),
-        ))
-    }
 }
 
 /// How long a full cycle takes: at the pace of recent scrubs (runs of their budget, one
