@@ -228,8 +228,9 @@ fn critical(set: &Id, main: &[u8], entries: &[FileEntry]) -> Vec<u8> {
 /// (whose MD5s are computed at once, one a SIMD lane): with 2,000 slices, a file of 4 GiB
 /// or more. Fewer lanes cost little: the batch's MD5s run beside the file's own, which is
 /// slower still. Slices larger than this (a file of more than 2,000 x 16 MiB) are not held
-/// whole: their MD5s and CRC32s are taken as they stream by (a second MD5 chain beside the
-/// file's, 0.51 GB/s against 0.65 with the SHA-256 too), so memory stays bounded for any size.
+/// whole: their MD5s and CRC32s are taken on a thread of their own as they stream by, so
+/// memory stays bounded for any size (a 32 GiB file: 28 MiB in 97.7 s, against 49 MiB in
+/// 89.4 s holding whole slices, which grows with the file).
 pub const FIRST_BATCH: usize = 16 << 20;
 
 /// A file in set order: its ID, the MD5 of its first 16 KiB, its index among the inputs.
