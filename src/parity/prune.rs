@@ -406,6 +406,7 @@ fn aside_trimmed(files: &[PathBuf], index: &Path, keep: u64, to: &Path) -> io::R
         let len = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes")) as usize;
         if &header[..8] != par2::packet::MAGIC
             || &header[48..64] != par2::packet::kind::RECOVERY
+            || len < 64
             || end + len > bytes.len()
         {
             break;
