@@ -25,3 +25,4 @@ pub mod state;
 #[cfg(test)]
 mod testutil;
 pub mod text;
+pub mod verb;

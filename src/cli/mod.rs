@@ -94,8 +94,8 @@ pub enum Command {
 impl Command {
     /// The verb's name, if it was asked for JSON: a run that fails before it begins still
     /// ends its output with a summary object then.
-    pub fn json_verb(&self) -> Option<intact::report::Verb> {
-        use intact::report::Verb;
+    pub fn json_verb(&self) -> Option<intact::verb::Verb> {
+        use intact::verb::Verb;
         let (verb, output) = match self {
             Command::Tag(a) => (Verb::Tag, &a.common.output),
             Command::Check(a) => (Verb::Check, &a.common.output),

@@ -14,7 +14,8 @@ use intact::core::tag::Compat;
 use intact::engine::{Config, Work};
 use intact::fs::walk::{self, WalkOptions};
 use intact::parity;
-use intact::report::{Verb, Verbosity};
+use intact::report::Verbosity;
+use intact::verb::Verb;
 
 /// Everything a run needs to know.
 pub struct Settings {

@@ -10,8 +10,9 @@ use anyhow::Context;
 use crate::cli::settings::{Settings, algo, verbosity};
 use crate::cli::{CreateArgs, ListArgs, VerifyArgs};
 use intact::archive;
-use intact::report::{Exit, Reporter, Verb};
+use intact::report::{Exit, Reporter};
 use intact::text::escape;
+use intact::verb::Verb;
 
 pub fn create(a: CreateArgs) -> anyhow::Result<Exit> {
     let mut s = Settings::new(Verb::Archive, a.paths.paths, &a.common)?;

@@ -6,7 +6,8 @@ use anyhow::Context;
 use crate::cli::ExportArgs;
 use crate::cli::settings::{Settings, algo};
 use intact::export::Listing;
-use intact::report::{Exit, Verb};
+use intact::report::Exit;
+use intact::verb::Verb;
 
 pub fn run(a: ExportArgs) -> anyhow::Result<Exit> {
     let mut s = Settings::new(Verb::Export, vec![a.path], &a.common)?;

@@ -489,7 +489,7 @@ pub(crate) fn lost_note(lost: &intact::state::Lost, unchecked: u64) -> String {
 }
 
 /// Prints the summary; the exit code it states.
-fn finish(reporter: &mut Speaker, verb: intact::report::Verb) -> Exit {
+fn finish(reporter: &mut Speaker, verb: intact::verb::Verb) -> Exit {
     reporter
         .finish()
         .unwrap_or_else(|_| reporter.summary.exit(verb).merge(Exit::Trouble))

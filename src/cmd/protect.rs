@@ -6,7 +6,8 @@ use std::time::Duration;
 use crate::cli::ProtectArgs;
 use crate::cli::settings::{Settings, usage};
 use intact::parity::{OpenError, Protector};
-use intact::report::{Exit, Verb};
+use intact::report::Exit;
+use intact::verb::Verb;
 
 pub fn run(a: ProtectArgs) -> anyhow::Result<Exit> {
     if a.store.is_some() && a.paths.paths.len() > 1 {

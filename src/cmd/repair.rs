@@ -5,7 +5,8 @@ use crate::cli::RepairArgs;
 use crate::cli::settings::{Settings, usage};
 use intact::parity::{self, Store};
 use intact::repair::{self, Keep, Repairer};
-use intact::report::{Exit, Verb};
+use intact::report::Exit;
+use intact::verb::Verb;
 
 pub fn run(a: RepairArgs) -> anyhow::Result<Exit> {
     let keep = match (a.keep_damaged_in, a.discard_damaged) {

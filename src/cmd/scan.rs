@@ -4,8 +4,9 @@ use std::path::PathBuf;
 
 use crate::cli::settings::{Settings, algo, formats, usage};
 use crate::cli::{CheckArgs, ImportArgs, ShowArgs, StripArgs, TagArgs, UpdateArgs};
-use intact::report::{Exit, Verb};
+use intact::report::Exit;
 use intact::sink::Pass;
+use intact::verb::Verb;
 
 pub fn tag(a: TagArgs) -> anyhow::Result<Exit> {
     let mut s = Settings::new(Verb::Tag, a.paths.paths, &a.common)?;

@@ -7,11 +7,12 @@ use super::Ledger;
 use crate::cli::ScrubArgs;
 use crate::cli::settings::{Scrub, Settings};
 use intact::engine::{Config, Work};
-use intact::report::{Exit, Reporter, Verb};
+use intact::report::{Exit, Reporter};
 use intact::scrub::{Budget, Plan, Queue};
 use intact::sink::{Out, Pass};
 use intact::state::{self, State};
 use intact::text::{bytes, group};
+use intact::verb::Verb;
 
 pub fn run(a: ScrubArgs) -> anyhow::Result<Exit> {
     let mut s = Settings::new(Verb::Scrub, a.paths.paths, &a.common)?;

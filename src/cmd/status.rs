@@ -11,10 +11,11 @@ use anyhow::Context;
 use crate::cli::StatusArgs;
 use crate::cli::settings::Settings;
 use intact::metrics::Metrics;
-use intact::report::{Exit, Summary, Verb, Verbosity};
+use intact::report::{Exit, Summary, Verbosity};
 use intact::scrub::{FileState, Gone, Overview};
 use intact::state::{self, Pace, State};
 use intact::text::{bytes, escape, group, percent, time_ms};
+use intact::verb::Verb;
 
 pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
     let mut s = Settings::new(Verb::Status, a.paths.paths, &a.common)?;
