@@ -26,3 +26,4 @@ pub mod state;
 mod testutil;
 pub mod text;
 pub mod verb;
+pub mod watch;

@@ -12,7 +12,7 @@ use clap::Parser;
 
 use cli::settings::Usage;
 use cli::{ArchiveCommand, Cli, Command};
-use cmd::{archive, export, generate, notify, protect, repair, scan, scrub, status};
+use cmd::{archive, export, generate, notify, protect, repair, scan, scrub, status, watch};
 use intact::report::Exit;
 
 fn main() -> ExitCode {
@@ -25,6 +25,7 @@ fn main() -> ExitCode {
         Command::Check(a) => scan::check(a),
         Command::Update(a) => scan::update(a),
         Command::Scrub(a) => scrub::run(a),
+        Command::Watch(a) => watch::run(a),
         Command::Status(a) => status::run(a),
         Command::Strip(a) => scan::strip(a),
         Command::Show(a) => scan::show(a),

@@ -546,6 +546,11 @@ impl Style {
                 | Verb::Verify
                 | Verb::Protect
                 | Verb::Repair => !matches!(s, Status::Ok | Status::Skipped | Status::Touched),
+                // A service's log: what it tagged and what is wrong, not what it left unread.
+                Verb::Watch => !matches!(
+                    s,
+                    Status::Ok | Status::Skipped | Status::Touched | Status::AlreadyTagged
+                ),
             },
         }
     }

@@ -35,6 +35,8 @@ pub enum Verb {
     Scrub,
     /// `status`.
     Status,
+    /// `watch`.
+    Watch,
 }
 
 impl Verb {
@@ -54,6 +56,7 @@ impl Verb {
             Verb::Repair => "repair",
             Verb::Scrub => "scrub",
             Verb::Status => "status",
+            Verb::Watch => "watch",
         }
     }
 
@@ -62,7 +65,7 @@ impl Verb {
         match self {
             Verb::Tag => Work::Tag,
             Verb::Check | Verb::Scrub | Verb::Repair | Verb::Verify => Work::Check,
-            Verb::Update | Verb::Archive | Verb::Protect => Work::Update,
+            Verb::Update | Verb::Archive | Verb::Protect | Verb::Watch => Work::Update,
             Verb::Strip => Work::Strip,
             Verb::Show | Verb::Status => Work::Show,
             Verb::Export => Work::Export,
@@ -77,6 +80,7 @@ impl Verb {
             self,
             Verb::Tag
                 | Verb::Update
+                | Verb::Watch
                 | Verb::Strip
                 | Verb::Import
                 | Verb::Archive

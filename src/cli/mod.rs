@@ -62,6 +62,10 @@ pub enum Command {
     /// repeated runs verify every file once per cycle
     #[command(after_help = SCRUB_HELP)]
     Scrub(ScrubArgs),
+    /// Tag new and edited files seconds after they are written, as `update` would, and know a
+    /// write it saw from bit rot even when the writer put the old mtime back: a service
+    #[command(after_help = WATCH_HELP)]
+    Watch(WatchArgs),
     /// Show, from tags and the state database alone (no data read), how recently the files
     /// were verified, damage not yet repaired, and how many have parity or archived copies
     #[command(after_help = STATUS_HELP)]
@@ -101,6 +105,7 @@ impl Command {
             Command::Check(a) => (Verb::Check, &a.common.output),
             Command::Update(a) => (Verb::Update, &a.common.output),
             Command::Scrub(a) => (Verb::Scrub, &a.common.output),
+            Command::Watch(a) => (Verb::Watch, &a.common.output),
             Command::Status(a) => (Verb::Status, &a.common.output),
             Command::Strip(a) => (Verb::Strip, &a.common.output),
             Command::Show(a) => (Verb::Show, &a.common.output),
@@ -180,6 +185,47 @@ pub struct UpdateArgs {
     #[command(flatten)]
     pub metrics: Metrics,
 }
+
+#[derive(Args, Debug)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    pub paths: Paths,
+    #[command(flatten)]
+    pub common: Common,
+    /// Look at a file once nothing in its folder has been written for this long (a download
+    /// or an export is then hashed once, when done)
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "5s")]
+    pub settle: std::time::Duration,
+    /// Digest algorithm for new tags [default: sha256; re-tags keep the tag's]
+    #[arg(long, value_enum)]
+    pub algo: Option<AlgoArg>,
+    #[command(flatten)]
+    pub compat: Compat,
+    #[command(flatten)]
+    pub notify: NotifyArgs,
+    #[command(flatten)]
+    pub state: StateArgs,
+}
+
+const WATCH_HELP: &str = "\
+Runs until stopped (Ctrl-C, SIGTERM). At start it looks at the whole trees for files changed \
+while it was not running (only files whose tag no longer describes them are read); then it \
+waits for the kernel's events: fanotify on whole file systems when run as root, inotify \
+watches on every folder otherwise (fs.inotify.max_user_watches caps them; reaching it is an \
+error). Events lost to a full queue make it look at the whole trees again.
+
+A file whose data changed under an unchanged mtime is damage for `check`, unless this \
+service saw a write to it after its tag was written: then it is an edit, re-tagged, and \
+said so. What it saw is kept in the state database until it has tagged the file, so a later \
+`check` or `scrub` knows it too. Writes made while it is not running, and writes through a \
+shared mmap (which raise no event), are judged as `check` judges them.
+
+It runs at idle CPU and I/O priority. The nightly scrub keeps running beside it: watch \
+protects what is written, the scrub proves what is not. `intact status` says whether a tree \
+is watched, and since when. Problems found are told to the owner (--notify) at most once a \
+minute, what is new only (the scrub reminds and sends the all-clear).
+
+Exit codes: 0 stopped by a signal, 2 usage error, 3 it could not watch (or record).";
 
 #[derive(Args, Debug)]
 pub struct ScrubArgs {

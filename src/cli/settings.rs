@@ -18,6 +18,7 @@ use intact::report::Verbosity;
 use intact::verb::Verb;
 
 /// Everything a run needs to know.
+#[derive(Clone)]
 pub struct Settings {
     /// What the reports are about.
     pub verb: Verb,
@@ -86,6 +87,7 @@ impl Settings {
                 one_file_system: common.one_file_system,
                 excludes,
                 own: Default::default(),
+                only: None,
             },
             remove_leftovers: verb.changes_files(),
             ..Config::new(verb.work())

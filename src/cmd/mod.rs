@@ -11,6 +11,7 @@ pub mod repair;
 pub mod scan;
 pub mod scrub;
 pub mod status;
+pub mod watch;
 
 use std::io::{self, IsTerminal, Write};
 use std::path::PathBuf;
@@ -41,6 +42,15 @@ type Speaker = Reporter<Box<dyn Write>, io::Stderr>;
 /// reporter, recording in the state database and writing metrics if asked; the exit code is
 /// the one the summary states.
 pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
+    drive_for_findings(s, sink).map(|(exit, _)| exit)
+}
+
+/// As [`drive`], also giving what the run found wrong (`watch` tells the owner of its runs
+/// together).
+pub fn drive_for_findings(
+    s: Settings,
+    sink: &mut dyn Sink,
+) -> anyhow::Result<(Exit, intact::notify::Findings)> {
     if s.background {
         for e in intact::fs::sys::lowest_priority() {
             eprintln!("intact: warning: could not lower priority: {e}");
@@ -64,11 +74,12 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
     }
     tell_the_owner(&s, &mut ran, &mut reporter);
     record(&s, &mut ran, &mut reporter);
-    Ok(match output {
+    let exit = match output {
         // A closed pipe (`intact check | head`) ends the run quietly.
         Some(e) if e.kind() == io::ErrorKind::BrokenPipe => reporter.summary.exit(s.verb),
         _ => finish(&mut reporter, s.verb),
-    })
+    };
+    Ok((exit, std::mem::take(&mut reporter.summary.findings)))
 }
 
 /// The reporter for `s`, told the failures known before the run.
@@ -117,6 +128,7 @@ fn begin(s: &Settings, config: &mut engine::Config, reporter: &mut Speaker) -> O
     // (update's rules: archive, protect) would otherwise re-tag a touched damaged file.
     if config.work.reads_data() {
         config.known_damage = Some(std::sync::Arc::new(state.known_damage()));
+        config.written = Some(std::sync::Arc::new(state.written()));
     }
     Some(state)
 }
@@ -320,6 +332,7 @@ fn tell_the_owner(s: &Settings, ran: &mut Ran, reporter: &mut Speaker) {
         summary.interrupted,
         summary.exit(s.verb),
         ran.state.as_mut(),
+        false,
     );
     reporter.summary.notify_failed = Some(!failed.is_empty());
     for f in failed {
@@ -653,7 +666,7 @@ impl Out for Ledger<'_> {
 /// Ctrl-C, SIGTERM (systemd, `timeout`) and SIGHUP wind the run down, which then still
 /// removes its temp files and prints its summary. A second signal ends a run at once when
 /// `exit_at_once` (nothing half-written can be left: tags are one atomic setxattr).
-fn on_signals(exit_at_once: bool) -> anyhow::Result<()> {
+pub(crate) fn on_signals(exit_at_once: bool) -> anyhow::Result<()> {
     static INSTALL: Once = Once::new();
     let mut result = Ok(());
     INSTALL.call_once(|| {

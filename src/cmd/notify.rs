@@ -14,7 +14,10 @@ use intact::state::{self, State};
 /// something is new, a reminder when one is due, one all-clear after an alarm; then, after a
 /// clean run, the heartbeat. What was told is remembered in `state`, once delivered (a
 /// failed delivery is tried again by the next run). Returns what failed, for the run to
-/// report.
+/// report. A `partial` run (`watch`, which sees what is written, not the whole trees) only
+/// tells what is new: no reminder, no all-clear, no heartbeat, and what it told is added to
+/// what the owner was told before rather than put in its place.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn tell(
     setup: &Setup,
     verb: &str,
@@ -23,6 +26,7 @@ pub(super) fn tell(
     interrupted: bool,
     exit: Exit,
     state: Option<&mut State>,
+    partial: bool,
 ) -> Vec<String> {
     let mut failed = Vec::new();
     let now = state::now();
@@ -31,9 +35,23 @@ pub(super) fn tell(
         found.push(Problem::Interrupted);
     }
     if !setup.channels.is_empty() {
-        let keys = found.keys();
+        let mut keys = found.keys();
         let last = state.as_deref().and_then(|st| st.told(roots));
-        let decision = notify::decide(now, &keys, last.as_ref(), setup.remind_every);
+        let mut decision = notify::decide(now, &keys, last.as_ref(), setup.remind_every);
+        if partial {
+            if !matches!(&decision, Decision::Alarm { new } if !new.is_empty()) {
+                decision = Decision::Quiet;
+            }
+            if let Some(last) = last.as_ref().filter(|t| t.alarm) {
+                keys.extend(
+                    last.keys
+                        .iter()
+                        .filter(|k| !keys.contains(k))
+                        .cloned()
+                        .collect::<Vec<_>>(),
+                );
+            }
+        }
         let ctx = Context {
             host: notify::host_name(),
             verb: verb.to_string(),
@@ -67,6 +85,7 @@ pub(super) fn tell(
         }
     }
     if let Some(url) = &setup.heartbeat
+        && !partial
         && exit == Exit::Clean
         && !interrupted
         && found.is_clear()

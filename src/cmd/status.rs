@@ -60,6 +60,7 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
             false,
             exit,
             state.as_mut(),
+            false,
         );
         notify_failed = Some(!failed.is_empty());
         for f in failed {
@@ -98,6 +99,8 @@ struct Found {
     cycle: Option<Cycle>,
     /// The state database read.
     db: Option<std::path::PathBuf>,
+    /// Live `intact watch` services over these trees.
+    watched: Vec<intact::watch::Watched>,
     errors: Vec<String>,
     exit: Exit,
 }
@@ -184,6 +187,22 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
     }
     let vanished = failures.vanished;
     let errors = failures.failures;
+    // A watch over a tree that holds these (a killed one holds no lock: not watching).
+    let watched = s.state.as_deref().map_or(Vec::new(), |db| {
+        let roots: Vec<_> = s
+            .roots
+            .iter()
+            .map(|r| std::fs::canonicalize(r).unwrap_or(state::absolute(r)))
+            .collect();
+        intact::watch::watched(db)
+            .into_iter()
+            .filter(|w| {
+                roots
+                    .iter()
+                    .all(|r| w.roots.iter().any(|wr| r.starts_with(wr)))
+            })
+            .collect()
+    });
     let found = Found {
         findings,
         vanished,
@@ -193,6 +212,7 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
         unknown,
         cycle,
         db,
+        watched,
         errors,
         exit,
     };
@@ -212,6 +232,8 @@ struct Document<'a> {
     oldest_verification: Option<String>,
     /// The state database, escaped as every path is.
     state: Option<String>,
+    /// Since when an `intact watch` tags what is written under the trees, if one does.
+    watched_since: Option<String>,
     errors: &'a [String],
     exit_code: i32,
 }
@@ -252,6 +274,7 @@ impl<'a> Document<'a> {
             never_verified: o.ages[0].files,
             oldest_verification: o.oldest.map(time_ms),
             state: f.db.as_deref().map(escape),
+            watched_since: f.watched.first().map(|w| time_ms(w.since)),
             errors: &f.errors,
             exit_code: f.exit as i32,
         }
@@ -282,6 +305,22 @@ fn text(s: &Settings, damage_lines: usize, plan: &intact::scrub::Plan, f: &Found
             group(o.tagged.files),
             bytes(o.cycle_verified.bytes)
         );
+    }
+    match f.watched.first() {
+        Some(w) => {
+            let _ = writeln!(
+                text,
+                "watched     since {}: new and edited files are tagged as they are written \
+                 (intact watch, pid {}, {})",
+                time_ms(w.since),
+                w.pid,
+                w.how
+            );
+        }
+        None if f.db.is_some() => text.push_str(
+            "watched     no: new files wait for the next `scrub --update` to be tagged\n",
+        ),
+        None => {}
     }
     if f.db.is_none() {
         text.push_str("(no state database: every file counts as never verified)\n");

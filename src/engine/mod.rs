@@ -117,11 +117,22 @@ pub struct Config {
     /// under a moved mtime is still damaged, not edited (files a writing verb found damaged
     /// carry a mark that says so themselves).
     pub known_damage: Option<Arc<KnownDamage>>,
+    /// Writes `intact watch` saw, by file system and inode, with when (Unix milliseconds):
+    /// data that changed under the tag's mtime after such a write, later than its tag was
+    /// written, is an edit (the writer put the old mtime back), not damage.
+    pub written: Option<Arc<Written>>,
+    /// `update` reads only files whose tag no longer describes their size and mtime, untagged
+    /// ones and those written since tagged (`intact watch`: proving the others is the scrub's
+    /// work); the rest are reported `already-tagged`, unread.
+    pub changed_only: bool,
 }
 
 /// Damage found earlier, by inode number and the digest its tag holds, with the file system
 /// it is on (its `statvfs` id, as the state database keys files).
 pub type KnownDamage = HashMap<(u64, Digest), Vec<(i64, Damage)>>;
+
+/// Writes seen, by (file system id, inode), with the time of the latest (Unix milliseconds).
+pub type Written = HashMap<(i64, u64), i64>;
 
 impl Config {
     /// A configuration with defaults for `work`.
@@ -143,6 +154,8 @@ impl Config {
             sink_verifies: None,
             deadline: None,
             known_damage: None,
+            written: None,
+            changed_only: false,
         }
     }
 

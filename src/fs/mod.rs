@@ -5,6 +5,8 @@
 pub mod anchor;
 pub mod atomic;
 pub mod device;
+#[cfg(target_os = "linux")]
+pub mod fanotify;
 pub mod hash;
 pub mod mapped;
 pub mod sys;

@@ -8,7 +8,7 @@
 //! [`crate::fs::anchor`]) and listed through that descriptor: a directory swapped for a symlink
 //! while the walk runs is an error, never a way out of the tree.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::fs;
@@ -18,6 +18,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ignore::Match;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
@@ -40,6 +41,55 @@ pub struct WalkOptions {
     /// intact's own files (its state database, the outputs of the run), if they are kept
     /// inside a tree: never files of it.
     pub own: OwnFiles,
+    /// Only these parts of the trees (`intact watch`: where it saw changes), each reached
+    /// through its parents as a whole walk reaches it, so that every exclude and ignore file
+    /// has its say; `None`: all of them.
+    pub only: Option<Arc<Only>>,
+}
+
+/// Parts of trees to walk: directories, by the path the walk reaches them by (the root's
+/// joined with names), each with what of it.
+#[derive(Clone, Debug, Default)]
+pub struct Only(pub BTreeMap<PathBuf, Scope>);
+
+/// What of a directory a partial walk takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// These entries of it.
+    Names(BTreeSet<OsString>),
+    /// Its files (not its directories).
+    Files,
+    /// Everything beneath it.
+    Tree,
+}
+
+impl Only {
+    /// Whether the walk takes everything beneath `dir`.
+    fn whole(&self, dir: &Path) -> bool {
+        dir.ancestors()
+            .any(|a| self.0.get(a).is_some_and(|s| *s == Scope::Tree))
+    }
+
+    /// Whether `dir` is, or leads to, a part to walk.
+    fn leads_to(&self, dir: &Path) -> bool {
+        self.0
+            .range::<Path, _>((std::ops::Bound::Included(dir), std::ops::Bound::Unbounded))
+            .next()
+            .is_some_and(|(k, _)| k.starts_with(dir))
+    }
+
+    /// Whether the entry `name` of the directory `dir` (a directory itself, if `is_dir`) is
+    /// walked, where not all of `dir` is.
+    fn takes(&self, dir: &Path, name: &OsStr, is_dir: bool) -> bool {
+        if is_dir {
+            return self.leads_to(&dir.join(name));
+        }
+        match self.0.get(dir) {
+            Some(Scope::Names(names)) => names.contains(name),
+            Some(Scope::Files | Scope::Tree) => true,
+            None => false,
+        }
+    }
 }
 
 /// intact's own files, known by the directory they are in and their name, since they come
@@ -91,8 +141,9 @@ impl OwnFiles {
     fn holds(&self, dir: Inode, name: &OsStr) -> Option<SkipReason> {
         self.0.iter().find_map(|o| {
             let rest = name.as_bytes().strip_prefix(o.name.as_bytes())?;
-            let companion =
-                matches!(rest, b"-wal" | b"-shm" | b"-journal") || rest.starts_with(b".broken-");
+            let companion = matches!(rest, b"-wal" | b"-shm" | b"-journal" | b".damage")
+                || rest.starts_with(b".broken-")
+                || rest.starts_with(b".watch-");
             match (o.dir == dir, o.database) {
                 (true, true) if rest.is_empty() || companion => Some(SkipReason::StateDatabase),
                 (true, false) if rest.is_empty() => Some(SkipReason::Output),
@@ -364,6 +415,10 @@ fn walk_root(
         let kind = kind_of(Ok(meta));
         return Ok(visit(entry(root.to_path_buf(), kind, index, links)));
     }
+    let only = opts.only.as_deref().filter(|o| !o.whole(root));
+    if only.is_some_and(|o| !o.leads_to(root)) {
+        return Ok(ControlFlow::Continue(()));
+    }
     let mut overrides = OverrideBuilder::new(root);
     for glob in &opts.excludes {
         overrides.add(&format!("!{glob}"))?;
@@ -382,7 +437,13 @@ fn walk_root(
             if opts.one_file_system && id.is_some_and(|(dev, _)| dev != meta.dev()) {
                 return Ok(None);
             }
-            list(fd).map(|entries| Some((entries, id)))
+            // A partial walk lists only what leads to its parts (no `stat` of the rest).
+            let part = only.filter(|o| !o.whole(&path));
+            // The ignore file is read whatever the part (and visited only if taken).
+            let keep = |name: &OsStr, is_dir: bool| {
+                name == IGNORE_FILE || part.is_none_or(|o| o.takes(&path, name, is_dir))
+            };
+            list(fd, keep).map(|entries| Some((entries, id)))
         });
         match listed {
             Ok(Some((entries, id))) => {
@@ -423,6 +484,11 @@ fn walk_root(
             continue;
         }
         let is_dir = matches!(kind, Kind::Dir);
+        if name == IGNORE_FILE
+            && only.is_some_and(|o| !o.whole(&level.path) && !o.takes(&level.path, &name, false))
+        {
+            continue;
+        }
         if excluded(&overrides, &stack, &path, is_dir) {
             continue;
         }
@@ -504,7 +570,10 @@ fn kind_of(meta: std::io::Result<fs::Metadata>) -> Kind {
 
 /// The entries of the open directory `fd`, sorted by name, each with its kind. Only
 /// regular files (and entries whose type the file system does not say) cost an `fstatat`.
-fn list(fd: OwnedFd) -> std::io::Result<Vec<(OsString, Kind)>> {
+fn list(
+    fd: OwnedFd,
+    keep: impl Fn(&OsStr, bool) -> bool,
+) -> std::io::Result<Vec<(OsString, Kind)>> {
     use rustix::fs::FileType;
     let mut dir = rustix::fs::Dir::new(fd)?;
     let mut entries = Vec::new();
@@ -512,6 +581,11 @@ fn list(fd: OwnedFd) -> std::io::Result<Vec<(OsString, Kind)>> {
         let e = e?;
         let name = e.file_name().to_bytes();
         if name == b"." || name == b".." {
+            continue;
+        }
+        let name = OsStr::from_bytes(name);
+        let known_dir = e.file_type() == FileType::Directory;
+        if e.file_type() != FileType::Unknown && !keep(name, known_dir) {
             continue;
         }
         let kind = match e.file_type() {
@@ -523,7 +597,10 @@ fn list(fd: OwnedFd) -> std::io::Result<Vec<(OsString, Kind)>> {
             | FileType::BlockDevice => Kind::Special,
             _ => stat_kind(dir.fd()?, e.file_name()),
         };
-        entries.push((OsStr::from_bytes(name).to_os_string(), kind));
+        if e.file_type() == FileType::Unknown && !keep(name, matches!(kind, Kind::Dir)) {
+            continue;
+        }
+        entries.push((name.to_os_string(), kind));
     }
     entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     Ok(entries)

@@ -35,6 +35,7 @@ mod recover;
 mod rows;
 mod schema;
 mod writer;
+mod written;
 
 pub use damage::known_damage_at;
 use damage::{JOURNAL_COMPACT_AT, load_damage, replay};

@@ -59,6 +59,15 @@ CREATE TABLE IF NOT EXISTS {s}told (
     alarm INTEGER NOT NULL,     -- 1 an alarm or reminder, 0 an all-clear
     items TEXT NOT NULL         -- what it told, one key a line
 );
+-- Writes `intact watch` saw, until it tagged what they wrote: a later check calls data
+-- changed under the old mtime an edit where the write came after the tag. Few rows (the
+-- files written and not yet tagged); a table of its own, created on open: no migration.
+CREATE TABLE IF NOT EXISTS {s}written (
+    fs INTEGER NOT NULL,
+    ino INTEGER NOT NULL,
+    at INTEGER NOT NULL,        -- the latest write seen
+    PRIMARY KEY (fs, ino)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS {s}lost (
     at INTEGER NOT NULL,        -- when an earlier database was found damaged and replaced
     aside BLOB,                 -- where it was moved

@@ -30,3 +30,4 @@ mod sources;
 mod tags;
 mod verdicts;
 mod walking;
+mod watch;

@@ -128,6 +128,7 @@ impl<'a> Worker<'a> {
             ));
         }
         let Some(damage) = self.known_damage(tag, s) else {
+            self.written_over(report, tag, s);
             return;
         };
         let (status, since) = classify::since_damage(tag, report.status, &fresh, &damage);
@@ -150,6 +151,39 @@ impl<'a> Worker<'a> {
         if report.detail.is_none() {
             report.detail = detail;
         }
+        // The damaged bytes written again are still damage; other bytes written are an edit.
+        if since != SinceDamage::Same {
+            self.written_over(report, tag, s);
+        }
+    }
+
+    /// Data that changed under its tag's mtime is an edit, not damage, where `intact watch`
+    /// saw a write to the file after its tag was written: the writer put the old mtime back
+    /// (`exiftool -P`, `touch -r`, `rsync -t`).
+    fn written_over(&self, report: &mut FileReport, tag: &Tag, s: &Subject) {
+        if !matches!(report.status, Status::Corrupt | Status::Mismatch) {
+            return;
+        }
+        // Tags say when to the second: a write in the tag's own second proves nothing.
+        if let Some(at) = self
+            .written_at(s)
+            .filter(|at| tag.tagged.is_none_or(|t| at.div_euclid(1000) > t))
+        {
+            report.status = Status::Modified;
+            report.detail = Some(format!(
+                "written at {} (intact watch saw the write): an edit, though its mtime was put \
+                 back",
+                crate::text::time_ms(at)
+            ));
+        }
+    }
+
+    /// When `intact watch` last saw a write to the file (Unix milliseconds), if it has not
+    /// forgotten it (it does once it tagged the file).
+    pub(super) fn written_at(&self, s: &Subject) -> Option<i64> {
+        let written = self.config.written.as_ref().filter(|w| !w.is_empty())?;
+        let fs = rustix::fs::fstatvfs(s.file).map_or(s.meta.dev as i64, |v| v.f_fsid as i64);
+        written.get(&(fs, s.meta.ino)).copied()
     }
 
     /// The damage found in the file before, with its tag's algorithm: the file's own mark,

@@ -190,11 +190,11 @@ impl<'a> Worker<'a> {
         };
         // A re-tag keeps the tag's algorithm unless one was asked for; one pass computes all.
         let algo = self.config.algo.unwrap_or(tag.digest.algo);
-        if algo == tag.digest.algo
-            && self.unchanged(tag, s)
-            && let Some(reads) = &self.config.sink_verifies
-            && (reads.reads)(s.root, &tag.digest)
-        {
+        let left = match &self.config.sink_verifies {
+            Some(reads) => (reads.reads)(s.root, &tag.digest),
+            None => self.config.changed_only && self.written_at(s).is_none(),
+        };
+        if left && algo == tag.digest.algo && self.unchanged(tag, s) {
             report.status = Status::AlreadyTagged;
             return Ok(report);
         }

@@ -1,0 +1,223 @@
+//! `intact watch`: a service that tags what is written, seconds after, as `update` would.
+//!
+//! One loop: the kernel's events (fanotify or inotify, `intact::watch`) are gathered by
+//! directory; the writes among them are recorded in the state database at once (a service
+//! killed before it tagged what they wrote leaves the evidence for the next `check`); each
+//! directory quiet for `--settle` becomes part of a run of `update` over just those parts of
+//! the trees (the one loop every verb runs in, `drive`), which reads only files whose tag no
+//! longer describes them or that were written. The writes it saw are forgotten once their
+//! files are tagged. The owner is told what is new at most once a minute.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::cli::WatchArgs;
+use crate::cli::settings::{Settings, algo, formats, usage};
+use intact::engine::{Action, FileReport};
+use intact::notify::{Findings, Problem};
+use intact::report::Exit;
+use intact::sink::{Failure, Out, Sink};
+use intact::state::{self, State};
+use intact::text::escape;
+use intact::verb::Verb;
+use intact::watch::{self, Pending, Seen};
+
+/// The owner is told at most this often (what is found between waits for the next message).
+const TELL_EVERY: Duration = Duration::from_secs(60);
+
+pub fn run(a: WatchArgs) -> anyhow::Result<Exit> {
+    // Events name directories by their real paths (fanotify), and the parts to look at are
+    // found by those: the trees are taken by theirs.
+    let mut roots = Vec::new();
+    for p in &a.paths.paths {
+        let real = std::fs::canonicalize(p).map_err(|e| usage(format!("{}: {e}", escape(p))))?;
+        if !real.is_dir() {
+            return Err(usage(format!(
+                "{} is not a directory: watch watches trees",
+                escape(p)
+            )));
+        }
+        roots.push(real);
+    }
+    let mut s = Settings::new(Verb::Watch, roots.clone(), &a.common)?;
+    s.config.algo = a.algo.map(algo);
+    s.config.compat = formats(&a.compat.compat);
+    s.config.changed_only = true;
+    s.record(&a.state);
+    s.notify(&a.notify)?;
+    s.progress = false;
+    let Some(db) = s.state.clone() else {
+        return Err(usage(
+            "watch keeps the writes it saw in the state database until it has tagged their \
+             files: --no-state cannot be used with it",
+        ));
+    };
+    let setup = s.notify.take();
+    // Idle CPU and I/O priority, once for the service's life.
+    for e in intact::fs::sys::lowest_priority() {
+        eprintln!("intact: warning: could not lower priority: {e}");
+    }
+    s.background = false;
+    super::on_signals(true)?;
+    let (mut events, fallback) =
+        watch::open(&roots).map_err(|e| anyhow::anyhow!("cannot watch {}: {e}", list(&roots)))?;
+    if let Some(why) = fallback {
+        eprintln!("intact: note: {why}");
+    }
+    let how = events.describe();
+    let (mut state, _) =
+        State::open(&db).map_err(|e| anyhow::anyhow!("the state database {}: {e}", escape(&db)))?;
+    let _claim = watch::claim(&db, &roots, &how)?;
+    // Its folder exists now: a database kept inside a tree is never a file of it.
+    s.config.walk.own.database(&db);
+    eprintln!(
+        "intact: watching {} ({how}); a file is tagged once its folder has not been written \
+         for {}",
+        list(&roots),
+        humantime::format_duration(a.settle)
+    );
+    ready();
+    let settle = a.settle;
+    let mut pending = Pending::default();
+    // First, what changed while no watch ran.
+    pending.everything(&roots, Instant::now());
+    let mut held = Findings::default();
+    let mut told: Option<Instant> = None;
+    let mut seen = Vec::new();
+    let mut exit = Exit::Clean;
+    while !super::STOP.load(Ordering::SeqCst) {
+        let now = Instant::now();
+        let timeout = pending
+            .next_due(settle)
+            .map_or(Duration::from_secs(1), |due| {
+                due.saturating_duration_since(now)
+            })
+            .min(Duration::from_secs(1));
+        if let Err(e) = events.wait(timeout, &mut seen) {
+            held.push(Problem::Failure {
+                what: format!("watching stopped: {e}"),
+            });
+            eprintln!("intact: error: watching stopped: {e}");
+            exit = Exit::Trouble;
+            break;
+        }
+        for problem in events.problems() {
+            eprintln!("intact: error: {problem}");
+            held.push(Problem::Failure { what: problem });
+            exit = Exit::Trouble;
+        }
+        let now = Instant::now();
+        let mut written = Vec::new();
+        for event in seen.drain(..) {
+            if let Seen::Written { dir, name } | Seen::Changed { dir, name } = &event {
+                if watch::is_own(dir, name, Some(&db)) {
+                    continue;
+                }
+                if matches!(event, Seen::Written { .. }) {
+                    written.push(dir.join(name));
+                }
+            }
+            pending.add(&event, &roots, now);
+        }
+        written.sort_unstable();
+        written.dedup();
+        state.saw_writes(written.iter().map(PathBuf::as_path), state::now());
+        if let Some(failed) = state.failed.take() {
+            eprintln!("intact: error: {failed}");
+            held.push(Problem::Failure { what: failed });
+            exit = Exit::Trouble;
+        }
+        if let Some(only) = pending.take_due(settle, now) {
+            let mut batch = s.clone();
+            batch.config.walk.only = Some(Arc::new(only));
+            let started = state::now();
+            let mut tagged = Tagged::default();
+            // What a run finds is in the log and told to the owner; the service's own exit
+            // code says whether it could watch.
+            let (_, found) = super::drive_for_findings(batch, &mut tagged)?;
+            held.merge(&found);
+            state.forget_writes(&tagged.0, started);
+        }
+        if let Some(setup) = &setup
+            && !held.is_clear()
+            && told.is_none_or(|t| t.elapsed() >= TELL_EVERY)
+        {
+            let failed = super::notify::tell(
+                setup,
+                "watch",
+                &roots,
+                &held,
+                false,
+                exit,
+                Some(&mut state),
+                true,
+            );
+            for f in &failed {
+                eprintln!("intact: error: {f}");
+            }
+            if failed.is_empty() {
+                held = Findings::default();
+            }
+            told = Some(Instant::now());
+        }
+    }
+    eprintln!("intact: watch of {} stopped", list(&roots));
+    Ok(exit)
+}
+
+fn list(roots: &[PathBuf]) -> String {
+    roots
+        .iter()
+        .map(|r| escape(r))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Tells systemd the service is ready (`Type=notify`), where it asked.
+fn ready() {
+    let Some(socket) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(sock) = std::os::unix::net::UnixDatagram::unbound() else {
+        return;
+    };
+    let bytes = socket.as_bytes();
+    let sent = match bytes.strip_prefix(b"@") {
+        Some(name) => {
+            use std::os::linux::net::SocketAddrExt;
+            std::os::unix::net::SocketAddr::from_abstract_name(name)
+                .and_then(|addr| sock.send_to_addr(b"READY=1", &addr))
+        }
+        None => sock.send_to(b"READY=1", std::path::Path::new(&socket)),
+    };
+    if let Err(e) = sent {
+        eprintln!("intact: warning: could not tell systemd the service is ready: {e}");
+    }
+}
+
+/// Hands every report on, keeping the files whose tag now describes them (tagged, re-tagged,
+/// or found to match): the writes seen to those are forgotten.
+#[derive(Default)]
+struct Tagged(Vec<(u64, u64, PathBuf)>);
+
+impl Sink for Tagged {
+    fn take(&mut self, report: FileReport, out: &mut dyn Out) -> Result<(), Failure> {
+        let described = matches!(
+            report.action,
+            Some(Action::Tagged | Action::Refreshed | Action::Accepted)
+        ) || (report.action.is_none()
+            && report.status == intact::core::classify::Status::Ok);
+        if described && let Some((dev, ino)) = report.inode {
+            self.0.push((dev, ino, report.path.clone()));
+        }
+        out.send(report);
+        Ok(())
+    }
+
+    fn finish(&mut self, _interrupted: bool, _out: &mut dyn Out) -> Result<(), Failure> {
+        Ok(())
+    }
+}
