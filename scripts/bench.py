@@ -27,6 +27,9 @@ reading: the calls a correct check makes).
 tree of 100,000 files with 30 nightly backups, against `restic restore --include` and
 `borg extract` of the same files from the newest backup (their repositories are kept in
 --dir between invocations: making them takes minutes).
+`--watch` times `intact watch`: close to tagged on a quiet tree (median, p99), the time to
+drain a copy of 100,000 files into the tree, the service's peak RSS and CPU-seconds, and
+what a CPU-bound foreground job loses to it while it drains.
 `--scrub --only de` times the state database's cost: `check` with and without it, a scrub's
 planning alone (`--older-than 3650d` after a full scrub: walk, tags, database, no data) against `show`, a whole
 scrub, and `status`, with peak RSS.
@@ -564,6 +567,107 @@ def interference(intact, dir, cores):
           f" with intact check --speed background: {background:.2f} GB/s ({(1 - background / alone) * 100:.1f}% slower)")
 
 
+def bench_watch(base, intact, cores, scale):
+    """intact watch: latency from close to tagged on a quiet tree, the time to drain a copy
+    of 100,000 files of 4 KiB into the tree, the service's peak RSS and CPU time, and what a
+    CPU-bound foreground job loses while it drains."""
+    tree = os.path.join(base, "watched")
+    shutil.rmtree(tree, ignore_errors=True)
+    os.makedirs(tree)
+    n = int(100_000 * scale)
+    src = os.path.join(base, f"copy-{n}")
+    if not os.path.isdir(src):
+        make(src, [(f"d{i % 1000:03}/f{i:06}", 4096) for i in range(n)])
+    ticks = os.sysconf("SC_CLK_TCK")
+
+    def start(settle):
+        p = subprocess.Popen([intact, "watch", "--settle", settle, tree], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        news = [0]
+
+        def read_out():
+            for line in p.stdout:
+                if line.startswith("new "):
+                    news[0] += 1
+        threading.Thread(target=read_out, daemon=True).start()
+        for line in p.stderr:
+            if "intact: watching" in line:
+                how = line.split("(", 1)[1].split(")", 1)[0]
+                break
+        threading.Thread(target=lambda: [None for _ in p.stderr], daemon=True).start()
+        return p, news, how
+
+    def cpu(p):
+        f = open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / ticks
+
+    def hwm(p):
+        return next(int(l.split()[1]) for l in open(f"/proc/{p.pid}/status") if l.startswith("VmHWM")) / 1024
+
+    def tagged(path):
+        try:
+            os.getxattr(path, "user.intact")
+            return True
+        except OSError:
+            return False
+
+    p, news, how = start("1s")
+    time.sleep(2)
+    lat = []
+    for i in range(20):
+        f = os.path.join(tree, f"quiet-{i}.bin")
+        with open(f, "wb") as out:
+            out.write(os.urandom(65536))
+        closed = time.monotonic()
+        while not tagged(f):
+            time.sleep(0.002)
+        lat.append(time.monotonic() - closed)
+        time.sleep(0.3)
+    lat.sort()
+    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+    print(f"\nintact watch ({how}), --settle 1s: close to tagged on a quiet tree, 20 files of 64 KiB:"
+          f" median {statistics.median(lat):.2f} s, p99 {p99:.2f} s (the settle time included)")
+
+    def foreground():
+        out = subprocess.run(["openssl", "speed", "-evp", "sha256", "-bytes", str(MiB), "-seconds", "8",
+                              "-multi", str(cores)], capture_output=True, text=True).stdout
+        return float(re.findall(r"sha256\s+([\d.]+)k", out)[-1]) * 1000 / 1e9
+
+    def copy(dest):
+        subprocess.run(["cp", "-r", src, dest], check=True)
+
+    # The foreground job alone, and beside the same copy into a folder no watch sees.
+    alone = foreground()
+    unwatched = os.path.join(base, "unwatched-copy")
+    shutil.rmtree(unwatched, ignore_errors=True)
+    t = threading.Thread(target=copy, args=(unwatched,))
+    t.start()
+    with_copy = foreground()
+    t.join()
+    shutil.rmtree(unwatched, ignore_errors=True)
+    before_cpu, before_news = cpu(p), news[0]
+    started = time.monotonic()
+    t = threading.Thread(target=copy, args=(os.path.join(tree, "copy"),))
+    t.start()
+    with_watch = foreground()
+    t.join()
+    copied = time.monotonic() - started
+    while news[0] - before_news < n:
+        time.sleep(0.05)
+    drained = time.monotonic() - started
+    used = cpu(p) - before_cpu
+    peak = hwm(p)
+    p.terminate()
+    p.wait()
+    print(f"  a copy of {n:,} files of 4 KiB in {min(n, 1000):,} folders: copied in {copied:.1f} s, all tagged"
+          f" {drained:.1f} s after it began ({n / drained:,.0f} files/s); the service used {used:.1f}"
+          f" CPU-seconds, peak RSS {peak:.1f} MiB")
+    print(f"  foreground `openssl speed -multi {cores}` (8 s): alone {alone:.2f} GB/s, beside the copy"
+          f" {with_copy:.2f} GB/s, beside the copy with the watch draining it {with_watch:.2f} GB/s"
+          f" (the watch's share: {(1 - with_watch / with_copy) * 100:.1f}%)")
+    shutil.rmtree(tree, ignore_errors=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one eighth of the corpus sizes")
@@ -581,6 +685,8 @@ def main():
                     help="peak memory of tag, scrub, check and status on trees of 50k, 200k and 1M files")
     ap.add_argument("--backups", action="store_true",
                     help="repair from restic and borg against restoring the same files by hand")
+    ap.add_argument("--watch", action="store_true",
+                    help="intact watch: latency, draining a copy of 100,000 files, memory, CPU, foreground cost")
     ap.add_argument("--cold", action="store_true",
                     help="cold reads (root: drops the page cache before every run) against cat and"
                          " 16 parallel cats, on the corpora in --only")
@@ -614,6 +720,9 @@ def main():
             return
         if args.backups:
             bench_backups(base, intact, args.runs, scale)
+            return
+        if args.watch:
+            bench_watch(base, intact, cores, scale)
             return
         for name, (desc, files) in corpora(scale).items():
             if name not in args.only:

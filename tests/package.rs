@@ -78,6 +78,8 @@ fn the_deb_installs_runs_and_removes() {
         "./usr/lib/systemd/system/intact-scrub@.service",
         "./usr/lib/systemd/system/intact-scrub@.timer",
         "./usr/lib/systemd/system/intact-failure@.service",
+        "./usr/lib/systemd/system/intact-watch@.service",
+        "./usr/share/man/man1/intact-watch.1.gz",
         "./usr/share/doc/intact/README.md",
         "./usr/share/doc/intact/docs/scrubs.md",
         "./usr/share/doc/intact/copyright",

@@ -133,12 +133,17 @@ pub fn run(a: WatchArgs) -> anyhow::Result<Exit> {
             let mut batch = s.clone();
             batch.config.walk.only = Some(Arc::new(only));
             let started = state::now();
-            let mut tagged = Tagged::default();
+            let mut looked = Looked {
+                tagged: Vec::new(),
+                damaged: Vec::new(),
+                events: &mut *events,
+                seen: &mut seen,
+            };
             // What a run finds is in the log and told to the owner; the service's own exit
             // code says whether it could watch.
-            let (_, found) = super::drive_for_findings(batch, &mut tagged)?;
+            let (_, found) = super::drive_for_findings(batch, &mut looked)?;
             held.merge(&found);
-            state.forget_writes(&tagged.0, started);
+            state.forget_writes(&looked.tagged, started);
         }
         if let Some(setup) = &setup
             && !held.is_clear()
@@ -198,26 +203,53 @@ fn ready() {
     }
 }
 
-/// Hands every report on, keeping the files whose tag now describes them (tagged, re-tagged,
-/// or found to match): the writes seen to those are forgotten.
-#[derive(Default)]
-struct Tagged(Vec<(u64, u64, PathBuf)>);
+/// Hands the reports on, keeping the files whose tag now describes them (tagged, re-tagged,
+/// or found to match): the writes seen to those are forgotten. Damage is held to the end of
+/// the run: a file written while it was read (its write seen only now, in the events the
+/// run leaves behind) is no damage found but a file to look at again, with its write known.
+struct Looked<'e> {
+    tagged: Vec<(u64, u64, PathBuf)>,
+    damaged: Vec<FileReport>,
+    events: &'e mut dyn watch::Events,
+    /// Where the events read meanwhile go, for the loop to take in.
+    seen: &'e mut Vec<Seen>,
+}
 
-impl Sink for Tagged {
+impl Sink for Looked<'_> {
     fn take(&mut self, report: FileReport, out: &mut dyn Out) -> Result<(), Failure> {
+        if report.status.is_damage() {
+            self.damaged.push(report);
+            return Ok(());
+        }
         let described = matches!(
             report.action,
             Some(Action::Tagged | Action::Refreshed | Action::Accepted)
         ) || (report.action.is_none()
             && report.status == intact::core::classify::Status::Ok);
         if described && let Some((dev, ino)) = report.inode {
-            self.0.push((dev, ino, report.path.clone()));
+            self.tagged.push((dev, ino, report.path.clone()));
         }
         out.send(report);
         Ok(())
     }
 
-    fn finish(&mut self, _interrupted: bool, _out: &mut dyn Out) -> Result<(), Failure> {
+    fn finish(&mut self, _interrupted: bool, out: &mut dyn Out) -> Result<(), Failure> {
+        if self.damaged.is_empty() {
+            return Ok(());
+        }
+        // The kernel queues an event as the write returns: one that raced the read is here.
+        if let Err(e) = self.events.wait(Duration::ZERO, self.seen) {
+            eprintln!("intact: error: reading events: {e}");
+        }
+        for report in self.damaged.drain(..) {
+            let written = self
+                .seen
+                .iter()
+                .any(|s| matches!(s, Seen::Written { dir, name } if dir.join(name) == report.path));
+            if !written {
+                out.send(report);
+            }
+        }
         Ok(())
     }
 }

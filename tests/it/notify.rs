@@ -659,3 +659,36 @@ fn an_interrupted_scrub_says_so_even_when_damage_wins() {
         run.stderr
     );
 }
+
+/// The watch tells what it finds as the other verbs do, only what is new: damage its look at
+/// start finds (a file whose size changed under its mtime) is told once, and a clean look
+/// after sends no all-clear (that is the scrub's, which sees the whole tree).
+#[test]
+fn the_watch_tells_what_it_finds_and_no_all_clear() {
+    if !have(&[APPRISE]) {
+        return;
+    }
+    require_root!();
+    let rx = Receiver::http();
+    let t = Tree::new();
+    let root = tagged(&t, "tree", 4);
+    let damaged = root.join("d0/f000");
+    behind_the_back(&damaged, |p| {
+        let mut data = fs::read(p).unwrap();
+        data.push(0);
+        fs::write(p, data).unwrap();
+    });
+    let w = crate::watch::Watch::spawn(
+        cmd!("watch", "--settle", "1s", &root).env("INTACT_NOTIFY", rx.json_url()),
+    );
+    let got = rx.wait_for(1);
+    assert_eq!(got.len(), 1, "{}", w.log());
+    let (title, message, kind) = posted(&got[0]);
+    assert!(title.contains("damaged"), "{title}");
+    assert!(message.contains("d0/f000"), "{message}");
+    assert_eq!(kind, "failure");
+    let new = t.write("tree/d1/new", b"a new file");
+    w.until("the new file tagged", || crate::watch::tagged(&new));
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(rx.messages().len(), 1, "{:?}", rx.messages());
+}

@@ -476,6 +476,7 @@ fn the_systemd_units_verify_and_their_scrub_runs() {
             "intact-scrub@srv-photos.service",
             "intact-scrub@srv-photos.timer",
             "intact-failure@intact-scrub@srv-photos.service.service",
+            "intact-watch@srv-photos.service",
         ])
         .current_dir(&dir)
         .output()
