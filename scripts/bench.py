@@ -592,7 +592,7 @@ def bench_watch(base, intact, cores, scale):
         threading.Thread(target=read_out, daemon=True).start()
         for line in p.stderr:
             if "intact: watching" in line:
-                how = line.split("(", 1)[1].split(")", 1)[0]
+                how = re.search(r"\((.*)\);", line).group(1)
                 break
         threading.Thread(target=lambda: [None for _ in p.stderr], daemon=True).start()
         return p, news, how

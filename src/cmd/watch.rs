@@ -191,12 +191,14 @@ fn ready() {
     };
     let bytes = socket.as_bytes();
     let sent = match bytes.strip_prefix(b"@") {
+        // An abstract socket (Linux's own).
+        #[cfg(target_os = "linux")]
         Some(name) => {
             use std::os::linux::net::SocketAddrExt;
             std::os::unix::net::SocketAddr::from_abstract_name(name)
                 .and_then(|addr| sock.send_to_addr(b"READY=1", &addr))
         }
-        None => sock.send_to(b"READY=1", std::path::Path::new(&socket)),
+        _ => sock.send_to(b"READY=1", std::path::Path::new(&socket)),
     };
     if let Err(e) = sent {
         eprintln!("intact: warning: could not tell systemd the service is ready: {e}");

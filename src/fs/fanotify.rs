@@ -26,7 +26,16 @@ pub struct Fanotify {
     roots: Vec<PathBuf>,
     mounts: Vec<([i32; 2], OwnedFd)>,
     buf: Vec<u8>,
+    /// Directories' paths by handle, inside the trees or not (`None`): the whole file system
+    /// raises events, and most are elsewhere; looking each up costs two system calls.
+    dirs: std::collections::HashMap<Vec<u8>, Option<PathBuf>>,
 }
+
+/// Directories whose paths are kept (then forgotten all at once).
+const DIRS_KEPT: usize = 8192;
+
+/// Reads of the queue per [`Events::wait`].
+const READS_PER_WAIT: usize = 16;
 
 const MASK: u64 = libc::FAN_MODIFY
     | libc::FAN_CLOSE_WRITE
@@ -86,6 +95,7 @@ impl Fanotify {
             roots: roots.to_vec(),
             mounts,
             buf: vec![0; 64 << 10],
+            dirs: std::collections::HashMap::new(),
         })
     }
 
@@ -213,7 +223,9 @@ impl Events for Fanotify {
         }
         let me = std::process::id() as i32;
         let mut buf = std::mem::take(&mut self.buf);
-        loop {
+        // A bounded number of reads per call: on a busy file system events may come as fast
+        // as they are read, and the caller must get its turn (runs due, a signal).
+        for _ in 0..READS_PER_WAIT {
             let n = match rustix::io::read(&self.fd, &mut buf) {
                 Ok(0) | Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR) => break,
                 Ok(n) => n,
@@ -222,8 +234,6 @@ impl Events for Fanotify {
                     return Err(e.into());
                 }
             };
-            // One directory's path looked up once per read, however many of its files.
-            let mut last: Option<(Vec<u8>, Option<PathBuf>)> = None;
             for raw in parse(&buf[..n]) {
                 if raw.mask & libc::FAN_Q_OVERFLOW != 0 {
                     seen.push(Seen::Lost);
@@ -235,15 +245,26 @@ impl Events for Fanotify {
                 if raw.pid == me || name.is_empty() {
                     continue;
                 }
-                let dir = match &last {
-                    Some((h, dir)) if h == handle => dir.clone(),
-                    _ => {
-                        let dir = self.dir_path(fsid, handle);
-                        last = Some((handle.to_vec(), dir.clone()));
+                let dir = match self.dirs.get(handle) {
+                    Some(dir) => dir.clone(),
+                    None => {
+                        let dir = self
+                            .dir_path(fsid, handle)
+                            .filter(|d| self.roots.iter().any(|r| d.starts_with(r)));
+                        if self.dirs.len() >= DIRS_KEPT {
+                            self.dirs.clear();
+                        }
+                        self.dirs.insert(handle.to_vec(), dir.clone());
                         dir
                     }
                 };
-                let Some(dir) = dir.filter(|d| self.roots.iter().any(|r| d.starts_with(r))) else {
+                // A directory moved anywhere may have moved into (or out of) the trees.
+                if raw.mask & (libc::FAN_ONDIR | libc::FAN_MOVED_TO)
+                    == libc::FAN_ONDIR | libc::FAN_MOVED_TO
+                {
+                    self.dirs.clear();
+                }
+                let Some(dir) = dir else {
                     continue;
                 };
                 let name = name.to_os_string();

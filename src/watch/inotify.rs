@@ -15,6 +15,9 @@ use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 
 use super::{Events, Seen};
 
+/// Events read per [`Events::wait`].
+const EVENTS_PER_WAIT: usize = 16_384;
+
 /// Recursive inotify watches over a set of trees.
 pub struct Inotify {
     fd: OwnedFd,
@@ -111,7 +114,8 @@ impl Events for Inotify {
         }
         let mut trees = Vec::new();
         let mut reader = inotify::Reader::new(self.fd.as_fd(), &mut self.buf);
-        loop {
+        // Bounded: events may come as fast as they are read, and the caller must get its turn.
+        for _ in 0..EVENTS_PER_WAIT {
             let event = match reader.next() {
                 Ok(e) => e,
                 Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR) => break,

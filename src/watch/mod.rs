@@ -14,6 +14,7 @@
 //! sources): the nightly scrub is what finds those.
 
 mod claim;
+#[cfg(target_os = "linux")]
 mod inotify;
 
 pub use claim::{Claim, Watched, claim, watched};
@@ -80,8 +81,17 @@ pub fn open(roots: &[PathBuf]) -> io::Result<(Box<dyn Events>, Option<String>)> 
                 }
             }
         }
+        Ok((Box::new(inotify::Inotify::new(roots)?), None))
     }
-    Ok((Box::new(inotify::Inotify::new(roots)?), None))
+    // FSEvents is designed for (docs/scrubs.md), not built.
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = roots;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "intact watch needs Linux (fanotify or inotify)",
+        ))
+    }
 }
 
 /// Names kept per directory; past this, all its files are looked at (each only read if its
