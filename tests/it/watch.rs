@@ -481,3 +481,39 @@ fn the_service_says_it_is_ready_as_its_unit_expects() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// A user's inotify watches are capped by the kernel (`max_user_watches`): a tree with more
+/// folders than that is not watched with holes: the service says why and does not start.
+#[test]
+fn too_few_inotify_watches_is_an_error_not_a_hole() {
+    require_root!();
+    let knob = Path::new("/proc/sys/fs/inotify/max_user_watches");
+    let old = std::fs::read_to_string(knob).unwrap();
+    struct Restore<'a>(&'a Path, String);
+    impl Drop for Restore<'_> {
+        fn drop(&mut self) {
+            std::fs::write(self.0, self.1.trim()).unwrap();
+        }
+    }
+    let t = Tree::new();
+    let tree = t.path("tree");
+    for i in 0..40 {
+        std::fs::create_dir_all(tree.join(format!("d{i}"))).unwrap();
+    }
+    let _ = std::process::Command::new("chmod")
+        .args(["-R", "a+rwX"])
+        .arg(t.root())
+        .status();
+    let _restore = Restore(knob, old);
+    std::fs::write(knob, "20").unwrap();
+    let run = cmd!["watch", &tree]
+        .nobody()
+        .within(Duration::from_secs(60))
+        .run();
+    assert_eq!(run.code, 3, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr.contains("max_user_watches = 20") && run.stderr.contains("is not watched"),
+        "{}",
+        run.stderr
+    );
+}
