@@ -62,8 +62,8 @@ pub enum Command {
     /// repeated runs verify every file once per cycle
     #[command(after_help = SCRUB_HELP)]
     Scrub(ScrubArgs),
-    /// Tag new and edited files seconds after they are written, as `update` would, and know a
-    /// write it saw from bit rot even when the writer put the old mtime back: a service
+    /// A service: tags new and edited files seconds after they are written, as `update` would,
+    /// and knows a write it saw from bit rot even when the writer put the old mtime back
     #[command(after_help = WATCH_HELP)]
     Watch(WatchArgs),
     /// Show, from tags and the state database alone (no data read), how recently the files

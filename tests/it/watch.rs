@@ -517,3 +517,17 @@ fn too_few_inotify_watches_is_an_error_not_a_hole() {
         run.stderr
     );
 }
+
+/// A file system mounted beneath the tree is watched too (fanotify marks it as well; without
+/// `-x` the walk enters it): a file written there is tagged.
+#[test]
+fn a_file_system_mounted_beneath_is_watched_too() {
+    require_root!();
+    let t = Tree::new();
+    let tree = t.path("tree");
+    let _mount = Mount::new("tmpfs", "size=8m", tree.join("mnt"));
+    let w = Watch::start(&[tree.as_os_str()], false);
+    assert!(w.log().contains("2 file system(s)"), "{}", w.log());
+    let f = t.write("tree/mnt/sub/f.txt", b"on the mounted file system");
+    w.until("tagged", || tagged(&f));
+}
