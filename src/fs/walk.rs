@@ -706,6 +706,59 @@ pub fn tagged(
 mod tests {
     use super::*;
 
+    /// A partial walk takes the names, files or trees it is given, reached as a whole walk
+    /// reaches them: an ignore file above a part still has its say.
+    #[test]
+    fn a_partial_walk_takes_only_its_parts() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        for rel in [
+            "top.txt",
+            "a/x",
+            "a/y",
+            "a/b/x",
+            "c/1",
+            "c/2",
+            "c/sub/3",
+            "d/e/4",
+            "d/5",
+            "skip/6",
+            "d/e/junk.tmp",
+        ] {
+            let p = root.join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, b"x").unwrap();
+        }
+        std::fs::write(root.join(IGNORE_FILE), "*.tmp\n").unwrap();
+        let names = |n: &[&str]| Scope::Names(n.iter().map(OsString::from).collect());
+        let only = Only(
+            [
+                (root.join("a"), names(&["x", "missing"])),
+                (root.join("c"), Scope::Files),
+                (root.join("d"), Scope::Tree),
+            ]
+            .into_iter()
+            .collect(),
+        );
+        let opts = WalkOptions {
+            only: Some(Arc::new(only)),
+            ..WalkOptions::default()
+        };
+        let mut seen = Vec::new();
+        walk(std::slice::from_ref(&root), &opts, |e| {
+            if let Entry::File { path, .. } = e {
+                seen.push(path.strip_prefix(&root).unwrap().to_path_buf());
+            }
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        let want: Vec<PathBuf> = ["a/x", "c/1", "c/2", "d/5", "d/e/4"]
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        assert_eq!(seen, want);
+    }
+
     #[test]
     fn any_difference_since_the_walk_is_a_change() {
         let dir = tempfile::tempdir().unwrap();
