@@ -246,15 +246,8 @@ pub fn parse(mut buf: &[u8]) -> Vec<Raw<'_>> {
 
 impl Events for Fanotify {
     fn wait(&mut self, timeout: Duration, seen: &mut Vec<Seen>) -> io::Result<()> {
-        let mut poll = [rustix::event::PollFd::new(
-            &self.fd,
-            rustix::event::PollFlags::IN,
-        )];
-        let timeout = rustix::event::Timespec::try_from(timeout).ok();
-        match rustix::event::poll(&mut poll, timeout.as_ref()) {
-            Ok(0) | Err(rustix::io::Errno::INTR) => return Ok(()),
-            Ok(_) => {}
-            Err(e) => return Err(e.into()),
+        if !crate::watch::readable(&self.fd, timeout)? {
+            return Ok(());
         }
         let me = std::process::id() as i32;
         let mut buf = std::mem::take(&mut self.buf);

@@ -102,15 +102,8 @@ impl Inotify {
 
 impl Events for Inotify {
     fn wait(&mut self, timeout: Duration, seen: &mut Vec<Seen>) -> io::Result<()> {
-        let mut poll = [rustix::event::PollFd::new(
-            &self.fd,
-            rustix::event::PollFlags::IN,
-        )];
-        let timeout = rustix::event::Timespec::try_from(timeout).ok();
-        match rustix::event::poll(&mut poll, timeout.as_ref()) {
-            Ok(0) | Err(rustix::io::Errno::INTR) => return Ok(()),
-            Ok(_) => {}
-            Err(e) => return Err(e.into()),
+        if !super::readable(&self.fd, timeout)? {
+            return Ok(());
         }
         let mut trees = Vec::new();
         let mut reader = inotify::Reader::new(self.fd.as_fd(), &mut self.buf);

@@ -94,6 +94,18 @@ pub fn open(roots: &[PathBuf]) -> io::Result<(Box<dyn Events>, Option<String>)> 
     }
 }
 
+/// Waits at most `timeout` for `fd` (a queue of events) to be readable: whether it is (a
+/// signal ends the wait early, as nothing).
+pub(crate) fn readable(fd: &impl std::os::fd::AsFd, timeout: Duration) -> io::Result<bool> {
+    let mut poll = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
+    let timeout = rustix::event::Timespec::try_from(timeout).ok();
+    match rustix::event::poll(&mut poll, timeout.as_ref()) {
+        Ok(0) | Err(rustix::io::Errno::INTR) => Ok(false),
+        Ok(_) => Ok(true),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Names kept per directory; past this, all its files are looked at (each only read if its
 /// tag no longer describes it, or a write to it was seen).
 pub const NAMES_KEPT: usize = 256;

@@ -85,6 +85,17 @@ impl Drop for Watch {
     }
 }
 
+/// Everything under `dir` readable and writable by every user (for the service as `nobody`).
+fn open_to_everyone(dir: &Path) {
+    let ok = std::process::Command::new("chmod")
+        .args(["-R", "a+rwX"])
+        .arg(dir)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+}
+
 pub fn tagged(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok() && getxattr(path, TAG).is_some()
 }
@@ -119,10 +130,7 @@ fn files_are_tagged_seconds_after_they_are_written() {
         intact!["tag", &tree].expect_code(0);
         let before = intact_tag(&edited);
         if nobody {
-            let _ = std::process::Command::new("chmod")
-                .args(["-R", "a+rwX"])
-                .arg(t.root())
-                .status();
+            open_to_everyone(t.root());
         }
         let mut w = Watch::start(&[tree.as_os_str()], nobody);
         let how = if nobody { "inotify" } else { "fanotify" };
@@ -143,10 +151,7 @@ fn files_are_tagged_seconds_after_they_are_written() {
         let moved = outside.join("moved.txt");
         std::fs::write(&moved, b"moved in").unwrap();
         if nobody {
-            let _ = std::process::Command::new("chmod")
-                .args(["-R", "a+rwX"])
-                .arg(t.root())
-                .status();
+            open_to_everyone(t.root());
         }
         std::fs::rename(&moved, tree.join("old/moved.txt")).unwrap();
         std::thread::sleep(Duration::from_millis(1100));
@@ -326,20 +331,14 @@ fn lost_events_miss_nothing() {
     let t = Tree::new();
     let tree = t.path("tree");
     std::fs::create_dir_all(&tree).unwrap();
-    let _ = std::process::Command::new("chmod")
-        .args(["-R", "a+rwX"])
-        .arg(t.root())
-        .status();
+    open_to_everyone(t.root());
     // The queue's size is read when the service starts its inotify instance.
     let w = Watch::start(&[tree.as_os_str()], true);
     let files: Vec<PathBuf> = (0..300).map(|i| tree.join(format!("f{i:03}"))).collect();
     for (i, f) in files.iter().enumerate() {
         std::fs::write(f, data(1000, i as u64)).unwrap();
     }
-    let _ = std::process::Command::new("chmod")
-        .args(["-R", "a+rw"])
-        .arg(&tree)
-        .status();
+    open_to_everyone(&tree);
     w.until("every file tagged", || files.iter().all(|f| tagged(f)));
 }
 
@@ -386,10 +385,7 @@ fn excludes_and_own_files_are_left_alone() {
         std::fs::create_dir_all(tree.join("cache")).unwrap();
         std::fs::create_dir_all(tree.join("state")).unwrap();
         std::fs::write(tree.join(".intactignore"), "cache/\n").unwrap();
-        let _ = std::process::Command::new("chmod")
-            .args(["-R", "a+rwX"])
-            .arg(t.root())
-            .status();
+        open_to_everyone(t.root());
         let db = tree.join("state/state.db");
         let w = Watch::start(
             &[
@@ -404,10 +400,7 @@ fn excludes_and_own_files_are_left_alone() {
         let kept = t.write("tree/kept.txt", b"kept");
         let cached = t.write("tree/cache/c.txt", b"cached");
         let part = t.write("tree/big.part", b"partial download");
-        let _ = std::process::Command::new("chmod")
-            .args(["-R", "a+rwX"])
-            .arg(t.root())
-            .status();
+        open_to_everyone(t.root());
         w.until("tagged", || tagged(&kept));
         // Its own writes (the state database's) would start run after run, a second or two
         // apart: it goes quiet (a write seen while a run read the file is one look more).
@@ -500,10 +493,7 @@ fn too_few_inotify_watches_is_an_error_not_a_hole() {
     for i in 0..40 {
         std::fs::create_dir_all(tree.join(format!("d{i}"))).unwrap();
     }
-    let _ = std::process::Command::new("chmod")
-        .args(["-R", "a+rwX"])
-        .arg(t.root())
-        .status();
+    open_to_everyone(t.root());
     let _restore = Restore(knob, old);
     std::fs::write(knob, "20").unwrap();
     let run = cmd!["watch", &tree]
