@@ -567,22 +567,29 @@ def interference(intact, dir, cores):
           f" with intact check --speed background: {background:.2f} GB/s ({(1 - background / alone) * 100:.1f}% slower)")
 
 
-def bench_watch(base, intact, cores, scale):
+def bench_watch(base, intact, cores, scale, user=False):
     """intact watch: latency from close to tagged on a quiet tree, the time to drain a copy
     of 100,000 files of 4 KiB into the tree, the service's peak RSS and CPU time, and what a
-    CPU-bound foreground job loses while it drains."""
+    CPU-bound foreground job loses while it drains. As root it watches with fanotify; with
+    `user`, it runs as `nobody` (inotify), the files open to every user."""
+    # Files the user `nobody` can tag (user xattrs need write permission).
+    os.umask(0)
+    os.chmod(base, 0o755)
     tree = os.path.join(base, "watched")
     shutil.rmtree(tree, ignore_errors=True)
-    os.makedirs(tree)
+    os.makedirs(tree, mode=0o777)
     n = int(100_000 * scale)
     src = os.path.join(base, f"copy-{n}")
     if not os.path.isdir(src):
         make(src, [(f"d{i % 1000:03}/f{i:06}", 4096) for i in range(n)])
+    subprocess.run(["chmod", "-R", "a+rwX", src], check=True)
     ticks = os.sysconf("SC_CLK_TCK")
+    as_user = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"] if user else []
+    state = os.path.join(tree, ".state", "state.db")
 
     def start(settle):
-        p = subprocess.Popen([intact, "watch", "--settle", settle, tree], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen([*as_user, intact, "watch", "--settle", settle, "--state", state, tree],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         news = [0]
 
         def read_out():
@@ -723,6 +730,8 @@ def main():
             return
         if args.watch:
             bench_watch(base, intact, cores, scale)
+            if os.geteuid() == 0:
+                bench_watch(base, intact, cores, scale, user=True)
             return
         for name, (desc, files) in corpora(scale).items():
             if name not in args.only:

@@ -510,6 +510,51 @@ mod tests {
         );
     }
 
+    /// A write `intact watch` saw after the tag makes data changed under the tag's mtime an
+    /// edit; one from before the tag proves nothing. With `changed_only`, a file whose tag
+    /// still describes it is left unread unless a write to it was seen.
+    #[test]
+    fn a_write_seen_after_the_tag_is_an_edit() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tagged();
+        let p = |n: &str| dir.path().join(n);
+        rot(&p("rots"), b"the bytes of rotz");
+        let ino = fs::metadata(p("rots")).unwrap().ino();
+        let fs_id = rustix::fs::statvfs(&p("rots")).unwrap().f_fsid as i64;
+        let seen = |at: i64| {
+            move |c: &mut Config| {
+                let written: crate::engine::Written = [((fs_id, ino), at)].into();
+                c.written = Some(std::sync::Arc::new(written));
+            }
+        };
+        let later = crate::state::now() + 5_000;
+        let reports = over(dir.path(), Work::Check, seen(later));
+        let rots = of(&reports, "rots");
+        assert_eq!(rots.status, Status::Modified);
+        assert!(
+            rots.detail
+                .as_deref()
+                .unwrap()
+                .contains("intact watch saw the write")
+        );
+        let reports = over(dir.path(), Work::Check, seen(1_000));
+        assert_eq!(of(&reports, "rots").status, Status::Corrupt);
+        edit(&p("edited"), b"new bytes");
+        // Past the racy window of the last change (a file changed moments ago is read).
+        std::thread::sleep(Duration::from_millis(50));
+        let reports = over(dir.path(), Work::Update, |c| c.changed_only = true);
+        assert_eq!(of(&reports, "rots").status, Status::AlreadyTagged);
+        assert_eq!(of(&reports, "same").status, Status::AlreadyTagged);
+        assert_eq!(of(&reports, "edited").action, Some(Action::Tagged));
+        let reports = over(dir.path(), Work::Update, |c| {
+            seen(later)(c);
+            c.changed_only = true;
+        });
+        assert_eq!(of(&reports, "rots").status, Status::Modified);
+        assert_eq!(of(&reports, "rots").action, Some(Action::Tagged));
+        assert_eq!(of(&reports, "same").status, Status::AlreadyTagged);
+    }
+
     #[test]
     fn a_dry_update_judges_and_writes_nothing() {
         let dir = tagged();
