@@ -153,7 +153,7 @@ impl Events for Inotify {
     }
 
     fn describe(&self) -> String {
-        format!("inotify, {} directories", self.dirs.len())
+        format!("inotify, {} folder(s) watched", self.dirs.len())
     }
 
     fn problems(&mut self) -> Vec<String> {

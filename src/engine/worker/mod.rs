@@ -520,7 +520,7 @@ mod tests {
         let p = |n: &str| dir.path().join(n);
         rot(&p("rots"), b"the bytes of rotz");
         let ino = fs::metadata(p("rots")).unwrap().ino();
-        let fs_id = rustix::fs::statvfs(&p("rots")).unwrap().f_fsid as i64;
+        let fs_id = rustix::fs::statvfs(p("rots")).unwrap().f_fsid as i64;
         let seen = |at: i64| {
             move |c: &mut Config| {
                 let written: crate::engine::Written = [((fs_id, ino), at)].into();
