@@ -497,3 +497,32 @@ pub fn intact_tag(path: &Path) -> RawTag {
         tagged: int(54),
     }
 }
+
+/// The arguments a systemd unit's `ExecStart=` gives intact (after the binary), as systemd
+/// would expand them on a test's tree: `$VAR` from the unit's `Environment="VAR=..."`
+/// default, and each `(word or its start, what it stands for)` of `paths` (the state
+/// database, `%f`, a metrics directory) in place of the machine's.
+pub fn unit_command(unit: &str, paths: &[(&str, &Path)]) -> Vec<String> {
+    let exec = unit
+        .lines()
+        .find(|l| l.starts_with("ExecStart="))
+        .expect("an ExecStart");
+    exec.trim_start_matches("ExecStart=")
+        .split_whitespace()
+        .skip(1)
+        .flat_map(|word| {
+            if let Some(var) = word.strip_prefix('$').filter(|v| !v.starts_with('{')) {
+                let default = unit
+                    .split(&format!("\"{var}="))
+                    .nth(1)
+                    .and_then(|rest| rest.split('"').next())
+                    .unwrap_or_else(|| panic!("{var} has a default"));
+                return default.split_whitespace().map(String::from).collect();
+            }
+            match paths.iter().find(|(w, _)| word.starts_with(w)) {
+                Some((_, path)) => vec![path.display().to_string()],
+                None => vec![word.to_string()],
+            }
+        })
+        .collect()
+}

@@ -447,26 +447,15 @@ fn the_systemd_units_verify_and_their_scrub_runs() {
     let t = Tree::new();
     let dir = t.path("units");
     fs::create_dir_all(&dir).unwrap();
-    let mut exec = None;
-    let mut defaults = None;
+    let mut scrub = None;
     for unit in fs::read_dir(&units).unwrap() {
         let unit = unit.unwrap().path();
         // Pointed at the binary under test: systemd-analyze checks that it exists.
         let text = fs::read_to_string(&unit)
             .unwrap()
             .replace("/usr/bin/intact", bin());
-        if let Some(line) = text
-            .lines()
-            .find(|l| l.starts_with("ExecStart=") && l.contains(" scrub "))
-        {
-            exec = Some(line.to_string());
-        }
-        if let Some(args) = text
-            .split("\"INTACT_SCRUB_ARGS=")
-            .nth(1)
-            .and_then(|rest| rest.split('"').next())
-        {
-            defaults = Some(args.to_string());
+        if unit.ends_with("intact-scrub@.service") {
+            scrub = Some(text.clone());
         }
         fs::write(dir.join(unit.file_name().unwrap()), text).unwrap();
     }
@@ -485,22 +474,15 @@ fn the_systemd_units_verify_and_their_scrub_runs() {
     assert!(out.status.success() && said.trim().is_empty(), "{said}");
     // The service's command line, as systemd would run it on a tree: defaults substituted.
     let (tree, _) = tagged_tree(&t, 3, 1_000);
-    let exec = exec.expect("a scrub ExecStart");
-    let defaults = defaults.expect("INTACT_SCRUB_ARGS has a default");
-    let args: Vec<String> = exec
-        .trim_start_matches("ExecStart=")
-        .split_whitespace()
-        .skip(1)
-        .flat_map(|a| match a {
-            "$INTACT_SCRUB_ARGS" => defaults.split_whitespace().map(String::from).collect(),
-            "/var/lib/intact/state.db" => vec![t.path("state.db").display().to_string()],
-            "%f" => vec![tree.display().to_string()],
-            a if a.starts_with("${INTACT_METRICS_DIR}") => {
-                vec![t.path("m.prom").display().to_string()]
-            }
-            a => vec![a.to_string()],
-        })
-        .collect();
+    let args = unit_command(
+        &scrub.expect("the scrub's unit"),
+        &[
+            ("/var/lib/intact/state.db", &t.path("state.db")),
+            ("%f", &tree),
+            ("${INTACT_METRICS_DIR}", &t.path("m.prom")),
+        ],
+    );
+    assert!(args.contains(&"--update".to_string()), "{args:?}");
     let r = cmd!().args(&args).run().expect_code(0);
     assert_eq!(r.stdout, "", "-q: nothing to say when all is well");
     let metrics = fs::read_to_string(t.path("m.prom")).unwrap();

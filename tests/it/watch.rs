@@ -431,26 +431,17 @@ fn the_service_says_it_is_ready_as_its_unit_expects() {
     )
     .unwrap();
     assert!(unit.contains("Type=notify"));
-    let exec = unit.lines().find(|l| l.starts_with("ExecStart=")).unwrap();
-    let defaults = unit
-        .split("\"INTACT_WATCH_ARGS=")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .unwrap();
     let t = Tree::new();
     let tree = t.path("tree");
     std::fs::create_dir_all(&tree).unwrap();
-    let args: Vec<String> = exec
-        .trim_start_matches("ExecStart=")
-        .split_whitespace()
-        .skip(1)
-        .flat_map(|a| match a {
-            "$INTACT_WATCH_ARGS" => defaults.split_whitespace().map(String::from).collect(),
-            "/var/lib/intact/state.db" => vec![t.path("state.db").display().to_string()],
-            "%f" => vec![tree.display().to_string()],
-            a => vec![a.to_string()],
-        })
-        .collect();
+    let args = unit_command(
+        &unit,
+        &[
+            ("/var/lib/intact/state.db", &t.path("state.db")),
+            ("%f", &tree),
+        ],
+    );
+    assert!(args.contains(&"--settle".to_string()), "{args:?}");
     let socket_path = t.path("notify.sock");
     let socket = std::os::unix::net::UnixDatagram::bind(&socket_path).unwrap();
     socket
