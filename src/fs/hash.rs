@@ -244,15 +244,20 @@ fn mapped(
     let (file, size, gated) = (reader.file, reader.size, reader.opts.gate.is_some());
     let watch = reader.opts.cold.is_some();
     let window = |offset: u64| (size - offset).min(most as u64) as usize;
-    // The next window is mapped and populated by a helper thread while this one is hashed:
-    // filling page tables is one thread's work, which would otherwise leave the hashing
-    // cores idle between windows.
+    // A helper thread unmaps the window hashed before and maps (and reads in, if it is not
+    // cached) the next while this one is hashed: both are one thread's work, which would
+    // otherwise leave the hashing cores idle between windows (unmapping 32 MiB took a few
+    // hundred microseconds of a window's four milliseconds).
     std::thread::scope(|s| {
-        let ahead = |offset: u64, check_cached: bool| {
-            s.spawn(move || prepare(file, offset, window(offset), check_cached))
+        let ahead = |offset: u64, check_cached: bool, done: Option<Map>| {
+            s.spawn(move || {
+                drop(done);
+                prepare(file, offset, window(offset), check_cached)
+            })
         };
         let first = (gated || watch) && reader.pass.is_none();
-        let mut next = (reader.total < size).then(|| ahead(reader.total, first));
+        let mut next = (reader.total < size).then(|| ahead(reader.total, first, None));
+        let mut done = None;
         while let Some(handle) = next.take() {
             let len = window(reader.total);
             let prepared = match handle.join().expect("mapping thread panicked") {
@@ -276,7 +281,7 @@ fn mapped(
             }
             let after = reader.total + len as u64;
             if after < size {
-                next = Some(ahead(after, gated && reader.pass.is_none()));
+                next = Some(ahead(after, gated && reader.pass.is_none(), done.take()));
             }
             feed(map.bytes());
             if map.faulted() {
@@ -289,6 +294,7 @@ fn mapped(
                 };
             }
             reader.total = after;
+            done = Some(map);
         }
         Ok(true)
     })
@@ -303,16 +309,19 @@ enum Prepared {
     Unmapped,
 }
 
-/// Maps and populates one window; with `check_cached` (behind a gate not yet held, or
-/// watching for cold data), only if its data is cached (populating would otherwise read from
-/// the disk outside the gate).
+/// Maps one window, and reads it in unless it is cached; with `check_cached` (behind a gate
+/// not yet held, or watching for cold data), only if its data is cached (populating would
+/// otherwise read from the disk outside the gate). Cached pages are left to the hashing's
+/// page faults, which map a large folio at a time: populating walks the pages one by one
+/// (BLAKE3 of one 4 GiB file: 1.32 CPU-s with it, 1.16 without, as much as b3sum's).
 fn prepare(file: &File, offset: u64, len: usize, check_cached: bool) -> Prepared {
     let Some(map) = Map::new(file, offset, len) else {
         return Prepared::Unmapped;
     };
-    if check_cached && !map.resident() {
+    let cached = map.resident();
+    if check_cached && !cached {
         Prepared::Uncached
-    } else if map.populate() {
+    } else if cached || map.populate() {
         Prepared::Ready(map)
     } else {
         Prepared::Unmapped
