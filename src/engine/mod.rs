@@ -29,7 +29,7 @@ mod outcome;
 mod worker;
 
 pub(crate) use outcome::cause;
-pub use outcome::{Action, FileError, FileReport};
+pub use outcome::{Action, Declined, FileError, FileReport};
 use worker::{Opened, Worker};
 
 /// A file opened ahead of its worker, or why not (`None`: the worker opens it).

@@ -86,9 +86,9 @@ pub enum FileError {
     /// The file's parity could not be written.
     #[error("cannot write its parity: {}", cause(.0))]
     Protect(io::Error),
-    /// Restoring the file's data failed; the file was left as it was.
-    #[error("cannot repair: {}; the file was left as it was", cause(.0))]
-    Repair(io::Error),
+    /// Restoring the file's data failed, or was declined; the file was left as it was.
+    #[error("cannot repair: {0}; the file was left as it was")]
+    Repair(Declined),
     /// Rewriting the file in place failed part way (a file with several names).
     #[error(
         "repair stopped part way: {}; the file is marked, so checks report it as damaged \
@@ -111,20 +111,70 @@ impl FileError {
             | FileError::WriteTag(e)
             | FileError::RemoveTag(e)
             | FileError::RemoveTemp(e)
-            | FileError::Repair(e)
             | FileError::RepairPartial(e)
             | FileError::Protect(e)
             | FileError::Walk(e) => e,
             FileError::OtherAlgorithm(_) => return "other-algorithm",
+            FileError::Repair(declined) => return declined.kind(),
         };
-        match e.raw_os_error() {
-            Some(libc::ENOTSUP) => "no-xattr-support",
-            Some(libc::EACCES | libc::EPERM) => "permission-denied",
-            Some(libc::ENOENT) => "vanished",
-            Some(libc::ENOSPC | libc::E2BIG | libc::EDQUOT) => "no-space",
-            Some(libc::EROFS) => "read-only-file-system",
-            Some(libc::EIO) => "io-error",
-            _ => "other",
+        errno_kind(e)
+    }
+}
+
+/// The machine-readable name of an I/O error's cause.
+fn errno_kind(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::ENOTSUP) => "no-xattr-support",
+        Some(libc::EACCES | libc::EPERM) => "permission-denied",
+        Some(libc::ENOENT) => "vanished",
+        Some(libc::ENOSPC | libc::E2BIG | libc::EDQUOT) => "no-space",
+        Some(libc::EROFS) => "read-only-file-system",
+        Some(libc::EIO) => "io-error",
+        _ => "other",
+    }
+}
+
+/// Why a repair left the damaged file (or the path of a missing one) as it was: the file
+/// system said no, or the file is no longer what was checked, and replacing it would lose
+/// what is there now.
+#[derive(Debug, thiserror::Error)]
+pub enum Declined {
+    /// The file system refused (permission, no space, ...).
+    #[error("{}", cause(.0))]
+    Io(#[from] io::Error),
+    /// Size, mtime or tag moved since the check: an edit must not be overwritten.
+    #[error("the file changed since it was checked; run repair again")]
+    ChangedSinceChecked,
+    /// The file moved while its copy was read.
+    #[error("the file changed while its copy was read; run repair again")]
+    ChangedWhileRead,
+    /// Another file is under its name now.
+    #[error("the file was replaced since it was checked; run repair again")]
+    Replaced,
+    /// A missing file's path holds another file now.
+    #[error("its path is taken by another file now, which was left as it is")]
+    PathTaken,
+    /// Every name to keep the damaged bytes under is taken.
+    #[error("no free name to keep the damaged copy under")]
+    NoNameToKeep,
+    /// The path names no file (a root such as `/`).
+    #[error("its path names no file")]
+    Unnamed,
+    /// The repaired file is in place, but its directory could not be made durable.
+    #[error("the repaired file may not survive a crash: {}", cause(.0))]
+    NotDurable(io::Error),
+}
+
+impl Declined {
+    /// A stable, machine-readable name for the cause (see [`FileError::kind`]).
+    fn kind(&self) -> &'static str {
+        match self {
+            Declined::Io(e) | Declined::NotDurable(e) => errno_kind(e),
+            Declined::ChangedSinceChecked | Declined::ChangedWhileRead | Declined::Replaced => {
+                "changed"
+            }
+            Declined::PathTaken => "path-taken",
+            Declined::NoNameToKeep | Declined::Unnamed => "other",
         }
     }
 }

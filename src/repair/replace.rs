@@ -22,7 +22,7 @@ use super::{Options, Want, keep_at, kept_note};
 use crate::archive::Chunk;
 use crate::core::digest::Hasher;
 use crate::core::tag::{Timestamp, names};
-use crate::engine::FileReport;
+use crate::engine::{Declined, FileReport};
 use crate::fs::anchor::Anchor;
 use crate::fs::atomic::{self, Syncs, Temp};
 use crate::fs::xattr;
@@ -40,16 +40,16 @@ pub(super) fn restore(
     let path = &report.path;
     let (dir_path, name) = match (path.parent(), path.file_name()) {
         (Some(d), Some(n)) => (d, n),
-        _ => return Err(Refused::Target(io::Error::other("no file name"))),
+        _ => return Err(Refused::Target(Declined::Unnamed)),
     };
-    let dir = anchor.open_dir(dir_path).map_err(Refused::Target)?;
-    let original = File::from(open_at(&dir, name, OFlags::RDONLY).map_err(Refused::Target)?);
-    let meta = original.metadata().map_err(Refused::Target)?;
+    let dir = anchor.open_dir(dir_path).map_err(target)?;
+    let original = File::from(open_at(&dir, name, OFlags::RDONLY).map_err(target)?);
+    let meta = original.metadata().map_err(target)?;
     unchanged(report, want, &original, &meta)?;
     let mut temp = if opts.dry_run {
         None
     } else {
-        Some(Temp::new_in(&dir).map_err(Refused::Target)?)
+        Some(Temp::new_in(&dir).map_err(target)?)
     };
     // A sparse file comes back sparse, whatever the source streams (parity and backup tools
     // give every zero as data).
@@ -63,12 +63,12 @@ pub(super) fn restore(
         return Ok(Staged::Planned);
     };
     let keep = keep_at(&opts.keep, name, &want.rel);
-    temp.file().set_len(len).map_err(Refused::Target)?;
+    temp.file().set_len(len).map_err(target)?;
     if meta.nlink() > 1 {
         let restored = rewrite_in_place(temp, name, &original, &meta, want.mtime, len, keep)?;
         return Ok(Staged::Done(shown_in(dir_path, restored)));
     }
-    prepare(&temp, &original, &meta, want.mtime).map_err(Refused::Target)?;
+    prepare(&temp, &original, &meta, want.mtime).map_err(target)?;
     Ok(Staged::Pending(Box::new(Pending {
         temp,
         name: name.to_os_string(),
@@ -120,7 +120,7 @@ fn verified(
         write_err = Some(e);
     }
     if let Some(e) = write_err {
-        return Err(Refused::Target(e));
+        return Err(target(e));
     }
     if too_long {
         return Err(Refused::CopyDamaged);
@@ -229,20 +229,15 @@ pub(super) fn restore_missing(
     let name = want
         .path
         .file_name()
-        .ok_or_else(|| Refused::Target(io::Error::other("no file name")))?;
-    let dir = dirs_beneath(anchor, &want.rel, opts.dry_run).map_err(Refused::Target)?;
-    let taken = || {
-        Refused::Target(io::Error::other(
-            "its path is taken by another file now, which was left as it is",
-        ))
-    };
+        .ok_or(Refused::Target(Declined::Unnamed))?;
+    let dir = dirs_beneath(anchor, &want.rel, opts.dry_run).map_err(target)?;
     if let Some(dir) = &dir
         && rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).is_ok()
     {
-        return Err(taken());
+        return Err(Refused::Target(Declined::PathTaken));
     }
     let temp = match (&dir, opts.dry_run) {
-        (Some(dir), false) => Some(Temp::new_in(dir).map_err(Refused::Target)?),
+        (Some(dir), false) => Some(Temp::new_in(dir).map_err(target)?),
         _ => None,
     };
     let len = verified(want, temp.as_ref().map(|t| Out::new(t.file(), false)), fill)?;
@@ -256,11 +251,11 @@ pub(super) fn restore_missing(
         let value = crate::core::tag::encode(&want.digest, len, now.mtime, Timestamp::now().sec);
         xattr::write_intact(temp.file(), &value)
     })();
-    tagged.map_err(Refused::Target)?;
+    tagged.map_err(target)?;
     match temp.commit_new(name) {
         Ok(()) => Ok(Staged::Done(Restored::default())),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(taken()),
-        Err(e) => Err(Refused::Target(e)),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(target(Declined::PathTaken)),
+        Err(e) => Err(target(e)),
     }
 }
 
@@ -335,10 +330,11 @@ pub(super) fn commit(pending: Vec<Pending>) -> Vec<Result<Restored, Refused>> {
     let placed: Vec<_> = pending
         .into_iter()
         .map(|mut p| {
-            let put = syncs
-                .data(&p.temp)
-                .and_then(|()| place(&mut p))
-                .and_then(|linked| Ok((linked, syncs.renamed_in(&p.temp)?)));
+            let put = (|| -> Result<_, Declined> {
+                syncs.data(&p.temp)?;
+                let linked = place(&mut p)?;
+                Ok((linked, syncs.renamed_in(&p.temp)?))
+            })();
             (p, put)
         })
         .collect();
@@ -346,12 +342,10 @@ pub(super) fn commit(pending: Vec<Pending>) -> Vec<Result<Restored, Refused>> {
     placed
         .into_iter()
         .map(|(p, put)| {
-            let (linked, id) = put.map_err(Refused::Target)?;
+            let (linked, id) = put.map_err(target)?;
             if let Some((_, Err(e))) = dirs.iter().find(|(d, _)| *d == id) {
-                return Err(Refused::Target(io::Error::new(
-                    e.kind(),
-                    format!("the repaired file may not survive a crash: {e}"),
-                )));
+                let e = io::Error::new(e.kind(), e.to_string());
+                return Err(Refused::Target(Declined::NotDurable(e)));
             }
             Ok(shown_in(&p.dir_path, finish_keeping(&p, linked)))
         })
@@ -377,16 +371,14 @@ fn unchanged(
         && Some(meta.len()) == report.size
         && Some(now) == report.mtime
         && xattr::read(file)
-            .map_err(Refused::Target)?
+            .map_err(target)?
             .tags
             .iter()
             .any(|tag| tag.digest == want.digest);
     if same {
         Ok(())
     } else {
-        Err(Refused::Target(io::Error::other(
-            "the file changed since it was checked; run repair again",
-        )))
+        Err(Refused::Target(Declined::ChangedSinceChecked))
     }
 }
 
@@ -406,10 +398,15 @@ pub(super) enum Refused {
     /// The copy could not be read.
     Unreadable(io::Error),
     /// The damaged file or its directory could not be written: nothing was changed.
-    Target(io::Error),
+    Target(Declined),
     /// Rewriting a file with several names in place failed part way: it is marked, so every
     /// check reports it as damaged until a repair completes.
     Partial(io::Error),
+}
+
+/// The damaged file's side refused: trying other copies would fail the same way.
+fn target(e: impl Into<Declined>) -> Refused {
+    Refused::Target(e.into())
 }
 
 pub(super) enum KeepAt {
@@ -463,7 +460,7 @@ fn prepare(
 /// gets a temp name, and its kept name only once the repair is in place: a kill in between
 /// leaves a temp file that the next run removes, never a second name that would make the next
 /// repair rewrite both names in place. Returns that temp name and the name to keep under.
-fn place(p: &mut Pending) -> io::Result<Option<Linked>> {
+fn place(p: &mut Pending) -> Result<Option<Linked>, Declined> {
     let dir = p.temp.dir().try_clone()?;
     still_in_place(&dir, &p.name, &p.meta)?;
     let (linked, copied) = match &p.keep {
@@ -478,7 +475,7 @@ fn place(p: &mut Pending) -> io::Result<Option<Linked>> {
         if let Some(k) = &copied {
             unkeep(&dir, k);
         }
-        return Err(e);
+        return Err(e.into());
     }
     Ok(linked)
 }
@@ -495,14 +492,14 @@ fn finish_keeping(p: &Pending, linked: Option<Linked>) -> Restored {
         return restored;
     };
     let dir = p.temp.dir();
-    let finished = xattr::mark_kept_damaged(&p.original, &kept_note(&p.name))
-        .and_then(|()| xattr::remove_intact(&p.original).map(drop))
-        .and_then(|()| {
-            free_name(&k, |k| {
-                rustix::fs::renameat_with(dir, &t, dir, k, RenameFlags::NOREPLACE)
-                    .map_err(io::Error::from)
-            })
-        });
+    let finished = (|| {
+        xattr::mark_kept_damaged(&p.original, &kept_note(&p.name))?;
+        xattr::remove_intact(&p.original)?;
+        free_name(&k, |k| {
+            rustix::fs::renameat_with(dir, &t, dir, k, RenameFlags::NOREPLACE)
+                .map_err(io::Error::from)
+        })
+    })();
     match finished {
         Ok(k) => restored.kept = Some(k),
         Err(e) => {
@@ -516,8 +513,9 @@ fn finish_keeping(p: &Pending, linked: Option<Linked>) -> Restored {
 /// Makes sure `name` in `dir` is still the damaged file as it was opened (same inode, size
 /// and mtime), just before it is replaced: an edit or a replacement made while the copy was
 /// being read must not be overwritten.
-fn still_in_place(dir: &OwnedFd, name: &OsStr, meta: &std::fs::Metadata) -> io::Result<()> {
-    let now = rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
+fn still_in_place(dir: &OwnedFd, name: &OsStr, meta: &std::fs::Metadata) -> Result<(), Declined> {
+    let now = rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+        .map_err(io::Error::from)?;
     #[allow(clippy::unnecessary_cast)] // The stat fields' types differ between systems.
     let same = (now.st_dev as u64, now.st_ino as u64) == (meta.dev(), meta.ino())
         && now.st_size as u64 == meta.len()
@@ -525,9 +523,7 @@ fn still_in_place(dir: &OwnedFd, name: &OsStr, meta: &std::fs::Metadata) -> io::
     if same {
         Ok(())
     } else {
-        Err(io::Error::other(
-            "the file changed while its copy was read; run repair again",
-        ))
+        Err(Declined::ChangedWhileRead)
     }
 }
 
@@ -546,15 +542,15 @@ fn rewrite_in_place(
     keep: Option<KeepAt>,
 ) -> Result<Restored, Refused> {
     let dir = temp.dir();
-    still_in_place(dir, name, meta).map_err(Refused::Target)?;
+    still_in_place(dir, name, meta).map_err(target)?;
     // The damaged bytes are copied out first: a second link would see the repair too.
     let kept = match keep {
         None => None,
         Some(KeepAt::Beside(k)) => Some(copy_beside(dir, &k, original, name)),
-        Some(KeepAt::Elsewhere(p)) => Some(copy_to(original, name, &p)),
+        Some(KeepAt::Elsewhere(p)) => Some(copy_to(original, name, &p).map_err(Declined::from)),
     }
     .transpose()
-    .map_err(Refused::Target)?;
+    .map_err(target)?;
     let target = match open_at(dir, name, OFlags::WRONLY).map(File::from) {
         Ok(f)
             if f.metadata()
@@ -566,9 +562,7 @@ fn rewrite_in_place(
             if let Some(k) = &kept {
                 unkeep(dir, k);
             }
-            return Err(Refused::Target(io::Error::other(
-                "the file was replaced since it was checked; run repair again",
-            )));
+            return Err(Refused::Target(Declined::Replaced));
         }
     };
     let marked = xattr::mark_repairing(&target).and_then(|()| target.sync_all());
@@ -576,7 +570,7 @@ fn rewrite_in_place(
         if let Some(k) = &kept {
             unkeep(dir, k);
         }
-        return Err(Refused::Target(e));
+        return Err(Refused::Target(e.into()));
     }
     let written = (|| {
         let mut from = temp.file();
@@ -637,7 +631,12 @@ fn set_times(file: &File, meta: &std::fs::Metadata, mtime: Option<Timestamp>) ->
 
 /// Copies the damaged bytes to a new file beside the original, under a free variant of
 /// `keep`; nothing is under that name unless the whole copy is.
-fn copy_beside(dir: &OwnedFd, keep: &OsStr, original: &File, name: &OsStr) -> io::Result<PathBuf> {
+fn copy_beside(
+    dir: &OwnedFd,
+    keep: &OsStr,
+    original: &File,
+    name: &OsStr,
+) -> Result<PathBuf, Declined> {
     let mut temp = Temp::new_in(dir)?;
     io::copy(&mut { original }, &mut temp.file())?;
     xattr::mark_kept_damaged(temp.file(), &kept_note(name))?;
@@ -645,7 +644,10 @@ fn copy_beside(dir: &OwnedFd, keep: &OsStr, original: &File, name: &OsStr) -> io
 }
 
 /// Tries `make` on `keep`, then `keep.1`, `keep.2` ... until a name is free.
-fn free_name(keep: &OsStr, mut make: impl FnMut(&OsStr) -> io::Result<()>) -> io::Result<PathBuf> {
+fn free_name(
+    keep: &OsStr,
+    mut make: impl FnMut(&OsStr) -> io::Result<()>,
+) -> Result<PathBuf, Declined> {
     for n in 0..1000 {
         let mut k = keep.to_os_string();
         if n > 0 {
@@ -654,12 +656,10 @@ fn free_name(keep: &OsStr, mut make: impl FnMut(&OsStr) -> io::Result<()>) -> io
         match make(&k) {
             Ok(()) => return Ok(PathBuf::from(k)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         }
     }
-    Err(io::Error::other(
-        "no free name to keep the damaged copy under",
-    ))
+    Err(Declined::NoNameToKeep)
 }
 
 /// Removes a kept copy made for a repair that did not happen. Names beside the original are

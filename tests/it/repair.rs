@@ -363,3 +363,39 @@ fn names_at_the_length_limit_and_single_file_roots() {
     assert_eq!(fs::read(&f).unwrap(), good);
     assert!(keep.join(&long).exists());
 }
+
+/// A file edited while its copy was read is left as the edit left it, and the report says
+/// why in words and in a kind a script can act on (`changed`: run repair again).
+#[test]
+fn a_file_edited_while_its_copy_is_read_is_left_as_the_edit_left_it() {
+    let t = Tree::new();
+    let doc = t.write("src/doc.bin", data(50_000, 4));
+    intact!("tag", "-q", t.path("src")).expect_code(0);
+    let copy = t.path("copy");
+    fs::create_dir_all(&copy).unwrap();
+    fs::copy(&doc, copy.join("doc.bin")).unwrap();
+    flip_byte(&doc, 100);
+    // The source appends to the damaged file before it prints the good copy.
+    let editing = format!(
+        "printf edit >> {}; cat {}/{{}}",
+        doc.display(),
+        copy.display()
+    );
+    let r = intact!(
+        "repair",
+        "--json",
+        "--no-state",
+        "--from-command",
+        &editing,
+        t.path("src")
+    )
+    .json();
+    let file = r.file("doc.bin");
+    assert_eq!(file["error_kind"], "changed", "{file}");
+    let said = file["error"].as_str().unwrap();
+    assert!(said.contains("changed while its copy was read"), "{said}");
+    let now = fs::read(&doc).unwrap();
+    assert!(now.ends_with(b"edit"), "the edit was overwritten");
+    assert_eq!(now.len(), 50_004);
+    assert!(leftovers(&t.path("src")).is_empty());
+}
