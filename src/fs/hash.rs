@@ -226,40 +226,61 @@ fn warm(opts: ReadOptions<'_>) -> bool {
     opts.cold.is_some_and(|c| !c.met())
 }
 
+/// Files being hashed over every core at once: they share the cores, and the memory their
+/// windows hold.
+static SPREAD: AtomicUsize = AtomicUsize::new(0);
+
 /// Hashes through memory maps, without copying out of the page cache: for hashing `spread`
-/// over every core, a window of at most [`mapped::WINDOW`] bytes at a time, else of
-/// [`ONE_CORE_WINDOW`]. Returns false where a map cannot be made or filled, or (hashed on one
-/// core) its data is not cached, to go on reading from where it stopped. A window that lost
-/// pages to a truncation ends the read short, which the caller reports as a change.
+/// over every core, a window of at most [`mapped::WINDOW`] bytes at a time (shared among the
+/// files spread at once: the cores are theirs together, and each worker holds two windows),
+/// else of [`ONE_CORE_WINDOW`]. Returns false where a map cannot be made or filled, or
+/// (hashed on one core) its data is not cached, to go on reading from where it stopped. A
+/// window that lost pages to a truncation ends the read short, which the caller reports as a
+/// change.
 fn mapped(
     reader: &mut ChunkReader<'_, '_>,
     feed: &mut impl FnMut(&[u8]),
     spread: bool,
 ) -> Result<bool, HashError> {
-    let most = if spread {
-        mapped::WINDOW
-    } else {
-        ONE_CORE_WINDOW
+    struct Spreading;
+    impl Drop for Spreading {
+        fn drop(&mut self) {
+            SPREAD.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    let _spreading = spread.then(|| {
+        SPREAD.fetch_add(1, Ordering::Relaxed);
+        Spreading
+    });
+    let most = || match spread {
+        // A multiple of ONE_CORE_WINDOW, which is of the page size.
+        true => {
+            let share = mapped::WINDOW / SPREAD.load(Ordering::Relaxed).max(1);
+            share.max(ONE_CORE_WINDOW) / ONE_CORE_WINDOW * ONE_CORE_WINDOW
+        }
+        false => ONE_CORE_WINDOW,
     };
     let (file, size, gated) = (reader.file, reader.size, reader.opts.gate.is_some());
     let watch = reader.opts.cold.is_some();
-    let window = |offset: u64| (size - offset).min(most as u64) as usize;
+    let window = |offset: u64| (size - offset).min(most() as u64) as usize;
     // A helper thread unmaps the window hashed before and maps (and reads in, if it is not
     // cached) the next while this one is hashed: both are one thread's work, which would
     // otherwise leave the hashing cores idle between windows (unmapping 32 MiB took a few
     // hundred microseconds of a window's four milliseconds).
     std::thread::scope(|s| {
+        // The window's length is decided once, here: the share of a spread file changes.
         let ahead = |offset: u64, check_cached: bool, done: Option<Map>| {
-            s.spawn(move || {
+            let len = window(offset);
+            let handle = s.spawn(move || {
                 drop(done);
-                prepare(file, offset, window(offset), check_cached)
-            })
+                prepare(file, offset, len, check_cached)
+            });
+            (len, handle)
         };
         let first = (gated || watch) && reader.pass.is_none();
         let mut next = (reader.total < size).then(|| ahead(reader.total, first, None));
         let mut done = None;
-        while let Some(handle) = next.take() {
-            let len = window(reader.total);
+        while let Some((len, handle)) = next.take() {
             let prepared = match handle.join().expect("mapping thread panicked") {
                 Prepared::Uncached => {
                     reader.uncached();
