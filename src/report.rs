@@ -54,6 +54,23 @@ impl Exit {
     }
 }
 
+/// How far a scrub's current cycle has come (the JSON summary's `cycle`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Cycle {
+    /// When it began (local time).
+    pub started: String,
+    /// Tagged files checked since.
+    pub files_checked: u64,
+    /// Their bytes.
+    pub bytes_checked: u64,
+    /// Tagged files under the trees.
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Whether every tagged file has been checked in it.
+    pub complete: bool,
+}
+
 /// Totals over a run.
 #[derive(Clone, Debug, Default)]
 pub struct Summary {
@@ -82,8 +99,8 @@ pub struct Summary {
     pub removed: u64,
     /// New files the run left untagged (a check's; an update tags them).
     pub left_untagged: u64,
-    /// Verb-specific fields of the JSON summary (a scrub's budget and cycle).
-    pub extra: serde_json::Map<String, serde_json::Value>,
+    /// A scrub's cycle: how far the current one has come.
+    pub cycle: Option<Cycle>,
     /// What is wrong, in the words a message to the owner uses.
     pub findings: crate::notify::Findings,
     /// Trees that vanished (none of their recorded files there), or lost so many files at
@@ -753,8 +770,8 @@ struct JsonSummary {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     damage: Vec<String>,
     exit_code: i32,
-    #[serde(flatten)]
-    extra: serde_json::Map<String, serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cycle: Option<Cycle>,
 }
 
 impl JsonSummary {
@@ -782,7 +799,7 @@ impl JsonSummary {
             errors: s.failures.clone(),
             damage: s.damage.clone(),
             exit_code: exit as i32,
-            extra: s.extra.clone(),
+            cycle: s.cycle.clone(),
         }
     }
 }

@@ -150,14 +150,13 @@ pub(super) fn conclude<W: std::io::Write, E: std::io::Write>(
         None => {}
     }
     reporter.note(line);
-    let cycle = serde_json::json!({
-        "started": started,
-        "files_checked": files,
-        "files": total_files,
-        "bytes_checked": size,
-        "bytes": total_bytes,
-        "complete": complete,
+    reporter.summary.cycle = Some(intact::report::Cycle {
+        started,
+        files_checked: files,
+        bytes_checked: size,
+        files: total_files,
+        bytes: total_bytes,
+        complete,
     });
-    reporter.summary.extra.insert("cycle".into(), cycle);
     Ok(())
 }

@@ -27,7 +27,8 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
     if s.json {
         if s.verbosity == Verbosity::Verbose {
             plan.files(|f| {
-                let _ = writeln!(out, "{}", file_json(&f));
+                let line = serde_json::to_string(&FileLine::of(&f)).expect("plain values");
+                let _ = writeln!(out, "{line}");
             })?;
         }
         serde_json::to_writer(&mut out, &Document::new(&plan, &found))?;
@@ -479,17 +480,32 @@ fn file_line(f: &FileState) -> String {
     )
 }
 
-/// One object of `status -v --json`.
-fn file_json(f: &FileState) -> serde_json::Value {
-    serde_json::json!({
-        "type": "file",
-        "path": escape(&f.path),
-        "size": f.size,
-        "verified": f.verified.map(time_ms),
-        "checked": f.checked.map(time_ms),
-        "status": f.status,
-        "damaged": f.damaged.map(time_ms),
-    })
+/// One object of `status -v --json`: when a file was last proven good (times local, as
+/// the overview's).
+#[derive(serde::Serialize)]
+struct FileLine<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    path: String,
+    size: u64,
+    verified: Option<String>,
+    checked: Option<String>,
+    status: Option<&'a str>,
+    damaged: Option<String>,
+}
+
+impl<'a> FileLine<'a> {
+    fn of(f: &'a FileState) -> Self {
+        FileLine {
+            kind: "file",
+            path: escape(&f.path),
+            size: f.size,
+            verified: f.verified.map(time_ms),
+            checked: f.checked.map(time_ms),
+            status: f.status.as_deref(),
+            damaged: f.damaged.map(time_ms),
+        }
+    }
 }
 
 /// The width to draw the chart for: the terminal's, `$COLUMNS`, or 80.
