@@ -336,7 +336,9 @@ pub fn run(
     run_from(config, roots, Source::Walk, cancel, progress, sink)
 }
 
-/// As [`run`], over the files `source` gives, in its order.
+/// As [`run`], over the files `source` gives, in its order: the walk in batches, readers that
+/// open files ahead once data is found cold, the workers, and this thread putting the reports
+/// back in walk order.
 pub fn run_from(
     config: &Config,
     roots: &[PathBuf],
@@ -350,12 +352,17 @@ pub fn run_from(
     let (ahead_tx, ahead_rx) = bounded::<OpenedBatch>(READERS);
     let (done_tx, done_rx) = bounded::<(u64, Vec<Option<FileReport>>)>(WINDOW);
     let (token_tx, token_rx) = bounded::<()>(WINDOW);
-    let gates = &Gates::default();
-    let anchors = &roots.iter().map(|r| Anchor::new(r)).collect::<Vec<_>>();
     let (cold, woken) = Cold::new();
-    let cold = &cold;
-    let open_files = &Arc::new(OpenFiles::new());
-    let slots = &Slots::new(threads);
+    let run = &Run {
+        config,
+        cancel,
+        progress,
+        anchors: roots.iter().map(|r| Anchor::new(r)).collect(),
+        gates: Gates::default(),
+        cold,
+        open_files: Arc::new(OpenFiles::new()),
+        slots: Slots::new(threads),
+    };
     // Dropped when the walk ends (or its thread fails): readers still asleep then go home.
     let (walked_tx, walked_rx) = bounded::<()>(0);
 
@@ -364,115 +371,175 @@ pub fn run_from(
             let _walking = walked_tx;
             walk_in_batches(config, roots, source, cancel, job_tx, token_tx)
         });
-        // Readers open files, and start reading them, ahead of the workers: the number of
-        // reads in flight does not depend on the number of hashing threads. They sleep until
-        // a worker meets data that is not in the page cache: on a warm cache, handing every
-        // file from one thread to another costs more than reading ahead saves (measured on
-        // 20,000 files of 4 KiB: a warm check took 0.19 s with them, 0.12 s without). A
-        // background scrub reads one request at a time: its readers never wake.
         for _ in 0..READERS {
-            let (job_rx, ahead_tx) = (job_rx.clone(), ahead_tx.clone());
-            let (woken, walked_rx) = (woken.clone(), walked_rx.clone());
-            let reader = std::thread::Builder::new().stack_size(READER_STACK);
-            let spawned = reader.spawn_scoped(s, move || {
-                select! {
-                    recv(woken) -> _ => {},
-                    recv(walked_rx) -> _ => {},
-                }
-                if !cold.met() || config.drop_cache {
-                    return;
-                }
-                let mut scratch = None;
-                for (seq, batch) in job_rx {
-                    let scratch = scratch.get_or_insert_with(|| AlignedBuf::new(worker::AHEAD));
-                    let batch = batch
-                        .into_iter()
-                        .map(|entry| {
-                            if cancel.load(Ordering::Relaxed) {
-                                return (entry, None);
-                            }
-                            let opened =
-                                Opened::ahead(config, &entry, anchors, gates, scratch, open_files);
-                            (entry, opened)
-                        })
-                        .collect();
-                    if ahead_tx.send((seq, batch)).is_err() {
-                        break;
-                    }
-                }
-            });
-            spawned.expect("spawning a reader");
+            run.spawn_reader(
+                s,
+                job_rx.clone(),
+                ahead_tx.clone(),
+                woken.clone(),
+                walked_rx.clone(),
+            );
         }
         drop((ahead_tx, woken, walked_rx));
-        for _ in 0..threads + slots.spare {
-            let mut inbox = Inbox {
+        for _ in 0..threads + run.slots.spare {
+            let inbox = Inbox {
                 ahead: Some(ahead_rx.clone()),
                 jobs: Some(job_rx.clone()),
             };
-            let done_tx = done_tx.clone();
-            let open_files = open_files.clone();
-            s.spawn(move || {
-                let mut worker = Worker::new(config, cancel, progress, gates, cold, open_files);
-                loop {
-                    // The slot first: a worker holding a batch it cannot start would keep
-                    // the output, and with it the walk, waiting. It keeps its slot from one
-                    // batch to the next until it lends it: passing it on at every batch woke
-                    // a waiting spare each time (2,000 files of 256 KiB: 4% slower).
-                    worker.hold(slots);
-                    let Some((seq, batch)) = inbox.next() else {
-                        break;
-                    };
-                    let reports = worker.batch(batch, anchors);
-                    if done_tx.send((seq, reports)).is_err() {
-                        break;
-                    }
-                }
-            });
+            run.spawn_worker(s, inbox, done_tx.clone());
         }
         drop((ahead_rx, job_rx, done_tx));
-
-        let mut pending = BTreeMap::new();
-        let mut next = 0u64;
-        // With a manifest, what it lists but the tree lacks is reported at the end.
-        let mut seen = HashSet::new();
-        // Files with several names found damaged: their other names carry the damage too.
-        let mut damaged = Damaged::new();
-        for (seq, reports) in done_rx {
-            pending.insert(seq, reports);
-            while let Some(reports) = pending.remove(&next) {
-                let _ = token_rx.recv();
-                next += 1;
-                for mut report in reports.into_iter().flatten() {
-                    if let Some(m) = &config.manifest {
-                        seen.insert(m.key(&report.path));
-                    }
-                    if let Some(inode) = report.linked {
-                        name_damage(&mut report, inode, &mut damaged);
-                    }
-                    // Files the work reads but its workers did not (a sink reads them, or
-                    // they failed) count whole, so the progress bar ends at its total.
-                    if report.skip.is_none() && config.reads(report.tag.is_some()) {
-                        let unread = report.size.unwrap_or(0).saturating_sub(report.bytes_read);
-                        progress.bytes.fetch_add(unread, Ordering::Relaxed);
-                    }
-                    progress.files.fetch_add(1, Ordering::Relaxed);
-                    sink(report);
-                }
-            }
-        }
-        drop(token_rx);
+        let listed = run.in_walk_order(done_rx, token_rx, &mut sink);
         let walked = walker.join().expect("walker thread panicked");
         if let Some(m) = &config.manifest
             && !cancel.load(Ordering::Relaxed)
         {
             for (key, path) in m.listed() {
-                if !seen.contains(key) {
+                if !listed.contains(key) {
                     sink(FileReport::new(path, Status::Missing));
                 }
             }
         }
         walked
     })
+}
+
+/// What the threads of one run share.
+struct Run<'a> {
+    config: &'a Config,
+    cancel: &'a AtomicBool,
+    progress: &'a Progress,
+    anchors: Vec<Anchor>,
+    gates: Gates,
+    cold: Cold,
+    open_files: Arc<OpenFiles>,
+    slots: Slots,
+}
+
+impl<'a> Run<'a> {
+    /// A reader: opens files, and starts reading them, ahead of the workers, so that the
+    /// number of reads in flight does not depend on the number of hashing threads. It sleeps
+    /// until a worker meets data that is not in the page cache: on a warm cache, handing every
+    /// file from one thread to another costs more than reading ahead saves (measured on
+    /// 20,000 files of 4 KiB: a warm check took 0.19 s with them, 0.12 s without). A
+    /// background scrub reads one request at a time: its readers never wake.
+    fn spawn_reader<'s>(
+        &'s self,
+        s: &'s std::thread::Scope<'s, '_>,
+        jobs: Receiver<Batch>,
+        ahead: Sender<OpenedBatch>,
+        woken: Receiver<()>,
+        walked: Receiver<()>,
+    ) {
+        let reader = std::thread::Builder::new().stack_size(READER_STACK);
+        let spawned = reader.spawn_scoped(s, move || {
+            select! {
+                recv(woken) -> _ => {},
+                recv(walked) -> _ => {},
+            }
+            if !self.cold.met() || self.config.drop_cache {
+                return;
+            }
+            let mut scratch = None;
+            for (seq, batch) in jobs {
+                let scratch = scratch.get_or_insert_with(|| AlignedBuf::new(worker::AHEAD));
+                let batch = batch
+                    .into_iter()
+                    .map(|entry| {
+                        if self.cancel.load(Ordering::Relaxed) {
+                            return (entry, None);
+                        }
+                        let opened = Opened::ahead(
+                            self.config,
+                            &entry,
+                            &self.anchors,
+                            &self.gates,
+                            scratch,
+                            &self.open_files,
+                        );
+                        (entry, opened)
+                    })
+                    .collect();
+                if ahead.send((seq, batch)).is_err() {
+                    break;
+                }
+            }
+        });
+        spawned.expect("spawning a reader");
+    }
+
+    /// A worker: takes batches (opened ahead or not) and sends their reports back.
+    fn spawn_worker<'s>(
+        &'s self,
+        s: &'s std::thread::Scope<'s, '_>,
+        mut inbox: Inbox,
+        done: Sender<(u64, Vec<Option<FileReport>>)>,
+    ) {
+        s.spawn(move || {
+            let mut worker = Worker::new(
+                self.config,
+                self.cancel,
+                self.progress,
+                &self.gates,
+                &self.cold,
+                self.open_files.clone(),
+            );
+            loop {
+                // The slot first: a worker holding a batch it cannot start would keep the
+                // output, and with it the walk, waiting. It keeps its slot from one batch to
+                // the next until it lends it: passing it on at every batch woke a waiting
+                // spare each time (2,000 files of 256 KiB: 4% slower).
+                worker.hold(&self.slots);
+                let Some((seq, batch)) = inbox.next() else {
+                    break;
+                };
+                let reports = worker.batch(batch, &self.anchors);
+                if done.send((seq, reports)).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+
+    /// Puts the workers' reports back in walk order and gives each to `sink`, letting the
+    /// walk go on one batch for each batch given; returns the manifest keys of the files
+    /// reported (what a manifest lists and the tree lacks is reported after).
+    fn in_walk_order(
+        &self,
+        done: Receiver<(u64, Vec<Option<FileReport>>)>,
+        tokens: Receiver<()>,
+        sink: &mut impl FnMut(FileReport),
+    ) -> HashSet<PathBuf> {
+        let mut pending = BTreeMap::new();
+        let mut next = 0u64;
+        let mut listed = HashSet::new();
+        // Files with several names found damaged: their other names carry the damage too.
+        let mut damaged = Damaged::new();
+        for (seq, reports) in done {
+            pending.insert(seq, reports);
+            while let Some(reports) = pending.remove(&next) {
+                let _ = tokens.recv();
+                next += 1;
+                for mut report in reports.into_iter().flatten() {
+                    if let Some(m) = &self.config.manifest {
+                        listed.insert(m.key(&report.path));
+                    }
+                    if let Some(inode) = report.linked {
+                        name_damage(&mut report, inode, &mut damaged);
+                    }
+                    // Files the work reads but its workers did not (a sink reads them, or
+                    // they failed) count whole, so the progress bar ends at its total.
+                    if report.skip.is_none() && self.config.reads(report.tag.is_some()) {
+                        let unread = report.size.unwrap_or(0).saturating_sub(report.bytes_read);
+                        self.progress.bytes.fetch_add(unread, Ordering::Relaxed);
+                    }
+                    self.progress.files.fetch_add(1, Ordering::Relaxed);
+                    sink(report);
+                }
+            }
+        }
+        listed
+    }
 }
 
 /// The right to hash: `threads` workers at a time, while spare workers wait. SHA-256 of one
