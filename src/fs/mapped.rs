@@ -147,9 +147,10 @@ impl Map {
     }
 
     /// Reads the whole map in and fills its page tables: for data not cached, read ahead of
-    /// the hashing on another thread. `false` if some page could not be read in (a device error, or the file
-    /// shrank): the caller reads the window with `pread` instead, which says which. Where the
-    /// kernel cannot populate (before Linux 5.14), pages are faulted in as they are hashed.
+    /// the hashing on another thread. `false` if some page could not be read in (a device
+    /// error, or the file shrank): the caller reads the window with `pread` instead, which
+    /// says which. Where the kernel cannot populate (before Linux 5.14), pages are faulted in
+    /// as they are hashed.
     pub fn populate(&self) -> bool {
         // SAFETY: the map is live for the life of self.
         match unsafe { crate::fs::sys::populate_read(self.addr, self.len) } {
