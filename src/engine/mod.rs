@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::ControlFlow;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -26,10 +26,12 @@ use crate::fs::walk::{self, Entry, Inode, SkipReason, WalkOptions};
 use crate::fs::xattr::Attrs;
 
 mod outcome;
+mod schedule;
 mod worker;
 
 pub(crate) use outcome::cause;
 pub use outcome::{Action, Declined, FileError, FileReport};
+pub(crate) use schedule::{Held, OpenFiles, Slot, Slots};
 use worker::{Opened, Worker};
 
 /// A file opened ahead of its worker, or why not (`None`: the worker opens it).
@@ -228,40 +230,6 @@ const READERS: usize = 16;
 /// (see [`Slots`]) then broke at 64 MiB.
 const READER_STACK: usize = 256 << 10;
 
-/// Files held open beyond the thread that opened them at once (read ahead for the workers,
-/// or left open for the sink): half of what the process may open (the workers, the walk,
-/// the state database and the sinks need the rest). Past it, workers open files themselves
-/// and sinks open them again; without it, readers far ahead could leave a worker without a
-/// descriptor.
-#[derive(Debug)]
-pub(crate) struct OpenFiles {
-    held: AtomicUsize,
-    most: usize,
-}
-
-impl OpenFiles {
-    fn new() -> Self {
-        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
-        OpenFiles {
-            held: AtomicUsize::new(0),
-            most: limit.map_or(usize::MAX, |n| (n / 2) as usize),
-        }
-    }
-
-    /// Whether one more file may be held open.
-    fn take(&self) -> bool {
-        if self.held.fetch_add(1, Ordering::Relaxed) < self.most {
-            return true;
-        }
-        self.give();
-        false
-    }
-
-    fn give(&self) {
-        self.held.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 /// A file the engine left unread and open for its sink (see [`Config::sink_verifies`]): the
 /// very file it looked at, which the sink reads without opening it again (on 20,000 files of
 /// 4 KiB, the second open was a fifth of the archive writer's time).
@@ -296,23 +264,6 @@ impl OpenFile {
         } = self;
         drop(held);
         (file, stat, attrs)
-    }
-}
-
-/// One of the files counted by [`OpenFiles`], given back when dropped.
-#[derive(Debug)]
-pub(crate) struct Held(Arc<OpenFiles>);
-
-impl Held {
-    /// A place among the files held open, if there is one.
-    pub(crate) fn take(open: &Arc<OpenFiles>) -> Option<Held> {
-        open.take().then(|| Held(open.clone()))
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.0.give();
     }
 }
 
@@ -539,90 +490,6 @@ impl<'a> Run<'a> {
             }
         }
         listed
-    }
-}
-
-/// The right to hash: `threads` workers at a time, while spare workers wait. SHA-256 of one
-/// file runs on one core, so a few large files on as many cores end with one of them hashed
-/// alone (five of 800 MiB on two cores: three files' time for two and a half files' work);
-/// a worker about to hash a large file hands its slot on to a spare one, and the large files
-/// share the cores until they are done. Only where the workers are as many as the cores: a
-/// run asked for fewer threads (`--threads`, background) uses no more cores than that.
-pub(crate) struct Slots {
-    free: Receiver<()>,
-    back: Sender<()>,
-    /// Workers beyond `threads`.
-    spare: usize,
-    /// Large files being hashed by workers that lent their slot.
-    lent: AtomicUsize,
-}
-
-impl Slots {
-    fn new(threads: usize) -> Slots {
-        let (back, free) = bounded(threads);
-        for _ in 0..threads {
-            back.send(()).expect("room for every slot");
-        }
-        // Up to three large files per core at once: five of 800 MiB on two cores all run.
-        let spare = if threads >= cores() { 2 * threads } else { 0 };
-        Slots {
-            free,
-            back,
-            spare,
-            lent: AtomicUsize::new(0),
-        }
-    }
-
-    /// Waits for a slot.
-    fn take(&self) -> Slot<'_> {
-        let _ = self.free.recv();
-        Slot(Some(self))
-    }
-}
-
-/// A slot of [`Slots`], given back when dropped or lent.
-pub(crate) struct Slot<'s>(Option<&'s Slots>);
-
-impl<'s> Slot<'s> {
-    /// Whether it is still this worker's (not lent).
-    pub(crate) fn held(&self) -> bool {
-        self.0.is_some()
-    }
-
-    /// The number of large files hashed by workers that lent their slot (see
-    /// `ReadOptions::crowd`); `None` without spare workers, where no slot is lent.
-    pub(crate) fn crowd(&self) -> Option<&'s AtomicUsize> {
-        self.0
-            .filter(|slots| slots.spare > 0)
-            .map(|slots| &slots.lent)
-    }
-
-    /// Hands the slot on to a spare worker, if there are any, for the rest of the batch,
-    /// to hash a large file meanwhile.
-    pub(crate) fn lend(&mut self) -> Option<Lent<'s>> {
-        let slots = self.0.take_if(|slots| slots.spare > 0)?;
-        give_back(slots);
-        slots.lent.fetch_add(1, Ordering::Relaxed);
-        Some(Lent(slots))
-    }
-}
-
-/// A large file hashed by a worker that lent its slot, counted while it lives.
-pub(crate) struct Lent<'s>(&'s Slots);
-
-impl Drop for Lent<'_> {
-    fn drop(&mut self) {
-        self.0.lent.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-fn give_back(slots: &Slots) {
-    let _ = slots.back.try_send(());
-}
-
-impl Drop for Slot<'_> {
-    fn drop(&mut self) {
-        self.0.take().map(give_back);
     }
 }
 
