@@ -26,7 +26,8 @@ Exit codes:
        the other algorithm in export; a PATH that is not there; or the work itself (an
        archive, a manifest, a parity store) could not be written
   130  interrupted (Ctrl-C, SIGTERM, SIGHUP) before the end (1 if damage is outstanding: a
-       line on stderr says it was interrupted, even with -q)";
+       line on stderr says it was interrupted, even with -q), or cut short quietly by the
+       reader of its output going away (`intact check -v | head`)";
 
 #[derive(Parser, Debug)]
 #[command(

@@ -73,12 +73,12 @@ pub fn verify(a: VerifyArgs) -> anyhow::Result<Exit> {
         Ok(()) => {}
     }
     if let Some(e) = io_error {
-        if e.kind() == std::io::ErrorKind::BrokenPipe {
-            return Ok(reporter.summary.exit(Verb::Verify));
-        }
-        return Err(e).context("writing output");
+        // Cut short: the members after it were not verified.
+        reporter.summary.interrupted = true;
+        return super::output_failed(e, reporter.summary.exit(Verb::Verify));
     }
-    reporter.finish().context("writing output")
+    let done = reporter.finish();
+    done.or_else(|e| super::output_failed(e, reporter.summary.exit(Verb::Verify)))
 }
 
 /// `archive list`: one line per member, like `tar -tv`, with the digest its tag holds.
@@ -95,22 +95,20 @@ pub fn list(a: ListArgs) -> anyhow::Result<Exit> {
             }
         }
     });
-    out.flush().ok();
-    if let Some(e) = io_error
-        && e.kind() != std::io::ErrorKind::BrokenPipe
-    {
-        return Err(e).context("writing output");
-    }
-    match read {
-        Ok(()) => Ok(Exit::Clean),
+    let exit = match read {
+        Ok(()) => Exit::Clean,
         Err(e) => {
             eprintln!("intact: error: {}: {e}", escape(path));
-            Ok(if e.damaged {
+            if e.damaged {
                 Exit::Damage
             } else {
                 Exit::Trouble
-            })
+            }
         }
+    };
+    match io_error.or_else(|| out.flush().err()) {
+        Some(e) => super::output_failed(e, exit),
+        None => Ok(exit),
     }
 }
 

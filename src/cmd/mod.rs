@@ -66,20 +66,35 @@ pub fn drive_for_findings(
     reporter.summary.elapsed = start.elapsed();
     reporter.summary.interrupted = SIGNALLED.load(Ordering::SeqCst);
     let output = conclude(&s, &mut ran, &mut reporter);
+    // A closed pipe (`intact check | head`) met during the run ends it quietly, before the
+    // end: it says so as a signal's interruption does (never 0, which would claim every file
+    // verified).
+    let closed = output
+        .as_ref()
+        .is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe);
+    reporter.summary.interrupted |= closed;
     close(&s, &mut ran.state, &mut reporter);
-    if let Some(output) = &output
-        && output.kind() != io::ErrorKind::BrokenPipe
-    {
+    if let Some(output) = output.as_ref().filter(|_| !closed) {
         reporter.summary.fail(format!("writing output: {output}"));
     }
     tell_the_owner(&s, &mut ran, &mut reporter);
     record(&s, &mut ran, &mut reporter);
-    let exit = match output {
-        // A closed pipe (`intact check | head`) ends the run quietly.
-        Some(e) if e.kind() == io::ErrorKind::BrokenPipe => reporter.summary.exit(s.verb),
-        _ => finish(&mut reporter, s.verb),
+    let exit = match closed {
+        true => reporter.summary.exit(s.verb),
+        false => finish(&mut reporter, s.verb),
     };
     Ok((exit, std::mem::take(&mut reporter.summary.findings)))
+}
+
+/// What an error writing the output makes of a run that would exit `exit`: a closed pipe
+/// (`intact ... | head`) ends it quietly with that code (see [`drive`]); anything else is an
+/// error.
+pub fn output_failed(e: io::Error, exit: Exit) -> anyhow::Result<Exit> {
+    if e.kind() == io::ErrorKind::BrokenPipe {
+        Ok(exit)
+    } else {
+        Err(anyhow::Error::new(e).context("writing output"))
+    }
 }
 
 /// The reporter for `s`, told the failures known before the run.
@@ -503,9 +518,12 @@ pub(crate) fn lost_note(lost: &intact::state::Lost, unchecked: u64) -> String {
 
 /// Prints the summary; the exit code it states.
 fn finish(reporter: &mut Speaker, verb: intact::verb::Verb) -> Exit {
-    reporter
-        .finish()
-        .unwrap_or_else(|_| reporter.summary.exit(verb).merge(Exit::Trouble))
+    let done = reporter.finish();
+    let exit = reporter.summary.exit(verb);
+    // A reader gone only after the last line (the lines waited in a buffer): every file was
+    // verified all the same.
+    done.or_else(|e| output_failed(e, exit))
+        .unwrap_or_else(|_| exit.merge(Exit::Trouble))
 }
 
 /// The state database at `path`, or none if it cannot be opened: the run verifies all the

@@ -222,3 +222,58 @@ fn tag_summary_words_statuses_apart_from_actions() {
     let r = intact!("check", t.path("a")).expect_code(0);
     assert!(r.stderr.contains("check: 1 file,"), "{}", r.stderr);
 }
+
+/// A reader that goes away (`intact ... | head`) ends the run quietly (no error on stderr).
+/// Met during the run, a verifying run says it was cut short (130, never 0: the files after
+/// were not verified); met only after the last line (the lines waited in a buffer), the run's
+/// own code stands; a listing stops at 0, as `tar -t` does.
+#[test]
+fn a_closed_pipe_ends_a_run_quietly_and_says_whether_it_was_cut_short() {
+    use std::process::{Command, Stdio};
+    for (files, cut) in [(20, 0), (3000, 130)] {
+        let t = Tree::new();
+        for i in 0..files {
+            t.write(format!("src/f{i:04}"), data(100, i));
+        }
+        intact!("tag", "-q", t.path("src")).expect_code(0);
+        let archive = t.path("a.tar.zst");
+        intact!("archive", "create", "-q", &archive, t.path("src")).expect_code(0);
+        let src = t.path("src");
+        let cases: [(&[&std::ffi::OsStr], i32); 3] = [
+            (&["check".as_ref(), "-v".as_ref(), src.as_os_str()], cut),
+            (
+                &["archive".as_ref(), "list".as_ref(), archive.as_os_str()],
+                0,
+            ),
+            (
+                &[
+                    "archive".as_ref(),
+                    "verify".as_ref(),
+                    "-v".as_ref(),
+                    archive.as_os_str(),
+                ],
+                cut,
+            ),
+        ];
+        for (args, code) in cases {
+            let mut child = Command::new(bin())
+                .args(args)
+                .env("XDG_STATE_HOME", t.path("state"))
+                .env_remove("INTACT_STATE")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            // The reader is gone before the first line is written.
+            drop(child.stdout.take());
+            let out = child.wait_with_output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(
+                out.status.code(),
+                Some(code),
+                "{files} files, {args:?}: {stderr}"
+            );
+            assert!(!stderr.contains("error"), "{args:?}: {stderr}");
+        }
+    }
+}
