@@ -266,22 +266,31 @@ fn mapped(
     // A helper thread unmaps the window hashed before and maps (and reads in, if it is not
     // cached) the next while this one is hashed: both are one thread's work, which would
     // otherwise leave the hashing cores idle between windows (unmapping 32 MiB took a few
-    // hundred microseconds of a window's four milliseconds).
+    // hundred microseconds of a window's four milliseconds). One helper for the file, asked
+    // one window at a time.
     std::thread::scope(|s| {
+        let (ask, asked) = crossbeam_channel::bounded::<(u64, usize, bool, Option<Map>)>(1);
+        let (tell, told) = crossbeam_channel::bounded::<Prepared>(1);
+        s.spawn(move || {
+            for (offset, len, check_cached, done) in asked {
+                drop(done);
+                if tell.send(prepare(file, offset, len, check_cached)).is_err() {
+                    break;
+                }
+            }
+        });
         // The window's length is decided once, here: the share of a spread file changes.
         let ahead = |offset: u64, check_cached: bool, done: Option<Map>| {
             let len = window(offset);
-            let handle = s.spawn(move || {
-                drop(done);
-                prepare(file, offset, len, check_cached)
-            });
-            (len, handle)
+            ask.send((offset, len, check_cached, done))
+                .expect("the mapping thread waits for work");
+            len
         };
         let first = (gated || watch) && reader.pass.is_none();
         let mut next = (reader.total < size).then(|| ahead(reader.total, first, None));
         let mut done = None;
-        while let Some((len, handle)) = next.take() {
-            let prepared = match handle.join().expect("mapping thread panicked") {
+        while let Some(len) = next.take() {
+            let prepared = match told.recv().expect("mapping thread panicked") {
                 Prepared::Uncached => {
                     reader.uncached();
                     // Hashed on one core, cold data is read (see `maps`).
