@@ -39,8 +39,15 @@ pub fn start_writeback(file: &File) {
 }
 
 /// Reads at `offset` only what the page cache holds (`preadv2` with `RWF_NOWAIT`):
-/// `Some(n)` bytes, or `None` when that would wait for the device or is not supported.
-pub fn read_cached(file: &File, buf: &mut [u8], offset: u64) -> Option<io::Result<usize>> {
+/// `Some(n)` bytes, or `None` when that would wait for the device or is not supported. With
+/// `confirm`, a refusal is checked against the page cache (four more calls) before it is
+/// believed: for the run that has met no cold data yet, which a false refusal would turn cold.
+pub fn read_cached(
+    file: &File,
+    buf: &mut [u8],
+    offset: u64,
+    confirm: bool,
+) -> Option<io::Result<usize>> {
     #[cfg(target_os = "linux")]
     loop {
         let mut slices = [io::IoSliceMut::new(buf)];
@@ -51,7 +58,7 @@ pub fn read_cached(file: &File, buf: &mut [u8], offset: u64) -> Option<io::Resul
             // The page cache holds it after all: a page still marked for read-ahead (as a
             // plain read by another program leaves it) makes the kernel refuse to read
             // without waiting, and one such file would make a warm run behave as a cold one.
-            Err(rustix::io::Errno::AGAIN) if cached(file, offset, buf.len()) => loop {
+            Err(rustix::io::Errno::AGAIN) if confirm && cached(file, offset, buf.len()) => loop {
                 match rustix::io::pread(file, &mut *buf, offset) {
                     Err(rustix::io::Errno::INTR) => continue,
                     read => return Some(read.map_err(io::Error::from)),
@@ -67,7 +74,7 @@ pub fn read_cached(file: &File, buf: &mut [u8], offset: u64) -> Option<io::Resul
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let _ = (file, buf, offset);
+        let _ = (file, buf, offset, confirm);
         None
     }
 }
@@ -364,7 +371,7 @@ mod tests {
         assert!(cached(&file, 0, 2 * 4096), "the pages before it");
         assert!(!cached(&file, 1 << 20, 10), "past the end");
         let mut buf = vec![0u8; 1 << 20];
-        let n = read_cached(&file, &mut buf, 0).unwrap().unwrap();
+        let n = read_cached(&file, &mut buf, 0, true).unwrap().unwrap();
         assert!(n > 0 && buf[..n].iter().all(|&b| b == 7));
     }
 

@@ -100,7 +100,10 @@ impl Opened {
             let buf = scratch.as_mut_slice();
             let cached = || {
                 let mut byte = [0u8];
-                matches!(crate::fs::sys::read_cached(file, &mut byte, 0), Some(Ok(1)))
+                matches!(
+                    crate::fs::sys::read_cached(file, &mut byte, 0, false),
+                    Some(Ok(1))
+                )
             };
             match gate {
                 // A device that claims to spin is judged by how it answers first reads made
