@@ -120,6 +120,10 @@ pub struct Plan {
     conn: Arc<Mutex<Connection>>,
     /// The roots' key for their cycle: their absolute paths.
     cycle_key: Vec<u8>,
+    /// The state database the plan's rows say what of (read as the walk went).
+    read_from: Option<PathBuf>,
+    /// Why the state database could not be read then, if it could not.
+    read_error: Option<(Option<PathBuf>, rusqlite::Error)>,
     /// Tagged files and their bytes.
     pub tagged: (u64, u64),
     /// Untagged regular files and their bytes.
@@ -156,6 +160,7 @@ pub fn plan(
     roots: &[PathBuf],
     untagged_too: bool,
     cancel: &AtomicBool,
+    db: Option<&Path>,
     mut other: impl FnMut(FileReport),
 ) -> rusqlite::Result<Plan> {
     // "": a private temporary database, on disk.
@@ -176,10 +181,23 @@ pub fn plan(
             digest BLOB NOT NULL,   -- the state's key; empty for an untagged file
             tagged INTEGER NOT NULL,
             path BLOB NOT NULL,     -- as walked
+            abs BLOB NOT NULL,      -- absolute, as the state database files it
             size INTEGER NOT NULL,
             root INTEGER NOT NULL,
             changed INTEGER NOT NULL, -- untagged, or its tag no longer describes it (an edit?)
-            marked INTEGER          -- when a writing verb found it damaged (its mark), ms
+            marked INTEGER,         -- when a writing verb found it damaged (its mark), ms
+            -- What the state database knows of it (its entry: the file under this name,
+            -- inode and tag), as the walk met it:
+            known INTEGER,          -- 1 if it has an entry
+            verified INTEGER, checked INTEGER, status TEXT, protected INTEGER,
+            archived INTEGER, archived_in INTEGER,
+            damaged INTEGER,        -- when damage not dealt with was found in it
+            was BLOB                -- its tag's key before its last re-tag
+        );
+        -- The state's entries under the roots that the walk did not meet where they say.
+        CREATE TABLE unmet (
+            path BLOB NOT NULL, fs INTEGER, ino INTEGER, digest BLOB, size INTEGER,
+            verified INTEGER, damaged INTEGER, root INTEGER NOT NULL
         );",
     )?;
     let show = Config {
@@ -187,16 +205,49 @@ pub fn plan(
         ..config.clone()
     };
     let mut fsids = state::FsIds::default();
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let ranges: Vec<_> = roots.iter().map(|r| state::under(r)).collect();
+    let mut lookup = state::Lookup::open(db);
+    let mut unmet_failed = None;
     let mut failed = None;
     let tx = conn.unchecked_transaction()?;
     let mut complete = true;
     let mut per_root = vec![(0u64, 0u64); roots.len()];
     let walked = {
         let mut insert = tx.prepare(
-            "INSERT INTO plan (fs, ino, digest, tagged, path, size, root, changed, marked) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            "INSERT INTO plan (fs, ino, digest, tagged, path, size, root, changed, marked, abs, \
+             known, verified, checked, status, protected, archived, archived_in, damaged, was) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
+             ?18, ?19)",
         )?;
-        engine::run(&show, roots, cancel, &Progress::default(), |report| {
+        let mut unmet_row = tx.prepare(
+            "INSERT INTO unmet (path, fs, ino, digest, size, verified, damaged, root) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        )?;
+        // An entry not met goes to `unmet` if it is under a root (a root that is a file
+        // shares its directory with files that are not).
+        let mut unmet = |path: Vec<u8>, e: state::entries::Entry, d: Option<state::Found>| {
+            let Some(root) = ranges
+                .iter()
+                .position(|(low, high, exact)| path == *exact || (path >= *low && path < *high))
+            else {
+                return;
+            };
+            let inserted = unmet_row.execute(params![
+                path,
+                e.fs,
+                e.ino,
+                e.key,
+                e.size,
+                e.verified,
+                d.map(|d| d.at),
+                root as i64
+            ]);
+            if let Err(e) = inserted {
+                unmet_failed.get_or_insert(e);
+            }
+        };
+        let walked = engine::run(&show, roots, cancel, &Progress::default(), |report| {
             let row = match (&report.tag, report.inode, report.size, report.status) {
                 (_, _, _, Status::Skipped | Status::Error) => None,
                 (Some(tag), Some(id), Some(size), _) => Some((Some(tag.digest), id, size)),
@@ -217,23 +268,44 @@ pub fn plan(
                 return;
             };
             let fs = fsids.of(dev, &report.path);
+            let key = digest.as_ref().map(digest_key).unwrap_or_default();
+            let abs = state::absolute_from(&cwd, &report.path);
+            let abs = abs.as_os_str().as_bytes();
+            let known = lookup.file(abs, (fs, ino as i64, &key), &mut unmet);
+            let e = known.entry.as_ref();
             let inserted = insert.execute(params![
                 fs,
                 ino as i64,
-                digest.as_ref().map(digest_key).unwrap_or_default(),
+                key,
                 digest.is_some(),
                 report.path.as_os_str().as_bytes(),
                 size as i64,
                 report.root as i64,
                 digest.is_none() || report.status != Status::Ok,
                 report.known_damage.map(|d| d.found.saturating_mul(1000)),
+                abs,
+                e.map(|_| 1),
+                e.and_then(|e| e.verified),
+                e.and_then(|e| e.checked),
+                known
+                    .damaged
+                    .as_ref()
+                    .and_then(|d| d.status.clone())
+                    .or_else(|| e.map(|e| e.status.clone())),
+                e.and_then(|e| e.protected),
+                e.and_then(|e| e.archived),
+                e.and_then(|e| e.archived_in),
+                known.damaged.as_ref().map(|d| d.at),
+                e.map(|e| e.was.clone()).filter(|w| !w.is_empty()),
             ]);
             if let Err(e) = inserted {
                 failed.get_or_insert(e);
             }
-        })
+        });
+        lookup.finish(&ranges, &mut unmet);
+        walked
     };
-    if let Some(e) = failed {
+    if let Some(e) = failed.or(unmet_failed) {
         return Err(e);
     }
     complete &= walked.is_ok() && !cancel.load(std::sync::atomic::Ordering::Relaxed);
@@ -248,6 +320,8 @@ pub fn plan(
     Ok(Plan {
         conn: Arc::new(Mutex::new(conn)),
         cycle_key: state::roots_key(roots),
+        read_from: db.filter(|_| lookup.error.is_none()).map(Path::to_path_buf),
+        read_error: lookup.error.take().map(|e| (db.map(Path::to_path_buf), e)),
         tagged,
         untagged,
         cycle_started: 0,
@@ -264,10 +338,6 @@ pub fn plan(
     })
 }
 
-/// The join of a plan row with its state row.
-const JOIN: &str =
-    "plan p LEFT JOIN state.files f ON f.fs = p.fs AND f.ino = p.ino AND f.digest = p.digest";
-
 /// The cycle of the scrubbed root that the plan's files were last seen under, for roots
 /// that have none of their own: the one most of a sample of them were under (the deepest
 /// such root among equals).
@@ -280,9 +350,7 @@ fn inherited_cycle(conn: &Connection) -> rusqlite::Result<Option<i64>> {
         return Ok(None);
     }
     let seen: Vec<Vec<u8>> = conn
-        .prepare(&format!(
-            "SELECT f.path FROM {JOIN} WHERE p.tagged AND f.fs IS NOT NULL LIMIT 64"
-        ))?
+        .prepare("SELECT abs FROM plan WHERE tagged AND known LIMIT 64")?
         .query_map([], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
     let under = |path: &[u8], root: &[u8]| {
@@ -303,6 +371,13 @@ impl Plan {
     /// Attaches the state database at `db` (one in memory if `None`: every file then counts
     /// as never verified), instead of any attached before, and reads the roots' cycle.
     pub fn attach(&mut self, db: Option<&Path>) -> rusqlite::Result<()> {
+        // The database could not be read as the walk went: said here, where a damaged one is
+        // dealt with.
+        if let Some((from, e)) = self.read_error.take()
+            && from.as_deref() == db
+        {
+            return Err(e);
+        }
         {
             let conn = self.conn();
             if self.attached {
@@ -324,7 +399,51 @@ impl Plan {
             }
         }
         self.attached = true;
+        // What the rows say another database knew (one found damaged and rebuilt since, or
+        // none) says nothing of this one.
+        if self.read_from.as_deref() != db {
+            self.conn().execute_batch(
+                "UPDATE plan SET known = NULL, verified = NULL, checked = NULL, status = NULL, \
+                 protected = NULL, archived = NULL, archived_in = NULL, damaged = NULL, \
+                 was = NULL; DELETE FROM unmet;",
+            )?;
+            self.read_from = db.map(Path::to_path_buf);
+        }
         self.load_cycle()
+    }
+
+    /// Goes through the plan's files in walk order, each with its entry in the state database
+    /// now (after a run recorded what it found): the entry of its name, if it is of the same
+    /// file (file system and inode: a file the run re-tagged is the same file).
+    fn now(
+        &self,
+        mut each: impl FnMut(&PlanFile, Option<&state::entries::Entry>),
+    ) -> rusqlite::Result<()> {
+        use state::entries::{find, split};
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT abs, fs, ino, tagged, size FROM plan ORDER BY seq")?;
+        let mut rows = stmt.query([])?;
+        let (mut dir, mut entries) = (Vec::new(), Vec::new());
+        while let Some(r) = rows.next()? {
+            let file = PlanFile {
+                fs: r.get(1)?,
+                ino: r.get(2)?,
+                tagged: r.get(3)?,
+                size: r.get::<_, i64>(4)?.max(0) as u64,
+            };
+            let abs: Vec<u8> = r.get(0)?;
+            let (d, name) = split(&abs);
+            if d != dir.as_slice() {
+                dir = d.to_vec();
+                entries = state::load(&conn, "state.", &dir)?;
+            }
+            let entry = find(&entries, name)
+                .ok()
+                .map(|at| &entries[at])
+                .filter(|e| (e.fs, e.ino) == (file.fs, file.ino));
+            each(&file, entry);
+        }
+        Ok(())
     }
 
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
@@ -349,11 +468,9 @@ impl Plan {
         };
         // One pass: what this cycle has done, the latest verification, the rows known.
         let (done, size, latest, known): (i64, i64, Option<i64>, i64) = conn.query_row(
-            &format!(
-                "SELECT count(*) FILTER (WHERE f.checked >= ?1), \
-                 coalesce(sum(p.size) FILTER (WHERE f.checked >= ?1), 0), \
-                 max(f.checked), count(f.fs) FROM {JOIN} WHERE p.tagged"
-            ),
+            "SELECT count(*) FILTER (WHERE checked >= ?1), \
+             coalesce(sum(size) FILTER (WHERE checked >= ?1), 0), \
+             max(checked), count(known) FROM plan WHERE tagged",
             [started],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
         )?;
@@ -395,8 +512,7 @@ impl Plan {
     pub fn removed_kept(&self, roots: &[PathBuf]) -> rusqlite::Result<u64> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(
-            "SELECT count(*) FROM state.files INDEXED BY files_gone WHERE gone IS NOT NULL \
-             AND ((path >= ?1 AND path < ?2) OR path = ?3)",
+            "SELECT count(*) FROM state.gone WHERE (path >= ?1 AND path < ?2) OR path = ?3",
         )?;
         let mut n = 0;
         for root in roots {
@@ -407,11 +523,12 @@ impl Plan {
     }
 
     /// After a complete walk, before the run records anything: the files the state database
-    /// knows under `roots` that are no longer there (not at their path, and not met by the walk under another: not moved).
-    /// With `mark` (a scrub), those found gone now are marked so, and returned (each is told
-    /// once); those marked more than [`GONE_KEPT`] ago are forgotten, as are the rows of files
-    /// replaced under their path (an editor's save, a restore). Without (`status`), every
-    /// file gone within that time is returned.
+    /// knows under `roots` that are no longer there (not at their path, and not met by the
+    /// walk under another: not moved). With `mark` (a scrub), those found gone now are moved
+    /// to the files gone, and returned (each is told once); those found gone more than
+    /// [`GONE_KEPT`] ago are forgotten, as are the entries of files replaced under their path
+    /// (an editor's save, a restore), and a file moved has its entry moved where it is now.
+    /// Without (`status`), every file gone within that time is returned.
     ///
     /// A root under which the walk found no file, or more than `alarm_at` percent (and
     /// [`MASS_REMOVAL_FILES`]) of whose files are gone at once, is returned as a [`Removal`]
@@ -432,9 +549,8 @@ impl Plan {
         let mut gone = Vec::new();
         if !mark {
             let mut stmt = conn.prepare_cached(
-                "SELECT path, verified, damaged, gone FROM state.files INDEXED BY files_gone \
-                 WHERE gone IS NOT NULL \
-                 AND ((path >= ?1 AND path < ?2) OR path = ?3) ORDER BY path",
+                "SELECT path, verified, damaged, at FROM state.gone \
+                 WHERE (path >= ?1 AND path < ?2) OR path = ?3 ORDER BY path",
             )?;
             for (low, high, exact) in &ranges {
                 let rows = stmt.query_map(params![low, high, exact], Gone::from_row)?;
@@ -443,68 +559,76 @@ impl Plan {
                 }
             }
         }
-        // Only rows the walk did not meet can be gone: none if the trees hold no more rows
-        // than it met, less those found gone before (counts on the path index alone, and on
-        // the few gone rows: cheaper than looking each row up).
+        // Files known under each root: the entries the walk met there, and those it did not.
         let mut known = Vec::with_capacity(ranges.len());
-        for (low, high, exact) in &ranges {
-            let mut rows = 0i64;
-            for sql in [
-                "SELECT count(*) FROM state.files WHERE path >= ?1 AND path < ?2 AND ?3 = ?3",
-                "SELECT count(*) FROM state.files WHERE path = ?3 AND ?1 = ?1 AND ?2 = ?2",
-                "SELECT -count(*) FROM state.files INDEXED BY files_gone WHERE gone IS NOT NULL \
-                 AND ((path >= ?1 AND path < ?2) OR path = ?3)",
-            ] {
-                rows += conn.query_row(sql, params![low, high, exact], |r| r.get::<_, i64>(0))?;
-            }
-            known.push(rows.max(0) as u64);
+        for i in 0..ranges.len() {
+            known.push(conn.query_row(
+                "SELECT (SELECT count(*) FROM plan WHERE known AND root = ?1) \
+                 + (SELECT count(*) FROM unmet WHERE root = ?1)",
+                [i as i64],
+                |r| r.get::<_, i64>(0),
+            )? as u64);
         }
+        // Each entry the walk did not meet where it says, looked up among the plan's files
+        // by an index built only now that it is needed (most runs need none): met elsewhere
+        // (moved), or its inode's entry re-tagged from its content (moved, then edited).
         let mut newly = Vec::new();
-        if known.iter().sum::<u64>() > self.known {
-            // Each state row looked up among the plan's: by an index built only now that it
-            // is needed (cheaper than kept up while inserting, and most runs need none).
+        if conn.query_row("SELECT EXISTS (SELECT 1 FROM unmet)", [], |r| r.get(0))? {
             conn.execute_batch("CREATE INDEX IF NOT EXISTS plan_key ON plan (fs, ino, digest)")?;
-            let mut stmt = conn.prepare_cached(
-                "SELECT path, verified, damaged, gone, fs, ino, digest FROM state.files \
-                 WHERE gone IS NULL AND ((path >= ?1 AND path < ?2) OR path = ?3) \
-                 AND NOT EXISTS (SELECT 1 FROM plan p WHERE p.fs = files.fs \
-                 AND p.ino = files.ino AND p.digest = files.digest)",
+            let mut stmt = conn.prepare(
+                "SELECT path, verified, damaged, NULL, fs, ino, digest, \
+                 (SELECT p.abs FROM plan p WHERE p.fs = u.fs AND p.ino = u.ino \
+                 AND p.digest = u.digest LIMIT 1), \
+                 EXISTS (SELECT 1 FROM plan p WHERE p.fs = u.fs AND p.ino = u.ino \
+                 AND p.was = u.digest), root FROM unmet u ORDER BY path",
             )?;
-            for (i, (low, high, exact)) in ranges.iter().enumerate() {
-                let rows = stmt.query_map(params![low, high, exact], |r| {
-                    Ok((
-                        i,
-                        Gone::from_row(r)?,
-                        r.get::<_, i64>(4)?,
-                        r.get::<_, i64>(5)?,
-                        r.get::<_, Vec<u8>>(6)?,
-                    ))
-                })?;
-                for row in rows {
-                    newly.push(row?);
-                }
+            let rows = stmt.query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(9)? as usize,
+                    Gone::from_row(r)?,
+                    r.get::<_, i64>(4)?,
+                    r.get::<_, i64>(5)?,
+                    r.get::<_, Vec<u8>>(6)?,
+                    r.get::<_, Option<Vec<u8>>>(7)?,
+                    r.get::<_, bool>(8)?,
+                ))
+            })?;
+            for row in rows {
+                newly.push(row?);
             }
         }
         // The file itself still there under its name (the walk did not meet it: excluded,
         // on another file system under -x, in a directory it could not read) is not gone:
         // its record, and its damage, stay as they are. Nor is a file whose file system is
         // not mounted now (what holds its path is another one): an alarm, unless accepted.
+        // Met elsewhere by the walk, same inode and content: moved there, with its history.
         // Something else under its name: the file was replaced, not removed.
         // The walk met its inode under other content (a second name of an edited file): the
-        // row describes nothing any more, and goes.
+        // entry describes nothing any more, and goes.
         let mut unmounted: Vec<(PathBuf, u64)> = Vec::new();
         let mut outdated = Vec::new();
+        let mut moved = Vec::new();
         let newly: Vec<_> = newly
             .into_iter()
-            .filter_map(|(i, g, fs, ino, key)| {
+            .filter_map(|(i, g, fs, ino, key, met, retagged)| {
                 let now = std::fs::symlink_metadata(&g.path);
                 if now.as_ref().is_ok_and(|m| m.ino() as i64 == ino) {
                     let met = conn
                         .prepare_cached("SELECT 1 FROM plan WHERE fs = ?1 AND ino = ?2")
                         .and_then(|mut s| s.exists(params![fs, ino]));
                     if met.unwrap_or(false) {
-                        outdated.push((fs, ino, key));
+                        outdated.push((g.path, fs, ino, key));
                     }
+                    return None;
+                }
+                if let Some(to) = met {
+                    moved.push((g.path, Some(to), fs, ino, key));
+                    return None;
+                }
+                // Its inode's entry elsewhere was re-tagged from this content: moved, then
+                // edited.
+                if retagged {
+                    moved.push((g.path, None, fs, ino, key));
                     return None;
                 }
                 if now.is_err()
@@ -551,18 +675,26 @@ impl Plan {
                 vanished: true,
             });
         }
+        let path_bytes = |p: &Path| p.as_os_str().as_bytes().to_vec();
         for (i, g, fs, ino, key, replaced) in newly {
             if held(i) {
                 continue;
             }
             if mark {
-                let sql = if replaced {
-                    "DELETE FROM state.files WHERE fs = ?1 AND ino = ?2 AND digest = ?3"
-                } else {
-                    "UPDATE state.files SET gone = ?4 WHERE fs = ?1 AND ino = ?2 AND digest = ?3"
-                };
-                let n = if replaced { 3 } else { 4 };
-                conn.execute(sql, &params![fs, ino, key, now][..n])?;
+                let path = path_bytes(&g.path);
+                let entry = state::forget(&conn, "state.", &path, (fs, ino, &key))?;
+                if !replaced {
+                    let size = entry.as_ref().map_or(0, |e| e.size);
+                    conn.execute(
+                        "INSERT OR REPLACE INTO state.gone (path, fs, ino, digest, size, \
+                         verified, damaged, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                        params![path, fs, ino, key, size, g.verified, g.damaged, now],
+                    )?;
+                    conn.execute(
+                        "DELETE FROM state.damage WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
+                        params![fs, ino, key],
+                    )?;
+                }
             }
             if !replaced {
                 gone.push(Gone {
@@ -572,18 +704,54 @@ impl Plan {
             }
         }
         if mark {
-            for (fs, ino, key) in outdated {
-                conn.execute(
-                    "DELETE FROM state.files WHERE fs = ?1 AND ino = ?2 AND digest = ?3 \
-                     AND damaged IS NULL",
-                    params![fs, ino, key],
-                )?;
+            for (path, fs, ino, key) in outdated {
+                // Damaged content stays known until it is dealt with.
+                let damaged: bool = conn
+                    .prepare_cached(
+                        "SELECT 1 FROM state.damage WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
+                    )?
+                    .exists(params![fs, ino, key])?;
+                if !damaged {
+                    state::forget(&conn, "state.", &path_bytes(&path), (fs, ino, &key))?;
+                }
             }
             conn.execute(
-                "DELETE FROM state.files WHERE gone < ?1",
+                "DELETE FROM state.gone WHERE at < ?1",
                 [now - GONE_KEPT.as_millis() as i64],
             )?;
         }
+        // A file moved keeps its history: in this plan (`status` too), and, with `mark`, in
+        // the state database, its entry moved where it is now.
+        for (from, to, fs, ino, key) in moved {
+            let path = path_bytes(&from);
+            let entry = match mark {
+                true => state::forget(&conn, "state.", &path, (fs, ino, &key))?,
+                false => state::entry_at(&conn, "state.", &from)?,
+            };
+            let (Some(e), Some(to)) = (entry, to) else {
+                continue;
+            };
+            conn.execute(
+                "UPDATE plan SET known = 1, verified = ?4, checked = ?5, status = ?6, \
+                 protected = ?7, archived = ?8, archived_in = ?9 \
+                 WHERE fs = ?1 AND ino = ?2 AND digest = ?3 AND known IS NULL",
+                params![
+                    fs,
+                    ino,
+                    key,
+                    e.verified,
+                    e.checked,
+                    e.status,
+                    e.protected,
+                    e.archived,
+                    e.archived_in
+                ],
+            )?;
+            if mark {
+                state::settle_moved(&conn, "state.", &to, e)?;
+            }
+        }
+        drop(conn);
         gone.sort_by(|a, b| a.path.cmp(&b.path));
         Ok((gone, alarms))
     }
@@ -603,14 +771,12 @@ impl Plan {
              CREATE TABLE queue (id INTEGER PRIMARY KEY, path BLOB, size INTEGER, root INTEGER);",
         )?;
         conn.execute(
-            &format!(
-                "INSERT INTO queue (path, size, root) SELECT p.path, p.size, p.root FROM {JOIN} \
-                 WHERE (p.tagged OR ?1) \
-                 AND (?2 IS NULL OR f.verified IS NULL OR f.verified < ?2 OR (?1 AND p.changed)) \
-                 AND NOT (?4 AND coalesce(f.checked >= ?3, 0) AND NOT (?1 AND p.changed)) \
-                 ORDER BY (?1 AND p.changed) DESC, coalesce(f.checked >= ?3, 0), \
-                 f.verified IS NOT NULL, f.verified, p.seq"
-            ),
+            "INSERT INTO queue (path, size, root) SELECT path, size, root FROM plan \
+             WHERE (tagged OR ?1) \
+             AND (?2 IS NULL OR verified IS NULL OR verified < ?2 OR (?1 AND changed)) \
+             AND NOT (?4 AND coalesce(checked >= ?3, 0) AND NOT (?1 AND changed)) \
+             ORDER BY (?1 AND changed) DESC, coalesce(checked >= ?3, 0), \
+             verified IS NOT NULL, verified, seq",
             params![untagged_too, older, self.cycle_started, budget.is_set()],
         )?;
         let limit = budget.bytes(self.tagged.1);
@@ -643,52 +809,52 @@ impl Plan {
     /// Tagged files (and bytes) checked since the cycle began, now: by inode, so that a file
     /// re-tagged by this run (whose tag the plan no longer holds) counts.
     pub fn cycle_progress(&self) -> rusqlite::Result<(u64, u64)> {
-        self.conn().query_row(
-            &format!(
-                "SELECT count(*), coalesce(sum(p.size), 0) FROM {JOIN} WHERE p.tagged \
-                 AND (f.checked >= ?1 OR (f.fs IS NULL AND EXISTS (SELECT 1 FROM state.files o \
-                 WHERE o.fs = p.fs AND o.ino = p.ino AND o.checked >= ?1)))"
-            ),
-            [self.cycle_started],
-            |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
-        )
+        let (mut files, mut bytes) = (0, 0);
+        self.now(|f, e| {
+            if f.tagged && e.is_some_and(|e| e.checked >= Some(self.cycle_started)) {
+                (files, bytes) = (files + 1, bytes + f.size);
+            }
+        })?;
+        Ok((files, bytes))
     }
 
     /// Files never verified (untagged ones included), and the oldest verification of the
     /// others that are not damaged (damage is counted apart, and would otherwise age the tree
-    /// for ever). After a run: a file it tagged or re-tagged has a row of its new content,
-    /// proven good as of then, found by its inode (the plan knew its old digest, or none).
+    /// for ever). After a run: a file it tagged or re-tagged is proven good as of then.
     pub fn ages(&self) -> rusqlite::Result<(u64, Option<i64>)> {
-        self.conn().query_row(
-            &format!(
-                "SELECT (SELECT count(*) FROM plan p WHERE NOT EXISTS (SELECT 1 FROM state.files \
-                 f WHERE f.fs = p.fs AND f.ino = p.ino AND f.verified IS NOT NULL)), \
-                 (SELECT min(f.verified) FROM {JOIN} WHERE p.tagged AND f.damaged IS NULL)"
-            ),
-            [],
-            |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)),
-        )
+        let damaged = self.damaged_now()?;
+        let (mut never, mut oldest) = (0, None::<i64>);
+        self.now(|f, e| match e.and_then(|e| e.verified.map(|v| (e, v))) {
+            None => never += 1,
+            Some((e, v)) => {
+                if f.tagged && !damaged.contains(&(e.fs, e.ino, e.key.clone())) {
+                    oldest = Some(oldest.map_or(v, |o| o.min(v)));
+                }
+            }
+        })?;
+        Ok((never, oldest))
+    }
+
+    /// The damage the state database knows now, by file.
+    fn damaged_now(&self) -> rusqlite::Result<std::collections::HashSet<(i64, i64, Vec<u8>)>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT fs, ino, digest FROM state.damage")?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        rows.collect()
     }
 
     /// The damage known under the roots: found by a check and neither repaired, accepted nor
     /// edited since (the state database), or marked on the file by a writing verb and not
-    /// judged since (a database lost, or a check found it whole).
+    /// judged since (a database lost, or a check found it whole). A file whose tag was
+    /// stripped since is still damaged while the database knows damage of its inode: a tag
+    /// taken off does not make damaged bytes good.
     pub fn damage(&self) -> rusqlite::Result<Vec<state::Damaged>> {
         let conn = self.conn();
-        // An untagged file (its tag stripped since) is still damaged while the database
-        // knows damage of its inode: a tag taken off does not make damaged bytes good.
-        let mut stmt = conn.prepare(&format!(
-            "SELECT path, status, found FROM (\
-             SELECT p.seq, p.path, coalesce(f.status, 'corrupt') AS status, \
-             coalesce(f.damaged, p.marked) AS found \
-             FROM {JOIN} WHERE f.damaged IS NOT NULL \
-             OR (p.marked IS NOT NULL AND (f.checked IS NULL OR f.checked < p.marked)) \
-             UNION ALL \
-             SELECT p.seq, p.path, coalesce(f.status, 'corrupt'), f.damaged \
-             FROM plan p JOIN state.files f ON f.fs = p.fs AND f.ino = p.ino \
-             WHERE length(p.digest) = 0 AND p.marked IS NULL AND f.damaged IS NOT NULL \
-             AND f.gone IS NULL) ORDER BY seq"
-        ))?;
+        let mut stmt = conn.prepare(
+            "SELECT path, coalesce(status, 'corrupt'), coalesce(damaged, marked) FROM plan \
+             WHERE damaged IS NOT NULL \
+             OR (marked IS NOT NULL AND (checked IS NULL OR checked < marked)) ORDER BY seq",
+        )?;
         let rows = stmt.query_map([], |r| {
             let path: Vec<u8> = r.get(0)?;
             Ok(state::Damaged {
@@ -700,16 +866,15 @@ impl Plan {
         rows.collect()
     }
 
-    /// Tagged files not checked since `at` (when the state database was rebuilt).
+    /// Tagged files not checked since `at` (when the state database was rebuilt), now.
     pub fn unchecked_since(&self, at: i64) -> rusqlite::Result<u64> {
-        self.conn().query_row(
-            &format!(
-                "SELECT count(*) FROM {JOIN} WHERE p.tagged \
-                 AND (f.checked IS NULL OR f.checked < ?1)"
-            ),
-            [at],
-            |r| Ok(r.get::<_, i64>(0)? as u64),
-        )
+        let mut n = 0;
+        self.now(|f, e| {
+            if f.tagged && e.is_none_or(|e| e.checked.is_none_or(|c| c < at)) {
+                n += 1;
+            }
+        })?;
+        Ok(n)
     }
 
     /// What `status` shows: verification ages, damage not yet repaired, copies.
@@ -719,12 +884,12 @@ impl Plan {
         let day = 86_400_000i64;
         // One pass over the plan for every count: per age bucket, copies, this cycle.
         let bucket = format!(
-            "CASE WHEN f.verified IS NULL THEN 0 {} ELSE {} END",
+            "CASE WHEN p.verified IS NULL THEN 0 {} ELSE {} END",
             AGES.iter()
                 .enumerate()
                 .skip(1)
                 .filter_map(|(i, (_, days))| days
-                    .map(|d| format!("WHEN ?1 - f.verified < {} THEN {i}", d * day)))
+                    .map(|d| format!("WHEN ?1 - p.verified < {} THEN {i}", d * day)))
                 .collect::<Vec<_>>()
                 .join(" "),
             AGES.len() - 1
@@ -747,10 +912,10 @@ impl Plan {
         }
         columns.push("min(verified) FILTER (WHERE damaged IS NULL)".into());
         let sql = format!(
-            "SELECT {} FROM (SELECT {bucket} AS b, p.size AS size, f.verified AS verified, \
-             f.protected AS protected, coalesce(f.archived, (SELECT copied FROM state.runs \
-             WHERE id = f.archived_in)) AS archived, f.checked AS checked, \
-             f.damaged AS damaged FROM {JOIN} WHERE p.tagged)",
+            "SELECT {} FROM (SELECT {bucket} AS b, p.size AS size, p.verified AS verified, \
+             p.protected AS protected, coalesce(p.archived, (SELECT copied FROM state.runs \
+             WHERE id = p.archived_in)) AS archived, p.checked AS checked, \
+             p.damaged AS damaged FROM plan p WHERE p.tagged)",
             columns.join(", ")
         );
         let (ages, copies, oldest) =
@@ -833,10 +998,10 @@ impl Plan {
     /// it: never verified ones first, then the least recently verified.
     pub fn files(&self, mut each: impl FnMut(FileState)) -> rusqlite::Result<()> {
         let conn = self.conn();
-        let mut stmt = conn.prepare(&format!(
-            "SELECT p.path, p.size, f.verified, f.checked, f.status, f.damaged FROM {JOIN} \
-             WHERE p.tagged ORDER BY f.verified IS NOT NULL, f.verified, p.seq"
-        ))?;
+        let mut stmt = conn.prepare(
+            "SELECT path, size, verified, checked, status, damaged FROM plan \
+             WHERE tagged ORDER BY verified IS NOT NULL, verified, seq",
+        )?;
         let mut rows = stmt.query([])?;
         while let Some(r) = rows.next()? {
             let path: Vec<u8> = r.get(0)?;
@@ -1041,6 +1206,14 @@ impl Gone {
             gone: r.get(3)?,
         })
     }
+}
+
+/// A file of the plan, as [`Plan::now`] gives it.
+struct PlanFile {
+    fs: i64,
+    ino: i64,
+    tagged: bool,
+    size: u64,
 }
 
 /// A tagged file, as the state database knows it (`status -v`).

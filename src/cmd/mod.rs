@@ -391,7 +391,7 @@ fn record(s: &Settings, ran: &mut Ran, reporter: &mut Speaker) {
     // the run left untagged are never verified besides.
     let ages = match &ran.plan {
         Some(plan) => plan.ages().ok(),
-        None => ran.state.as_ref().and_then(|st| st.seen_summary()),
+        None => ran.state.as_mut().and_then(|st| st.seen_summary(&s.roots)),
     };
     if let Some((never, oldest)) = ages {
         let never = never + summary.left_untagged;

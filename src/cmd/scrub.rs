@@ -1,6 +1,7 @@
 //! `scrub`: verify what is due, least recently verified first, within a budget; and say how
 //! far through its cycle the tree is.
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use super::Ledger;
@@ -53,11 +54,16 @@ pub(super) fn prepare(
     front: &mut Ledger<'_>,
 ) -> anyhow::Result<(Plan, Queue)> {
     let start = Instant::now();
+    let db = front
+        .state
+        .as_ref()
+        .and_then(|st| st.path().map(PathBuf::from));
     let mut plan = intact::scrub::plan(
         &s.config,
         &s.roots,
         scrub.untagged_too,
         &super::STOP,
+        db.as_deref(),
         |report| front.send(report),
     )?;
     // The plan's connection writes next: nothing of the recorder's may be pending.

@@ -117,15 +117,25 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
         .state
         .as_deref()
         .and_then(|db| super::open_state(db, &mut failures));
-    let mut plan = intact::scrub::plan(&s.config, &s.roots, true, &super::STOP, |r| {
-        if r.status == intact::core::classify::Status::Error {
-            failures.fail(format!(
-                "{}: {}",
-                escape(&r.path),
-                r.error.as_ref().map_or(String::new(), |e| e.to_string())
-            ));
-        }
-    })
+    let db = state
+        .as_ref()
+        .and_then(|st| st.path().map(|p| p.to_path_buf()));
+    let mut plan = intact::scrub::plan(
+        &s.config,
+        &s.roots,
+        true,
+        &super::STOP,
+        db.as_deref(),
+        |r| {
+            if r.status == intact::core::classify::Status::Error {
+                failures.fail(format!(
+                    "{}: {}",
+                    escape(&r.path),
+                    r.error.as_ref().map_or(String::new(), |e| e.to_string())
+                ));
+            }
+        },
+    )
     .context("reading the trees")?;
     super::on_state(&mut state, &mut failures, |db| plan.attach(db))
         .map_err(|e| anyhow::anyhow!("reading the state database: {}", state::why(&e)))?;
@@ -133,18 +143,19 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
         .as_ref()
         .and_then(|st| st.path().map(|p| p.to_path_buf()));
     let now = state::now();
-    let mut overview = plan.overview(now)?;
-    // Where the trees have stores, what they hold now, not what was once written.
-    overview.parity = plan.parity(&s.roots)?;
-    if let Some(p) = &overview.parity {
-        overview.protected = p.current;
-    }
+    // First: a file moved is known with its history from here on.
     let (gone, alarms) = plan.gone(
         &s.roots,
         now,
         false,
         Some(intact::scrub::MASS_REMOVAL_PERCENT),
     )?;
+    let mut overview = plan.overview(now)?;
+    // Where the trees have stores, what they hold now, not what was once written.
+    overview.parity = plan.parity(&s.roots)?;
+    if let Some(p) = &overview.parity {
+        overview.protected = p.current;
+    }
     for alarm in &alarms {
         failures.vanished(alarm.describe(), alarm.removed);
     }

@@ -14,10 +14,19 @@ use crate::engine::KnownDamage;
 
 /// Adds the damage the database on `conn` remembers to `known`.
 pub(super) fn load_damage(conn: &Connection, known: &mut KnownDamage) -> rusqlite::Result<()> {
-    let mut stmt = conn.prepare(
-        "SELECT ino, digest, damaged_digest, damaged, fs FROM files \
-         WHERE damaged IS NOT NULL AND damaged_digest IS NOT NULL",
-    )?;
+    // A database of schema 3 read without writing (`--no-state`, not yet migrated) keeps its
+    // damage on the files' rows.
+    let mut stmt = conn
+        .prepare(
+            "SELECT ino, digest, damaged_digest, found, fs FROM damage \
+             WHERE damaged_digest IS NOT NULL",
+        )
+        .or_else(|_| {
+            conn.prepare(
+                "SELECT ino, digest, damaged_digest, damaged, fs FROM files \
+                 WHERE damaged IS NOT NULL AND damaged_digest IS NOT NULL",
+            )
+        })?;
     let mut rows = stmt.query([])?;
     while let Some(r) = rows.next()? {
         let (tag, bad): (Vec<u8>, Vec<u8>) = (r.get(1)?, r.get(2)?);
@@ -87,18 +96,15 @@ pub(super) fn replay(conn: &Connection, path: &Path, insert: bool) -> io::Result
             continue;
         }
         if insert {
-            let size = std::fs::symlink_metadata(&e.path).map_or(0, |m| m.len() as i64);
             conn.execute(
-                "INSERT INTO files (fs, ino, digest, path, size, checked, status, damaged, \
-                 damaged_digest) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?6, ?8) \
-                 ON CONFLICT DO UPDATE SET damaged = coalesce(files.damaged, ?6), \
-                 damaged_digest = ?8, status = ?7",
+                "INSERT INTO damage (fs, ino, digest, path, found, status, damaged_digest) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+                 ON CONFLICT DO UPDATE SET damaged_digest = ?7, status = ?6",
                 params![
                     e.fs,
                     e.ino,
                     e.tag,
                     e.path.as_os_str().as_bytes(),
-                    size,
                     e.found,
                     e.status,
                     e.damaged

@@ -12,7 +12,7 @@ pub fn absolute(path: &Path) -> PathBuf {
 }
 
 /// As [`absolute`], relative to `cwd`.
-pub(super) fn absolute_from(cwd: &Path, path: &Path) -> PathBuf {
+pub(crate) fn absolute_from(cwd: &Path, path: &Path) -> PathBuf {
     // The walk's paths are most often already in the form that `components` gives, or are
     // that under the working directory (`intact check photos`): building them again was
     // most of recording a file (55 M of the 364 M instructions recording 20,000 cost).

@@ -14,25 +14,45 @@ pub(super) fn tables(prefix: &str) -> String {
 }
 
 pub(super) const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS {s}files (
-    fs INTEGER NOT NULL,        -- file system id (statvfs f_fsid)
+-- Each directory's files, one value a directory: their entries packed, sorted by name
+-- (src/state/entries.rs). A file is known by its directory and name; its entry keeps its
+-- file system, inode and digest, so that a file moved is recognised where it went.
+CREATE TABLE IF NOT EXISTS {s}dirs (
+    path BLOB PRIMARY KEY,      -- absolute
+    entries BLOB NOT NULL
+);
+-- A run that proved every file of a directory good, unchanged: all a check of a tree that
+-- is well writes (a directory's entries are rewritten only when one of them changes). An
+-- entry last judged no later than `at` was proven good by that run, at that time.
+CREATE TABLE IF NOT EXISTS {s}proven (
+    path BLOB PRIMARY KEY,      -- the directory
+    run INTEGER,
+    at INTEGER NOT NULL
+) WITHOUT ROWID;
+-- Damage found and not yet dealt with (repaired, accepted, edited): few rows, read whole
+-- by every run; the journal beside the database mirrors it line for line.
+CREATE TABLE IF NOT EXISTS {s}damage (
+    fs INTEGER NOT NULL,
     ino INTEGER NOT NULL,
-    digest BLOB NOT NULL,       -- algorithm byte (0 SHA-256, 1 BLAKE3), then the digest
-    path BLOB NOT NULL,         -- absolute, where it was last seen
-    size INTEGER NOT NULL,
-    -- Times are Unix milliseconds: datetime(verified / 1000, 'unixepoch') in sqlite3.
-    verified INTEGER,           -- last time its data matched its tag
-    checked INTEGER,            -- time of the last verdict
-    status TEXT,                -- the last verdict
-    damaged INTEGER,            -- when damage was found, until repaired, accepted or edited
-    protected INTEGER,          -- when parity was written for it
-    archived INTEGER,           -- when it was copied into an archive (one known durable) ...
-    archived_in INTEGER,        -- ... or the last run that archived it, once runs.copied says
-                                -- that archive is durable
-    seen INTEGER,               -- the run that last saw it
-    damaged_digest BLOB,        -- the digest of the damaged bytes (as digest), while damaged
-    gone INTEGER,               -- when a scrub found it gone from its tree
+    digest BLOB NOT NULL,       -- the tag it was found under (algorithm byte, then digest)
+    path BLOB NOT NULL,         -- where it was found
+    damaged_digest BLOB,        -- the digest of the damaged bytes
+    -- Times are Unix milliseconds: datetime(found / 1000, 'unixepoch') in sqlite3.
+    found INTEGER NOT NULL,
+    status TEXT,                -- corrupt, mismatch
     PRIMARY KEY (fs, ino, digest)
+) WITHOUT ROWID;
+-- Files a scrub found gone from their tree, kept 30 days whatever becomes of the inode
+-- (`repair --missing` brings them back).
+CREATE TABLE IF NOT EXISTS {s}gone (
+    path BLOB PRIMARY KEY,
+    fs INTEGER NOT NULL,
+    ino INTEGER NOT NULL,
+    digest BLOB NOT NULL,
+    size INTEGER NOT NULL,
+    verified INTEGER,           -- when it was last proven good
+    damaged INTEGER,            -- when damage was found in it, if it was
+    at INTEGER NOT NULL         -- when it was found gone
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS {s}runs (
     id INTEGER PRIMARY KEY,
@@ -75,16 +95,23 @@ CREATE TABLE IF NOT EXISTS {s}lost (
 );
 ";
 pub(super) const INDEXES: &str = "
-CREATE INDEX IF NOT EXISTS {s}files_path ON files (path);
-CREATE INDEX IF NOT EXISTS {s}files_damaged ON files (damaged) WHERE damaged IS NOT NULL;
-CREATE INDEX IF NOT EXISTS {s}files_gone ON files (gone) WHERE gone IS NOT NULL;
+CREATE INDEX IF NOT EXISTS {s}gone_at ON gone (at);
 ";
-pub(super) const VERSION: i64 = 3;
+pub(super) const VERSION: i64 = 4;
 
 /// Brings a database of an older schema to this one. Schema 1 (before the columns existed)
 /// recorded an archived copy only at the end of its run; schema 2 kept no digest of damaged
-/// bytes and forgot files gone at once.
+/// bytes and forgot files gone at once; schema 3 kept a row a file (`files`), which schema 4
+/// packs by directory, with damage and files gone in tables of their own.
 pub(super) fn migrate(conn: &Connection) -> rusqlite::Result<()> {
+    let has_files: i64 = conn.query_row(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'files'",
+        [],
+        |r| r.get(0),
+    )?;
+    if has_files == 0 {
+        return Ok(());
+    }
     for (table, column, kind) in [
         ("files", "archived_in", "INTEGER"),
         ("runs", "copied", "INTEGER"),
@@ -100,5 +127,5 @@ pub(super) fn migrate(conn: &Connection) -> rusqlite::Result<()> {
             conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {kind}"))?;
         }
     }
-    Ok(())
+    super::dirs::convert(conn)
 }

@@ -5,10 +5,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded, unbounded};
-use rusqlite::{CachedStatement, Connection, params};
+use rusqlite::Connection;
 
+use super::dirs::Open;
 use super::locks::wait_for_locks;
-use super::rows::{Fact, Row};
+use super::rows::Row;
 
 /// Recorded rows are committed at least this often.
 pub(super) const COMMIT_EVERY: Duration = Duration::from_secs(1);
@@ -98,8 +99,12 @@ pub(super) fn serve(
 ) {
     let mut began: Option<Instant> = None;
     let mut failed: Option<rusqlite::Error> = None;
-    let end = |conn: &Connection, sql: &str| {
-        conn.execute_batch(sql).inspect_err(|_| {
+    // The directories being changed, written back before each commit.
+    let mut open = Open::default();
+    let end = |open: &mut Open, conn: &Connection| {
+        let done = open.flush(conn).and_then(|()| conn.execute_batch("COMMIT"));
+        done.inspect_err(|_| {
+            open.forget();
             let _ = conn.execute_batch("ROLLBACK");
         })
     };
@@ -112,12 +117,12 @@ pub(super) fn serve(
             Ok(batch) => batch,
             Err(RecvTimeoutError::Timeout) => {
                 began = None;
-                failed = failed.or(end(conn, "COMMIT").err());
+                failed = failed.or(end(&mut open, conn).err());
                 continue;
             }
             Err(RecvTimeoutError::Disconnected) => {
                 if began.is_some() {
-                    let _ = end(conn, "COMMIT");
+                    let _ = end(&mut open, conn);
                 }
                 return;
             }
@@ -128,14 +133,15 @@ pub(super) fn serve(
                 result = conn.execute_batch("BEGIN IMMEDIATE");
                 began = result.is_ok().then(Instant::now);
             }
-            result = result.and_then(|()| write_rows(conn, &batch.rows, batch.seen));
+            result = result.and_then(|()| open.write(conn, &batch.rows, batch.seen));
         }
         let due = batch.commit || began.is_some_and(|t| t.elapsed() >= COMMIT_EVERY);
         if result.is_err() && began.is_some() {
             let _ = conn.execute_batch("ROLLBACK");
+            open.forget();
             began = None;
         } else if due && began.take().is_some() {
-            result = end(conn, "COMMIT");
+            result = end(&mut open, conn);
         }
         if said.send(result).is_err() {
             return;
@@ -149,73 +155,4 @@ pub(super) struct Batch {
     pub(super) rows: Vec<Row>,
     pub(super) seen: Option<i64>,
     pub(super) commit: bool,
-}
-
-/// Writes `rows` (of the run `seen`), inside the writer's transaction.
-pub(super) fn write_rows(
-    conn: &Connection,
-    rows: &[Row],
-    seen: Option<i64>,
-) -> rusqlite::Result<()> {
-    // Each fact's statements, prepared once a batch: looking them up by their text for
-    // every row cost a fifth of the writer's time.
-    let mut prepared: [Option<[CachedStatement; 2]>; Fact::ALL] = Default::default();
-    // A file met under a new key or a new path no longer holds what other rows say: the
-    // rows of its inode's earlier content under the same path (re-tagged), and those of
-    // another inode that was at its path (replaced: an editor's save, a restore), unless
-    // they hold damage not dealt with (that inode may only have moved, and is reported
-    // until it is). A row of its inode's earlier content under *another* path stays, unless
-    // it is the content the file's own tag named (the file moved, then was re-tagged): the
-    // file there was deleted and its inode reused by another, and that row is all that is
-    // left of it for `--missing` (a scrub tells which: see `scrub::Plan::gone`).
-    let mut stale = conn.prepare_cached(
-        "DELETE FROM files WHERE (fs = ?1 AND ino = ?2 AND digest != ?3 \
-         AND (path = ?4 OR length(digest) <= 1 OR digest = ?5)) \
-         OR (path = ?4 AND (fs != ?1 OR ino != ?2) AND damaged IS NULL)",
-    )?;
-    let mut repaired = conn.prepare_cached(
-        "DELETE FROM files WHERE fs = ?1 AND ino = ?2 AND digest = ?3 AND ?2 != ?4",
-    )?;
-    for row in rows {
-        let [update, upsert] = match &mut prepared[row.fact as usize] {
-            Some(statements) => statements,
-            slot => {
-                let [update, upsert] = row.fact.statements();
-                slot.insert([conn.prepare_cached(update)?, conn.prepare_cached(upsert)?])
-            }
-        };
-        let (damaged, found) = match &row.damage {
-            Some((d, f)) => (Some(d.as_slice()), Some(*f)),
-            None => (None, None),
-        };
-        let all = params![
-            row.fs,
-            row.ino,
-            row.key,
-            row.path,
-            row.size,
-            seen,
-            row.t,
-            row.status,
-            damaged,
-            found,
-            row.old_ino
-        ];
-        let n = update.parameter_count();
-        if update.execute(&all[..n])? == 0 {
-            // First: a repaired file's row takes the copies of its damaged inode's.
-            let n = upsert.parameter_count();
-            upsert.execute(&all[..n])?;
-            // An untagged file's row (the empty key) stands beside none other.
-            if !row.key.is_empty() {
-                stale.execute(params![row.fs, row.ino, row.key, row.path, row.was])?;
-            }
-        }
-        if row.fact == Fact::Repaired
-            && let Some(old) = row.old_ino
-        {
-            repaired.execute(params![row.fs, old, row.key, row.ino])?;
-        }
-    }
-    Ok(())
 }

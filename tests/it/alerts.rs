@@ -200,10 +200,9 @@ fn the_alert_rules_fire_on_what_intact_writes() {
     .run();
     assert_eq!(r.code, 3, "{}", r.stderr);
     // Files last verified 50 days ago (the clock moved on; the database says when).
-    let conn = rusqlite::Connection::open(&db).unwrap();
-    conn.execute("UPDATE files SET verified = verified - 50 * 86400000", [])
-        .unwrap();
-    drop(conn);
+    db_change_entries(&db, |e| {
+        e.verified = e.verified.map(|v| v - 50 * 86_400_000)
+    });
     status(&prom("stale"));
     // A state database that cannot be read: damage unknown, never "0 damaged".
     let r = cmd!(

@@ -526,3 +526,57 @@ pub fn unit_command(unit: &str, paths: &[(&str, &Path)]) -> Vec<String> {
         })
         .collect()
 }
+
+/// The files the state database at `db` has entries for, by path (decoded as intact packs
+/// them, one value a directory).
+pub fn db_entries(db: &Path) -> Vec<(Vec<u8>, intact::state::entries::Entry)> {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    let mut stmt = conn
+        .prepare(
+            "SELECT d.path, d.entries, p.run, p.at FROM dirs d \
+             LEFT JOIN proven p ON p.path = d.path",
+        )
+        .unwrap();
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, Vec<u8>>(0)?,
+                r.get::<_, Vec<u8>>(1)?,
+                r.get::<_, Option<i64>>(2)?,
+                r.get::<_, Option<i64>>(3)?,
+            ))
+        })
+        .unwrap();
+    let mut all = Vec::new();
+    for row in rows {
+        let (dir, value, run, at) = row.unwrap();
+        let mut entries = intact::state::entries::decode(&value).expect("entries that decode");
+        if let Some(at) = at {
+            intact::state::entries::proven(&mut entries, run, at);
+        }
+        for e in entries {
+            all.push((intact::state::entries::join(&dir, &e.name), e));
+        }
+    }
+    all
+}
+
+/// Changes every entry of the state database at `db` by `f` (what tests make of time).
+pub fn db_change_entries(db: &Path, f: impl Fn(&mut intact::state::entries::Entry)) {
+    let mut dirs: std::collections::BTreeMap<Vec<u8>, Vec<_>> = Default::default();
+    for (path, mut e) in db_entries(db) {
+        f(&mut e);
+        let dir = intact::state::entries::split(&path).0.to_vec();
+        dirs.entry(dir).or_default().push(e);
+    }
+    let conn = rusqlite::Connection::open(db).unwrap();
+    // What a run proved of a directory is in its entries now.
+    conn.execute("DELETE FROM proven", []).unwrap();
+    for (dir, entries) in dirs {
+        conn.execute(
+            "UPDATE dirs SET entries = ?2 WHERE path = ?1",
+            rusqlite::params![dir, intact::state::entries::encode(&entries)],
+        )
+        .unwrap();
+    }
+}

@@ -653,11 +653,7 @@ fn changes_are_protected_first_and_budgets_keep_their_promise() {
 fn the_database_stays_bounded_without_scrubs() {
     let t = Tree::new();
     let (tree, db) = tagged_tree(&t, 10, 100);
-    let rows = || {
-        let conn = rusqlite::Connection::open(&db).unwrap();
-        conn.query_row("SELECT count(*) FROM files", [], |r| r.get::<_, i64>(0))
-            .unwrap()
-    };
+    let rows = || db_entries(&db).len() as i64;
     for round in 0..20u64 {
         for i in 0..10u64 {
             let f = tree.join(format!("f{i:02}"));

@@ -41,7 +41,10 @@ fn scrub(tree: &Path, db: &Path, extra: &[&str]) -> Json {
 
 /// Files the state database holds as verified.
 fn verified_rows(db: &Path) -> i64 {
-    db_rows(db, "SELECT count(*) FROM files WHERE verified IS NOT NULL")
+    db_entries(db)
+        .iter()
+        .filter(|(_, e)| e.verified.is_some())
+        .count() as i64
 }
 
 fn db_rows(db: &Path, sql: &str) -> i64 {
@@ -148,7 +151,7 @@ fn a_renamed_file_keeps_its_history_a_replaced_one_starts_afresh() {
     let v: serde_json::Value = serde_json::from_str(status.trim()).unwrap();
     assert_eq!(v["never_verified"], 0, "{v}");
     // The replaced file's old row was forgotten; the renamed one's stands.
-    assert_eq!(db_rows(&db, "SELECT count(*) FROM files"), 4);
+    assert_eq!(db_entries(&db).len(), 4);
     assert_eq!(verified_rows(&db), 4);
 }
 
@@ -632,4 +635,138 @@ fn a_metrics_file_inside_the_tree_is_never_a_file_of_it() {
     );
     let r = intact!("status", "--state", &db, "--metrics", &prom, &tree).expect_code(0);
     assert!(!r.stdout.contains("1 untagged"), "{}", r.stdout);
+}
+
+/// A state database of schema 3 (a row a file), as intact wrote it before, is taken up by the
+/// next run in one migration: its damage is still damage (`status` reads no data and says it,
+/// exit 1), its file found gone is still listed, and its history still dates the files (none
+/// "never verified"); a scrub then goes on from it.
+#[test]
+fn a_schema_3_database_keeps_its_damage_deletions_and_history() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 3, 1_000);
+    let fsid = rustix::fs::statvfs(&tree).unwrap().f_fsid as i64;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let day = 86_400_000i64;
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch(
+        "CREATE TABLE files (fs INTEGER NOT NULL, ino INTEGER NOT NULL, digest BLOB NOT NULL, \
+         path BLOB NOT NULL, size INTEGER NOT NULL, verified INTEGER, checked INTEGER, \
+         status TEXT, damaged INTEGER, protected INTEGER, archived INTEGER, \
+         archived_in INTEGER, seen INTEGER, damaged_digest BLOB, gone INTEGER, \
+         PRIMARY KEY (fs, ino, digest)) WITHOUT ROWID;
+         CREATE INDEX files_path ON files (path);
+         CREATE INDEX files_damaged ON files (damaged) WHERE damaged IS NOT NULL;
+         CREATE INDEX files_gone ON files (gone) WHERE gone IS NOT NULL;
+         CREATE TABLE runs (id INTEGER PRIMARY KEY, verb TEXT NOT NULL, roots BLOB NOT NULL, \
+         started INTEGER NOT NULL, ended INTEGER, files INTEGER, bytes INTEGER, seconds REAL, \
+         exit_code INTEGER, copied INTEGER);
+         CREATE TABLE cycles (root BLOB PRIMARY KEY, started INTEGER NOT NULL);
+         CREATE TABLE lost (at INTEGER NOT NULL, aside BLOB, why TEXT);
+         PRAGMA user_version = 3;",
+    )
+    .unwrap();
+    let files: Vec<PathBuf> = (0..3).map(|i| tree.join(format!("d{i}/f{i:03}"))).collect();
+    let damaged = &files[0];
+    flip_byte(damaged, 10);
+    for f in &files {
+        let mut key = vec![0u8];
+        key.extend(intact_tag(f).digest);
+        let found = (f == damaged).then_some(now - day);
+        conn.execute(
+            "INSERT INTO files (fs, ino, digest, path, size, verified, checked, status, \
+             damaged, damaged_digest, seen) VALUES (?1, ?2, ?3, ?4, 1000, ?5, ?6, ?7, ?8, \
+             ?9, 1)",
+            rusqlite::params![
+                fsid,
+                fs::metadata(f).unwrap().ino() as i64,
+                key,
+                f.as_os_str().as_encoded_bytes(),
+                now - 3 * day,
+                found.unwrap_or(now - 3 * day),
+                if found.is_some() { "corrupt" } else { "ok" },
+                found,
+                found.map(|_| vec![0u8; 33]),
+            ],
+        )
+        .unwrap();
+    }
+    let gone = tree.join("d1/deleted.jpg");
+    conn.execute(
+        "INSERT INTO files (fs, ino, digest, path, size, verified, checked, status, gone) \
+         VALUES (?1, 999999, ?2, ?3, 10, ?4, ?4, 'ok', ?5)",
+        rusqlite::params![
+            fsid,
+            [0u8; 33].to_vec(),
+            gone.as_os_str().as_encoded_bytes(),
+            now - 5 * day,
+            now - 2 * day
+        ],
+    )
+    .unwrap();
+    drop(conn);
+    let status = intact!("status", "--json", "--state", db, tree).expect_code(1);
+    let v: serde_json::Value = serde_json::from_str(status.stdout.trim()).unwrap();
+    let damage = v["overview"]["damage"].as_array().unwrap();
+    assert_eq!(damage.len(), 1, "{v}");
+    assert!(
+        damage[0]["path"].as_str().unwrap().ends_with("d0/f000"),
+        "{v}"
+    );
+    assert_eq!(v["never_verified"], 0, "{v}");
+    let removed = v["removed"].as_array().unwrap();
+    assert_eq!(removed.len(), 1, "{v}");
+    assert!(
+        removed[0]["path"]
+            .as_str()
+            .unwrap()
+            .ends_with("deleted.jpg"),
+        "{v}"
+    );
+    let version: i64 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 4);
+    // A scrub finds the damage again, and what the database knew stands after it.
+    let r = cmd!("scrub", "--json", "--state", db, tree)
+        .run()
+        .expect_code(1);
+    assert_eq!(r.json().count("corrupt"), 1);
+    let v = status_json(&db, &tree);
+    assert_eq!(v["removed"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v["overview"]["damage"].as_array().unwrap().len(), 1, "{v}");
+}
+
+fn status_json(db: &Path, tree: &Path) -> serde_json::Value {
+    let out = intact!("status", "--json", "--state", db, tree).stdout;
+    serde_json::from_str(out.trim()).unwrap()
+}
+
+/// A file moved to another folder keeps its history: `status` knows it as verified before
+/// any run has seen it there, and a scrub moves its entry where it is now (the database does
+/// not keep it twice, nor call it deleted).
+#[test]
+fn a_moved_file_keeps_its_history() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 6, 1_000);
+    intact!("scrub", "-q", "--state", &db, &tree).expect_code(0);
+    fs::rename(tree.join("d0/f000"), tree.join("d1/moved")).unwrap();
+    let v = status_json(&db, &tree);
+    assert_eq!(v["never_verified"], 0, "{v}");
+    assert_eq!(v["removed"].as_array().unwrap().len(), 0, "{v}");
+    let r = scrub(&tree, &db, &["--max-percent", "1"]);
+    assert_eq!(r.summary["removed"], 0, "{}", r.summary);
+    let entries = db_entries(&db);
+    assert_eq!(entries.len(), 6, "{entries:?}");
+    let moved: Vec<_> = entries
+        .iter()
+        .filter(|(p, _)| p.ends_with(b"d1/moved"))
+        .collect();
+    assert_eq!(moved.len(), 1, "{entries:?}");
+    assert!(moved[0].1.verified.is_some());
+    assert!(!entries.iter().any(|(p, _)| p.ends_with(b"d0/f000")));
 }

@@ -1,0 +1,746 @@
+//! The directories' values: read, changed by what a run recorded, written back once; and
+//! laid out as rows (one a file, schema 3's shape) for the queries that read many files at
+//! once (a scrub's plan, `status`, a repair's known damage).
+
+use std::collections::{HashMap, HashSet};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::entries::{Entry, bytes, decode, encode, find, join, proven, split};
+use super::paths::{absolute, under};
+use super::rows::{Fact, Row};
+
+/// The entries of the directory `dir` (none if it has no value, or one that does not decode:
+/// a cache loses only its schedule), with what a run that proved them all good since says.
+pub(crate) fn load(conn: &Connection, from: &str, dir: &[u8]) -> rusqlite::Result<Vec<Entry>> {
+    let value: Option<(Vec<u8>, Option<i64>, Option<i64>)> = conn
+        .prepare_cached(&format!(
+            "SELECT d.entries, p.run, p.at FROM {from}dirs d LEFT JOIN {from}proven p \
+             ON p.path = d.path WHERE d.path = ?1"
+        ))?
+        .query_row([dir], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?;
+    let Some((value, run, at)) = value else {
+        return Ok(Vec::new());
+    };
+    let mut entries = decode(&value).unwrap_or_default();
+    if let Some(at) = at {
+        proven(&mut entries, run, at);
+    }
+    Ok(entries)
+}
+
+/// Writes the entries of `dir` (removes its value if there are none): what they say stands
+/// alone, so a run that proved them good before is forgotten.
+pub(crate) fn store(
+    conn: &Connection,
+    from: &str,
+    dir: &[u8],
+    entries: &[Entry],
+) -> rusqlite::Result<()> {
+    if entries.is_empty() {
+        conn.prepare_cached(&format!("DELETE FROM {from}dirs WHERE path = ?1"))?
+            .execute([dir])?;
+    } else {
+        conn.prepare_cached(&format!(
+            "INSERT INTO {from}dirs (path, entries) VALUES (?1, ?2) \
+             ON CONFLICT DO UPDATE SET entries = excluded.entries"
+        ))?
+        .execute(params![dir, encode(entries)])?;
+    }
+    conn.prepare_cached(&format!("DELETE FROM {from}proven WHERE path = ?1"))?
+        .execute([dir])?;
+    Ok(())
+}
+
+/// Removes the entry of the file at `path` if it is still the one of `(fs, ino, key)`, and
+/// returns it.
+pub(crate) fn forget(
+    conn: &Connection,
+    from: &str,
+    path: &[u8],
+    (fs, ino, key): (i64, i64, &[u8]),
+) -> rusqlite::Result<Option<Entry>> {
+    let (dir, name) = split(path);
+    let mut entries = load(conn, from, dir)?;
+    let Ok(at) = find(&entries, name) else {
+        return Ok(None);
+    };
+    let e = &entries[at];
+    if (e.fs, e.ino, e.key.as_slice()) != (fs, ino, key) {
+        return Ok(None);
+    }
+    let e = entries.remove(at);
+    store(conn, from, dir, &entries)?;
+    Ok(Some(e))
+}
+
+/// Puts `entry` at `path` (a file found moved there), unless an entry is there already; then
+/// that one keeps what it knows, and takes the moved one's copies where it has none.
+pub(crate) fn settle_moved(
+    conn: &Connection,
+    from: &str,
+    path: &[u8],
+    mut entry: Entry,
+) -> rusqlite::Result<()> {
+    let (dir, name) = split(path);
+    let mut entries = load(conn, from, dir)?;
+    match find(&entries, name) {
+        Ok(at) => {
+            let e = &mut entries[at];
+            if (e.fs, e.ino, &e.key) != (entry.fs, entry.ino, &entry.key) {
+                return Ok(());
+            }
+            e.protected = e.protected.or(entry.protected);
+            if e.archived.is_none() && e.archived_in.is_none() {
+                (e.archived, e.archived_in) = (entry.archived, entry.archived_in);
+            }
+            e.verified = e.verified.max(entry.verified);
+        }
+        Err(at) => {
+            entry.name = name.to_vec();
+            entries.insert(at, entry);
+        }
+    }
+    store(conn, from, dir, &entries)
+}
+
+/// A file as damage knows it: file system, inode, the digest key of its tag.
+type FileKey = (i64, i64, Vec<u8>);
+
+/// What the writer holds of the directories it is changing, in one transaction: each
+/// directory's entries read once and written once (rows come in walk order, so a directory's
+/// files come together), the damage known, and which runs' archives are durable.
+#[derive(Default)]
+pub(super) struct Open {
+    dirs: HashMap<Vec<u8>, Held>,
+    /// The directory of the last row: left open for the next batch, which likely goes on
+    /// with it.
+    last: Vec<u8>,
+    /// The damage rows (their path by key), read when the transaction began.
+    damage: Option<HashMap<FileKey, Vec<u8>>>,
+    copied: HashMap<i64, Option<i64>>,
+}
+
+impl Open {
+    /// Applies `rows` (of the run `seen`).
+    pub(super) fn write(
+        &mut self,
+        conn: &Connection,
+        rows: &[Row],
+        seen: Option<i64>,
+    ) -> rusqlite::Result<()> {
+        if self.damage.is_none() {
+            let mut stmt = conn.prepare_cached("SELECT fs, ino, digest, path FROM damage")?;
+            let keys = stmt
+                .query_map([], |r| Ok(((r.get(0)?, r.get(1)?, r.get(2)?), r.get(3)?)))?
+                .collect::<rusqlite::Result<_>>()?;
+            self.damage = Some(keys);
+        }
+        for row in rows {
+            let (dir, name) = split(&row.path);
+            if dir != self.last.as_slice() {
+                self.last = dir.to_vec();
+            }
+            let held = match self.dirs.get_mut(dir) {
+                Some(held) => held,
+                None => {
+                    let entries = load(conn, "", dir)?;
+                    let held = Held {
+                        proven: vec![None; entries.len()],
+                        entries,
+                        added: std::collections::BTreeMap::new(),
+                        only_proven: true,
+                        run: seen,
+                        at: row.t,
+                    };
+                    self.dirs.entry(dir.to_vec()).or_insert(held)
+                }
+            };
+            held.at = held.at.max(row.t);
+            let entries = &mut held.entries;
+            let found = find(entries, name);
+            // Proven good, the same file under the same tag and size as its entry says.
+            let same =
+                |e: &Entry| (e.fs, e.ino, &e.key, e.size) == (row.fs, row.ino, &row.key, row.size);
+            match found {
+                // Marked only, while every row of the directory is such a proof (the common
+                // case, and what costs a check of many small files).
+                Ok(at)
+                    if held.only_proven
+                        && row.fact == Fact::Verified
+                        && row.status == "ok"
+                        && row.was.is_none()
+                        && same(&entries[at]) =>
+                {
+                    held.proven[at] = Some(row.t);
+                    self.damage(conn, row)?;
+                    continue;
+                }
+                _ => held.settle(seen),
+            }
+            // A name new to the directory waits beside its entries, which stay sorted for
+            // the lookups (inserting each in place moved the others: a first tag of folders
+            // of 1,000 files took twice as long).
+            let e = match found {
+                Ok(at) => &mut held.entries[at],
+                Err(_) => held
+                    .added
+                    .entry(name.to_vec())
+                    .or_insert_with(|| fresh(name, row)),
+            };
+            let archived = match (row.fact, e.archived_in) {
+                (Fact::Archived | Fact::VerifiedArchived, Some(run)) => {
+                    copied(conn, &mut self.copied, run)?
+                }
+                _ => None,
+            };
+            apply(e, row, seen, archived);
+            self.damage(conn, row)?;
+        }
+        // Directories the walk has left are done with: written now, so that what the writer
+        // holds stays about a batch.
+        let last = &self.last;
+        let done: Vec<Vec<u8>> = self.dirs.keys().filter(|d| *d != last).cloned().collect();
+        for dir in done {
+            if let Some(held) = self.dirs.remove(&dir) {
+                held.write(conn, &dir)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps the damage table as `row` says: damage found, or ended.
+    fn damage(&mut self, conn: &Connection, row: &Row) -> rusqlite::Result<()> {
+        let known = self.damage.get_or_insert_with(HashMap::new);
+        match (row.fact, &row.damage) {
+            (Fact::Damaged, Some((damaged, found))) => {
+                conn.prepare_cached(
+                    "INSERT INTO damage (fs, ino, digest, path, damaged_digest, found, status) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT DO UPDATE SET path = ?4, \
+                     damaged_digest = ?5, status = ?7",
+                )?
+                .execute(params![
+                    row.fs, row.ino, row.key, row.path, damaged, found, row.status
+                ])?;
+                known.insert((row.fs, row.ino, row.key.clone()), row.path.clone());
+            }
+            // Damage ends when the file is proven good, edited, repaired, or re-tagged where
+            // it was found (damage accepted).
+            (Fact::Verified | Fact::VerifiedArchived | Fact::Edited | Fact::Repaired, _) => {
+                let inodes = [
+                    Some(row.ino),
+                    row.old_ino.filter(|_| row.fact == Fact::Repaired),
+                ];
+                let ended: Vec<FileKey> = known
+                    .iter()
+                    .filter(|((fs, ino, key), path)| {
+                        *fs == row.fs
+                            && inodes.contains(&Some(*ino))
+                            && (*key == row.key || **path == row.path)
+                    })
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for key in ended {
+                    known.remove(&key);
+                    conn.prepare_cached(
+                        "DELETE FROM damage WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
+                    )?
+                    .execute(params![key.0, key.1, key.2])?;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Writes every directory still held; the transaction can commit.
+    pub(super) fn flush(&mut self, conn: &Connection) -> rusqlite::Result<()> {
+        for (dir, held) in self.dirs.drain() {
+            held.write(conn, &dir)?;
+        }
+        self.forget();
+        Ok(())
+    }
+
+    /// Forgets what it held (the transaction ended: committed, or rolled back).
+    pub(super) fn forget(&mut self) {
+        self.dirs.clear();
+        self.damage = None;
+        self.copied.clear();
+    }
+}
+
+/// A directory being changed.
+struct Held {
+    entries: Vec<Entry>,
+    /// When this transaction proved each entry good, unchanged (not yet in the entry).
+    proven: Vec<Option<i64>>,
+    /// Entries of names new to the directory.
+    added: std::collections::BTreeMap<Vec<u8>, Entry>,
+    /// Whether every row so far only proved an entry good, unchanged: then, if every entry
+    /// was, the directory is recorded as proven (one small row), its entries left as they
+    /// are.
+    only_proven: bool,
+    /// The run, and the time of the latest row.
+    run: Option<i64>,
+    at: i64,
+}
+
+impl Held {
+    /// Puts the proofs marked so far into the entries: they are to be written.
+    fn settle(&mut self, seen: Option<i64>) {
+        if !self.only_proven {
+            return;
+        }
+        self.only_proven = false;
+        for (e, t) in self.entries.iter_mut().zip(&self.proven) {
+            if let Some(t) = *t {
+                (e.verified, e.checked, e.seen) = (Some(t), Some(t), seen);
+                if e.status != "ok" {
+                    e.status = "ok".into();
+                }
+            }
+        }
+    }
+
+    fn write(mut self, conn: &Connection, dir: &[u8]) -> rusqlite::Result<()> {
+        if self.only_proven && self.proven.iter().all(Option::is_some) {
+            conn.prepare_cached(
+                "INSERT OR REPLACE INTO proven (path, run, at) VALUES (?1, ?2, ?3)",
+            )?
+            .execute(params![dir, self.run, self.at])?;
+            return Ok(());
+        }
+        self.settle(self.run);
+        if !self.added.is_empty() {
+            self.entries
+                .extend(std::mem::take(&mut self.added).into_values());
+            self.entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        }
+        store(conn, "", dir, &self.entries)
+    }
+}
+
+/// When the archive of `run` became durable, if it did.
+fn copied(
+    conn: &Connection,
+    cache: &mut HashMap<i64, Option<i64>>,
+    run: i64,
+) -> rusqlite::Result<Option<i64>> {
+    if let Some(&c) = cache.get(&run) {
+        return Ok(c);
+    }
+    let c: Option<i64> = conn
+        .prepare_cached("SELECT copied FROM runs WHERE id = ?1")?
+        .query_row([run], |r| r.get(0))
+        .optional()?
+        .flatten();
+    cache.insert(run, c);
+    Ok(c)
+}
+
+/// Records `row` in the entry of its file's name `e` (a fresh one if there was none), of the
+/// run `seen`; `copied`: when the archive the entry last named became durable. A file under
+/// a new inode or a new tag replaces the entry of its name (a re-tag, an editor's save, a
+/// restore), keeping nothing of it but, for a repair, the copies (the same content).
+pub(super) fn apply(e: &mut Entry, row: &Row, seen: Option<i64>, copied: Option<i64>) {
+    if (e.fs, e.ino, &e.key) != (row.fs, row.ino, &row.key) {
+        let same_content = row.fact == Fact::Repaired
+            && Some(e.ino) == row.old_ino
+            && (e.fs, &e.key) == (row.fs, &row.key);
+        let kept = same_content.then(|| {
+            (
+                e.protected,
+                e.archived.or_else(|| e.archived_in.and(copied)),
+                e.archived_in,
+            )
+        });
+        let name = std::mem::take(&mut e.name);
+        *e = fresh(&name, row);
+        if let Some((protected, archived, archived_in)) = kept {
+            (e.protected, e.archived, e.archived_in) = (protected, archived, archived_in);
+        }
+    }
+    e.size = row.size;
+    e.seen = seen;
+    if let Some(was) = &row.was {
+        e.was = was.clone();
+    }
+    let t = Some(row.t);
+    let verdict = |e: &mut Entry| {
+        e.checked = t;
+        if e.status != row.status {
+            e.status = row.status.to_string();
+        }
+    };
+    match row.fact {
+        Fact::Verified | Fact::VerifiedArchived => {
+            verdict(e);
+            e.verified = t;
+        }
+        Fact::Repaired => {
+            e.verified = t;
+            e.checked = t;
+            e.status = "repaired".into();
+        }
+        Fact::Damaged | Fact::Edited | Fact::Judged => verdict(e),
+        Fact::Protected => e.protected = t,
+        Fact::Archived => {}
+    }
+    if matches!(row.fact, Fact::Archived | Fact::VerifiedArchived) {
+        // This run's archive stands once its copies are durable; the one the file was last
+        // archived in before, if that one's are, is its latest copy till then.
+        e.archived = copied.or(e.archived);
+        e.archived_in = seen;
+    }
+}
+
+fn fresh(name: &[u8], row: &Row) -> Entry {
+    Entry {
+        name: name.to_vec(),
+        fs: row.fs,
+        ino: row.ino,
+        key: row.key.clone(),
+        ..Entry::default()
+    }
+}
+
+/// The roots of which none is under another (a file under two roots is one file).
+fn outermost(roots: &[PathBuf]) -> Vec<PathBuf> {
+    let all: Vec<PathBuf> = roots.iter().map(|r| absolute(r)).collect();
+    let mut kept: Vec<PathBuf> = Vec::new();
+    for (i, r) in all.iter().enumerate() {
+        let inside = all
+            .iter()
+            .enumerate()
+            .any(|(j, o)| (r != o && r.starts_with(o)) || (r == o && j < i));
+        if !inside {
+            kept.push(r.clone());
+        }
+    }
+    kept
+}
+
+/// The columns of a file's row in [`lay_out`]'s table (schema 3's `files`).
+const COLUMNS: &str = "fs INTEGER, ino INTEGER, digest BLOB, path BLOB, size INTEGER, \
+    verified INTEGER, checked INTEGER, status TEXT, damaged INTEGER, protected INTEGER, \
+    archived INTEGER, archived_in INTEGER, seen INTEGER, damaged_digest BLOB, gone INTEGER, \
+    dup INTEGER, was BLOB";
+
+/// Lays out what the database (its tables in the schema `from` names) knows under `roots` as
+/// rows of the table `name` in the schema `into` (made anew), one a file: entries, files
+/// gone, and damage whose file has no entry (it was replaced or moved). Returns the number of
+/// rows.
+pub(crate) fn lay_out(
+    conn: &Connection,
+    from: &str,
+    (into, name): (&str, &str),
+    roots: &[PathBuf],
+) -> rusqlite::Result<u64> {
+    conn.execute_batch(&format!(
+        "DROP TABLE IF EXISTS {into}.{name}; CREATE TABLE {into}.{name} ({COLUMNS});"
+    ))?;
+    type Damage = (Vec<u8>, Option<Vec<u8>>, i64, Option<String>);
+    let mut damage: HashMap<FileKey, Damage> = HashMap::new();
+    {
+        let mut stmt = conn.prepare(&format!(
+            "SELECT fs, ino, digest, path, damaged_digest, found, status FROM {from}damage"
+        ))?;
+        let mut rows = stmt.query([])?;
+        while let Some(r) = rows.next()? {
+            damage.insert(
+                (r.get(0)?, r.get(1)?, r.get(2)?),
+                (r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?),
+            );
+        }
+    }
+    let tx = conn.unchecked_transaction()?;
+    let mut n = 0u64;
+    {
+        let mut insert = tx.prepare(&format!(
+            "INSERT INTO {into}.{name} (fs, ino, digest, path, size, verified, checked, status, \
+             damaged, protected, archived, archived_in, seen, damaged_digest, gone, was) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
+        ))?;
+        let mut dirs = tx.prepare(&format!(
+            "SELECT d.path, d.entries, p.run, p.at FROM {from}dirs d \
+             LEFT JOIN {from}proven p ON p.path = d.path \
+             WHERE (d.path >= ?1 AND d.path < ?2) OR d.path = ?3 OR d.path = ?4"
+        ))?;
+        let mut gone = tx.prepare(&format!(
+            "SELECT path, fs, ino, digest, size, verified, damaged, at FROM {from}gone \
+             WHERE (path >= ?1 AND path < ?2) OR path = ?3"
+        ))?;
+        let mut used: HashSet<FileKey> = HashSet::new();
+        let roots = outermost(roots);
+        let ranges: Vec<_> = roots.iter().map(|r| under(r)).collect();
+        let inside = |path: &[u8]| {
+            ranges.iter().any(|(low, high, exact)| {
+                path == exact.as_slice() || (path >= &low[..] && path < &high[..])
+            })
+        };
+        for (low, high, exact) in &ranges {
+            let parent = split(exact).0.to_vec();
+            let mut rows = dirs.query(params![low, high, exact, parent])?;
+            while let Some(r) = rows.next()? {
+                let dir: Vec<u8> = r.get(0)?;
+                let value: Vec<u8> = r.get(1)?;
+                let mut entries = decode(&value).unwrap_or_default();
+                if let Some(at) = r.get::<_, Option<i64>>(3)? {
+                    proven(&mut entries, r.get(2)?, at);
+                }
+                for e in entries {
+                    let path = join(&dir, &e.name);
+                    let in_this = path == *exact || (path >= *low && path < *high);
+                    if !in_this {
+                        continue;
+                    }
+                    let key = (e.fs, e.ino, e.key);
+                    let d = damage.get(&key);
+                    if d.is_some() {
+                        used.insert(key.clone());
+                    }
+                    insert.execute(params![
+                        key.0,
+                        key.1,
+                        key.2,
+                        path,
+                        e.size,
+                        e.verified,
+                        e.checked,
+                        e.status,
+                        d.map(|d| d.2),
+                        e.protected,
+                        e.archived,
+                        e.archived_in,
+                        e.seen,
+                        d.and_then(|d| d.1.clone()),
+                        None::<i64>,
+                        (!e.was.is_empty()).then_some(e.was)
+                    ])?;
+                    n += 1;
+                }
+            }
+            let mut rows = gone.query(params![low, high, exact])?;
+            while let Some(r) = rows.next()? {
+                let (path, fs, ino, key, size): (Vec<u8>, i64, i64, Vec<u8>, i64) =
+                    (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?);
+                let (verified, damaged, at): (Option<i64>, Option<i64>, i64) =
+                    (r.get(5)?, r.get(6)?, r.get(7)?);
+                insert.execute(params![
+                    fs,
+                    ino,
+                    key,
+                    path,
+                    size,
+                    verified,
+                    None::<i64>,
+                    None::<String>,
+                    damaged,
+                    None::<i64>,
+                    None::<i64>,
+                    None::<i64>,
+                    None::<i64>,
+                    None::<Vec<u8>>,
+                    at,
+                    None::<Vec<u8>>
+                ])?;
+                n += 1;
+            }
+        }
+        for (key, (path, damaged_digest, found, status)) in &damage {
+            if used.contains(key) || !inside(path) {
+                continue;
+            }
+            let size = std::fs::symlink_metadata(std::ffi::OsStr::from_bytes(path))
+                .map_or(0, |m| m.len() as i64);
+            insert.execute(params![
+                key.0,
+                key.1,
+                key.2,
+                path,
+                size,
+                None::<i64>,
+                found,
+                status,
+                found,
+                None::<i64>,
+                None::<i64>,
+                None::<i64>,
+                None::<i64>,
+                damaged_digest,
+                None::<i64>,
+                None::<Vec<u8>>
+            ])?;
+            n += 1;
+        }
+    }
+    tx.commit()?;
+    conn.execute_batch(&format!(
+        "CREATE INDEX {into}.{name}_key ON {name} (fs, ino, digest); \
+         CREATE INDEX {into}.{name}_path ON {name} (path);"
+    ))?;
+    // Two entries of one file: a file moved and recorded under its new name, whose old
+    // entry a scrub has not settled yet, or a second name of it (a hard link). The one seen
+    // last stands for it; the other is marked `dup`. Most trees have none: counted first
+    // (a walk of the index), the ranking only then.
+    let dups: i64 = conn.query_row(
+        &format!(
+            "SELECT count(*) FROM (SELECT 1 FROM {into}.{name} WHERE gone IS NULL \
+             GROUP BY fs, ino, digest HAVING count(*) > 1)"
+        ),
+        [],
+        |r| r.get(0),
+    )?;
+    if dups > 0 {
+        conn.execute_batch(&format!(
+            "UPDATE {into}.{name} SET dup = 1 WHERE rowid IN (SELECT rowid FROM (SELECT \
+             rowid, row_number() OVER (PARTITION BY fs, ino, digest ORDER BY \
+             coalesce(seen, 0) DESC, coalesce(checked, 0) DESC, rowid DESC) AS n \
+             FROM {into}.{name} WHERE gone IS NULL) WHERE n > 1)"
+        ))?;
+    }
+    Ok(n)
+}
+
+/// Brings schema 3's `files` into directories' values, damage and files gone, and drops it.
+/// In bounded memory: the directories gathered are merged into what is stored every so many
+/// files (rows come by path, and a directory's files are not all together in that order).
+pub(super) fn convert(conn: &Connection) -> rusqlite::Result<()> {
+    const HELD: usize = 100_000;
+    let mut stmt = conn.prepare(
+        "SELECT fs, ino, digest, path, size, verified, checked, status, damaged, protected, \
+         archived, archived_in, seen, damaged_digest, gone FROM files ORDER BY path",
+    )?;
+    let mut rows = stmt.query([])?;
+    let mut held: HashMap<Vec<u8>, Vec<Entry>> = HashMap::new();
+    let mut count = 0;
+    let merge = |held: &mut HashMap<Vec<u8>, Vec<Entry>>| -> rusqlite::Result<()> {
+        for (dir, new) in held.drain() {
+            let mut entries = load(conn, "", &dir)?;
+            for e in new {
+                match find(&entries, &e.name) {
+                    // Two rows under one name (a damaged file replaced): the later seen.
+                    Ok(at)
+                        if entries[at].seen.max(entries[at].checked) >= e.seen.max(e.checked) => {}
+                    Ok(at) => entries[at] = e,
+                    Err(at) => entries.insert(at, e),
+                }
+            }
+            store(conn, "", &dir, &entries)?;
+        }
+        Ok(())
+    };
+    while let Some(r) = rows.next()? {
+        let (fs, ino, key, path): (i64, i64, Vec<u8>, Vec<u8>) =
+            (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?);
+        let (damaged, gone): (Option<i64>, Option<i64>) = (r.get(8)?, r.get(14)?);
+        if let Some(found) = damaged {
+            conn.execute(
+                "INSERT OR IGNORE INTO damage (fs, ino, digest, path, damaged_digest, found, \
+                 status) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    fs,
+                    ino,
+                    key,
+                    path,
+                    r.get::<_, Option<Vec<u8>>>(13)?,
+                    found,
+                    r.get::<_, Option<String>>(7)?
+                ],
+            )?;
+        }
+        if let Some(at) = gone {
+            conn.execute(
+                "INSERT INTO gone (path, fs, ino, digest, size, verified, damaged, at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO UPDATE SET fs = ?2, \
+                 ino = ?3, digest = ?4, size = ?5, verified = ?6, damaged = ?7, at = ?8 \
+                 WHERE at < ?8",
+                params![
+                    path,
+                    fs,
+                    ino,
+                    key,
+                    r.get::<_, i64>(4)?,
+                    r.get::<_, Option<i64>>(5)?,
+                    damaged,
+                    at
+                ],
+            )?;
+            continue;
+        }
+        let (dir, name) = split(&path);
+        held.entry(dir.to_vec()).or_default().push(Entry {
+            name: name.to_vec(),
+            fs,
+            ino,
+            key,
+            size: r.get(4)?,
+            verified: r.get(5)?,
+            checked: r.get(6)?,
+            status: r.get::<_, Option<String>>(7)?.unwrap_or_default(),
+            protected: r.get(9)?,
+            archived: r.get(10)?,
+            archived_in: r.get(11)?,
+            seen: r.get(12)?,
+            was: Vec::new(),
+        });
+        count += 1;
+        if count % HELD == 0 {
+            merge(&mut held)?;
+        }
+    }
+    drop(rows);
+    drop(stmt);
+    merge(&mut held)?;
+    conn.execute_batch("DROP TABLE files")
+}
+
+/// Every entry of the database, each with its directory, changed by `f` where it says so
+/// (returns true); the directories changed are written back.
+pub(super) fn rewrite_all(
+    conn: &Connection,
+    mut f: impl FnMut(&mut Entry) -> bool,
+) -> rusqlite::Result<()> {
+    let mut changed = Vec::new();
+    {
+        let mut stmt = conn.prepare(
+            "SELECT d.path, d.entries, p.run, p.at FROM dirs d \
+             LEFT JOIN proven p ON p.path = d.path",
+        )?;
+        let mut rows = stmt.query([])?;
+        while let Some(r) = rows.next()? {
+            let Some(mut entries) = decode(&r.get::<_, Vec<u8>>(1)?) else {
+                continue;
+            };
+            if let Some(at) = r.get::<_, Option<i64>>(3)? {
+                proven(&mut entries, r.get(2)?, at);
+            }
+            let mut any = false;
+            for e in &mut entries {
+                any |= f(e);
+            }
+            if any {
+                changed.push((r.get::<_, Vec<u8>>(0)?, entries));
+            }
+        }
+    }
+    for (dir, entries) in changed {
+        store(conn, "", &dir, &entries)?;
+    }
+    Ok(())
+}
+
+/// The entry of the file at `path`, if the database has one.
+pub(crate) fn entry_at(
+    conn: &Connection,
+    from: &str,
+    path: &std::path::Path,
+) -> rusqlite::Result<Option<Entry>> {
+    let (dir, name) = split(bytes(path));
+    let entries = load(conn, from, dir)?;
+    Ok(find(&entries, name).ok().map(|at| entries[at].clone()))
+}
