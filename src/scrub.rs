@@ -1,9 +1,9 @@
 //! Planning scrubs and overviews: which files are due, least recently verified first.
 //!
 //! A plan walks the trees reading tags and metadata only (no file data), puts one row per
-//! regular file in a temporary SQLite table, and lets SQLite join it with the state database
-//! and sort it: on disk, not in memory, so a tree of ten million files plans in the memory of
-//! a tree of ten. The scrub then streams the sorted queue, a page at a time, into the engine.
+//! regular file in a temporary SQLite table, with what the state database knows of it (each
+//! directory's entries read as the walk enters it), and lets SQLite sort it: on disk, not in
+//! memory, so a tree of ten million files plans in the memory of a tree of ten. The scrub then streams the sorted queue, a page at a time, into the engine.
 //!
 //! A cycle is the time it takes to look at every tagged file once: verify it, or find it
 //! damaged, edited or unreadable (each a verdict, recorded as `checked`). The plan remembers
@@ -115,7 +115,7 @@ fn elsewhere(path: &Path, fs: i64) -> Option<PathBuf> {
 /// How long a file found gone from its tree is remembered (and shown by `status`).
 pub const GONE_KEPT: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
 
-/// A planned walk: the files under the roots in a temporary table, joined with the state.
+/// A planned walk: the files under the roots in a temporary table, with what the state knows.
 pub struct Plan {
     conn: Arc<Mutex<Connection>>,
     /// The roots' key for their cycle: their absolute paths.

@@ -3,9 +3,12 @@
 //! tags on the files are. Losing it loses only the schedule; a database that cannot be read
 //! is moved aside and rebuilt, and the run verifies as it would without it.
 //!
-//! A file is known by (file system, inode, digest): a renamed or moved file keeps its
-//! history, a replaced or re-tagged one starts afresh. The path is kept for reports only.
-//! SQLite in WAL mode: other runs and `sqlite3` can read while a run writes; writes are
+//! A file is filed under its directory and name: a directory's files are one value, their
+//! entries packed ([`entries`]), read and written once per directory a run records, and a
+//! directory whose files were all proven good, unchanged, is one small row (`proven`). An
+//! entry keeps the file's file system, inode and digest: a file moved keeps its history (a
+//! scrub finds it where it went), a replaced or re-tagged one starts afresh. Damage not dealt
+//! with and files gone are tables of their own. SQLite in WAL mode: other runs and `sqlite3` can read while a run writes; writes are
 //! committed at least every second, so an interrupted run keeps what it recorded, and a
 //! second writer waits for the first ([`LOCK_WAIT`] at most, giving up at once when the run
 //! is interrupted) rather than failing. A file archived is recorded with the run that archived
@@ -15,8 +18,8 @@
 //! Damage is remembered with the digest of the damaged bytes, so that the same bytes found
 //! again under a moved mtime stay damage ([`crate::core::classify::since_damage`]); a
 //! database found damaged and rebuilt says so (`lost`) until every file has been checked
-//! again. It stays bounded: a file re-tagged or replaced leaves no row of its old content,
-//! and only the latest runs are kept.
+//! again. It stays bounded: a file re-tagged or replaced leaves no entry of its old content,
+//! files gone are forgotten after 30 days, and only the latest runs are kept.
 
 use std::io;
 use std::os::unix::ffi::OsStringExt;
