@@ -5,7 +5,7 @@
 //!
 //! An entry is its name's length (u16) and name, then fixed fields, little-endian: file
 //! system, inode, the digest key's length (u8) and key, size, then verified, checked,
-//! protected, archived, archived_in and seen (i64 each, [`NONE`] for none), and the last
+//! protected, archived, archived_in and seen (i64 each, i64::MIN for none), and the last
 //! verdict's length (u8) and name, and the key of the tag before the last re-tag (u8 length,
 //! then the key; none mostly). Times are Unix milliseconds.
 

@@ -153,7 +153,7 @@ impl Lookup {
     }
 
     /// After the walk: the entries it did not meet, in the directory it was in last and in
-    /// the directories under `ranges` (see [`super::under`]) it never entered (deleted,
+    /// the directories under `ranges` (the ranges of paths under the roots) it never entered (deleted,
     /// excluded, unreadable, on a disk not mounted).
     pub fn finish(
         &mut self,
