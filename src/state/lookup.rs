@@ -153,8 +153,8 @@ impl Lookup {
     }
 
     /// After the walk: the entries it did not meet, in the directory it was in last and in
-    /// the directories under `ranges` (the ranges of paths under the roots) it never entered (deleted,
-    /// excluded, unreadable, on a disk not mounted).
+    /// the directories under `ranges` (the roots' ranges of paths) it never entered
+    /// (deleted, excluded, unreadable, on a disk not mounted).
     pub fn finish(
         &mut self,
         ranges: &[(Vec<u8>, Vec<u8>, Vec<u8>)],
