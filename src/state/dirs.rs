@@ -610,7 +610,7 @@ pub(crate) fn lay_out(
 /// In bounded memory: the directories gathered are merged into what is stored every so many
 /// files (rows come by path, and a directory's files are not all together in that order).
 pub(super) fn convert(conn: &Connection) -> rusqlite::Result<()> {
-    const HELD: usize = 100_000;
+    const HELD: usize = 20_000;
     let mut stmt = conn.prepare(
         "SELECT fs, ino, digest, path, size, verified, checked, status, damaged, protected, \
          archived, archived_in, seen, damaged_digest, gone FROM files ORDER BY path",
@@ -699,39 +699,47 @@ pub(super) fn convert(conn: &Connection) -> rusqlite::Result<()> {
     conn.execute_batch("DROP TABLE files")
 }
 
-/// Every entry of the database, each with its directory, changed by `f` where it says so
-/// (returns true); the directories changed are written back.
+/// Every entry of the database changed by `f` where it says so (returns true); the
+/// directories changed are written back. A page of directories at a time, in path order, so
+/// that what is held stays a page whatever the tree.
 pub(super) fn rewrite_all(
     conn: &Connection,
     mut f: impl FnMut(&mut Entry) -> bool,
 ) -> rusqlite::Result<()> {
-    let mut changed = Vec::new();
-    {
-        let mut stmt = conn.prepare(
-            "SELECT d.path, d.entries, p.run, p.at FROM dirs d \
-             LEFT JOIN proven p ON p.path = d.path",
-        )?;
-        let mut rows = stmt.query([])?;
-        while let Some(r) = rows.next()? {
-            let Some(mut entries) = decode(&r.get::<_, Vec<u8>>(1)?) else {
-                continue;
-            };
-            if let Some(at) = r.get::<_, Option<i64>>(3)? {
-                proven(&mut entries, r.get(2)?, at);
+    const PAGE: i64 = 256;
+    let mut after: Vec<u8> = Vec::new();
+    loop {
+        let mut page: Vec<(Vec<u8>, Vec<Entry>)> = Vec::new();
+        {
+            let mut stmt = conn.prepare_cached(
+                "SELECT d.path, d.entries, p.run, p.at FROM dirs d \
+                 LEFT JOIN proven p ON p.path = d.path WHERE d.path > ?1 \
+                 ORDER BY d.path LIMIT ?2",
+            )?;
+            let mut rows = stmt.query(params![after, PAGE])?;
+            while let Some(r) = rows.next()? {
+                let dir: Vec<u8> = r.get(0)?;
+                let mut entries = decode(&r.get::<_, Vec<u8>>(1)?).unwrap_or_default();
+                if let Some(at) = r.get::<_, Option<i64>>(3)? {
+                    proven(&mut entries, r.get(2)?, at);
+                }
+                page.push((dir, entries));
             }
+        }
+        let Some((last, _)) = page.last() else {
+            return Ok(());
+        };
+        after = last.clone();
+        for (dir, mut entries) in page {
             let mut any = false;
             for e in &mut entries {
                 any |= f(e);
             }
             if any {
-                changed.push((r.get::<_, Vec<u8>>(0)?, entries));
+                store(conn, "", &dir, &entries)?;
             }
         }
     }
-    for (dir, entries) in changed {
-        store(conn, "", &dir, &entries)?;
-    }
-    Ok(())
 }
 
 /// The entry of the file at `path`, if the database has one.
@@ -743,4 +751,48 @@ pub(crate) fn entry_at(
     let (dir, name) = split(bytes(path));
     let entries = load(conn, from, dir)?;
     Ok(find(&entries, name).ok().map(|at| entries[at].clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every directory is visited once, a page at a time, and only those changed are
+    /// written (with what a run that proved them good said).
+    #[test]
+    fn every_directory_is_rewritten_a_page_at_a_time() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(&crate::state::schema("")).unwrap();
+        for d in 0..600 {
+            let e = Entry {
+                name: b"f".to_vec(),
+                archived_in: Some(d % 2),
+                checked: Some(1),
+                ..Entry::default()
+            };
+            store(&conn, "", format!("/t/d{d:03}").as_bytes(), &[e]).unwrap();
+        }
+        conn.execute(
+            "INSERT INTO proven (path, run, at) VALUES (CAST('/t/d001' AS BLOB), 9, 5)",
+            [],
+        )
+        .unwrap();
+        let mut seen = 0;
+        rewrite_all(&conn, |e| {
+            seen += 1;
+            let old = e.archived_in == Some(1);
+            if old {
+                (e.archived, e.archived_in) = (Some(7), None);
+            }
+            old
+        })
+        .unwrap();
+        assert_eq!(seen, 600);
+        let rewritten = |dir: &str| load(&conn, "", dir.as_bytes()).unwrap().remove(0);
+        assert_eq!(rewritten("/t/d001").archived, Some(7));
+        assert_eq!(rewritten("/t/d001").verified, Some(5), "the proof kept");
+        assert_eq!(rewritten("/t/d599").archived, Some(7));
+        assert_eq!(rewritten("/t/d598").archived, None);
+        assert_eq!(rewritten("/t/d598").archived_in, Some(0));
+    }
 }
