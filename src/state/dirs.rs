@@ -147,57 +147,28 @@ impl Open {
             let held = match self.dirs.get_mut(dir) {
                 Some(held) => held,
                 None => {
-                    let entries = load(conn, "", dir)?;
-                    let held = Held {
-                        proven: vec![None; entries.len()],
-                        entries,
-                        added: std::collections::BTreeMap::new(),
-                        only_proven: true,
-                        run: seen,
-                        at: row.t,
-                    };
+                    let held = Held::open(conn, dir, seen, row.t)?;
                     self.dirs.entry(dir.to_vec()).or_insert(held)
                 }
             };
             held.at = held.at.max(row.t);
-            let entries = &mut held.entries;
-            let found = find(entries, name);
-            // Proven good, the same file under the same tag and size as its entry says.
-            let same =
-                |e: &Entry| (e.fs, e.ino, &e.key, e.size) == (row.fs, row.ino, &row.key, row.size);
-            match found {
-                // Marked only, while every row of the directory is such a proof (the common
-                // case, and what costs a check of many small files).
-                Ok(at)
-                    if held.only_proven
-                        && row.fact == Fact::Verified
-                        && row.status == "ok"
-                        && row.was.is_none()
-                        && same(&entries[at]) =>
-                {
-                    held.proven[at] = Some(row.t);
+            let proof = row.fact == Fact::Verified && row.status == "ok" && row.was.is_none();
+            // A directory whose entries are known by their print is not read while every row
+            // is a proof: the prints of the proofs are summed, and compared at the end.
+            if let Some(proofs) = &mut held.proofs {
+                if proof {
+                    held.sum = held.sum.wrapping_add(Print::of_row(row));
+                    proofs.push(row.clone());
                     self.damage(conn, row)?;
                     continue;
                 }
-                _ => held.settle(seen),
-            }
-            // A name new to the directory waits beside its entries, which stay sorted for
-            // the lookups (inserting each in place moved the others: a first tag of folders
-            // of 1,000 files took twice as long).
-            let e = match found {
-                Ok(at) => &mut held.entries[at],
-                Err(_) => held
-                    .added
-                    .entry(name.to_vec())
-                    .or_insert_with(|| fresh(name, row)),
-            };
-            let archived = match (row.fact, e.archived_in) {
-                (Fact::Archived | Fact::VerifiedArchived, Some(run)) => {
-                    copied(conn, &mut self.copied, run)?
+                held.read(conn, dir)?;
+                let proofs = held.proofs_read.take().unwrap_or_default();
+                for p in &proofs {
+                    held.take(p, split(&p.path).1, seen, conn, &mut self.copied)?;
                 }
-                _ => None,
-            };
-            apply(e, row, seen, archived);
+            }
+            held.take(row, name, seen, conn, &mut self.copied)?;
             self.damage(conn, row)?;
         }
         // Directories the walk has left are done with: written now, so that what the writer
@@ -206,12 +177,98 @@ impl Open {
         let done: Vec<Vec<u8>> = self.dirs.keys().filter(|d| *d != last).cloned().collect();
         for dir in done {
             if let Some(held) = self.dirs.remove(&dir) {
-                held.write(conn, &dir)?;
+                held.write(conn, &dir, &mut self.copied)?;
             }
         }
         Ok(())
     }
+}
 
+impl Held {
+    /// The directory `dir`, as the database has it: its print if a run proved it good (its
+    /// entries are read only if need be), else its entries.
+    fn open(conn: &Connection, dir: &[u8], run: Option<i64>, at: i64) -> rusqlite::Result<Held> {
+        let print: Option<Vec<u8>> = conn
+            .prepare_cached("SELECT print FROM proven WHERE path = ?1")?
+            .query_row([dir], |r| r.get(0))
+            .optional()?
+            .flatten();
+        let mut held = Held {
+            entries: Vec::new(),
+            proven: Vec::new(),
+            added: std::collections::BTreeMap::new(),
+            only_proven: true,
+            run,
+            at,
+            stored: print.as_deref().and_then(Print::from_bytes),
+            proofs: None,
+            proofs_read: None,
+            sum: 0,
+        };
+        match held.stored {
+            Some(_) => held.proofs = Some(Vec::new()),
+            None => held.read(conn, dir)?,
+        }
+        Ok(held)
+    }
+
+    /// Reads the entries (the proofs gathered so far are to be taken as rows again).
+    fn read(&mut self, conn: &Connection, dir: &[u8]) -> rusqlite::Result<()> {
+        self.entries = load(conn, "", dir)?;
+        self.proven = vec![None; self.entries.len()];
+        self.proofs_read = self.proofs.take();
+        Ok(())
+    }
+
+    /// Takes `row` (of the file `name`) into the entries.
+    fn take(
+        &mut self,
+        row: &Row,
+        name: &[u8],
+        seen: Option<i64>,
+        conn: &Connection,
+        copies: &mut HashMap<i64, Option<i64>>,
+    ) -> rusqlite::Result<()> {
+        let entries = &mut self.entries;
+        let found = find(entries, name);
+        // Proven good, the same file under the same tag and size as its entry says.
+        let same =
+            |e: &Entry| (e.fs, e.ino, &e.key, e.size) == (row.fs, row.ino, &row.key, row.size);
+        match found {
+            // Marked only, while every row of the directory is such a proof (the common
+            // case, and what costs a check of many small files).
+            Ok(at)
+                if self.only_proven
+                    && row.fact == Fact::Verified
+                    && row.status == "ok"
+                    && row.was.is_none()
+                    && same(&entries[at]) =>
+            {
+                self.proven[at] = Some(row.t);
+                return Ok(());
+            }
+            _ => self.settle(seen),
+        }
+        // A name new to the directory waits beside its entries, which stay sorted for
+        // the lookups (inserting each in place moved the others: a first tag of folders
+        // of 1,000 files took twice as long).
+        let e = match found {
+            Ok(at) => &mut self.entries[at],
+            Err(_) => self
+                .added
+                .entry(name.to_vec())
+                .or_insert_with(|| fresh(name, row)),
+        };
+        let archived = match (row.fact, e.archived_in) {
+            (Fact::Archived | Fact::VerifiedArchived, Some(run)) => copied(conn, copies, run)?,
+            _ => None,
+        };
+        apply(e, row, seen, archived);
+        Ok(())
+    }
+}
+
+impl Open {
     /// Keeps the damage table as `row` says: damage found, or ended.
     fn damage(&mut self, conn: &Connection, row: &Row) -> rusqlite::Result<()> {
         let known = self.damage.get_or_insert_with(HashMap::new);
@@ -258,8 +315,8 @@ impl Open {
 
     /// Writes every directory still held; the transaction can commit.
     pub(super) fn flush(&mut self, conn: &Connection) -> rusqlite::Result<()> {
-        for (dir, held) in self.dirs.drain() {
-            held.write(conn, &dir)?;
+        for (dir, held) in std::mem::take(&mut self.dirs) {
+            held.write(conn, &dir, &mut self.copied)?;
         }
         self.forget();
         Ok(())
@@ -287,6 +344,55 @@ struct Held {
     /// The run, and the time of the latest row.
     run: Option<i64>,
     at: i64,
+    /// The print of the entries a run proved good, if one did.
+    stored: Option<(u128, i64)>,
+    /// While the entries are not read: the proofs so far, and the sum of their prints.
+    proofs: Option<Vec<Row>>,
+    proofs_read: Option<Vec<Row>>,
+    sum: u128,
+}
+
+/// What a directory's entries are, in 24 bytes: the sum of a hash of each entry's name, file
+/// system, inode, tag and size (BLAKE3, 128 bits: a cache's check, not a security one), and
+/// their number. A run whose proofs sum to it proved every entry good, unchanged.
+struct Print;
+
+impl Print {
+    fn of(name: &[u8], fs: i64, ino: i64, key: &[u8], size: i64) -> u128 {
+        let mut h = blake3::Hasher::new();
+        h.update(&(name.len() as u64).to_le_bytes());
+        h.update(name);
+        h.update(&fs.to_le_bytes());
+        h.update(&ino.to_le_bytes());
+        h.update(&(key.len() as u64).to_le_bytes());
+        h.update(key);
+        h.update(&size.to_le_bytes());
+        let b = h.finalize();
+        u128::from_le_bytes(b.as_bytes()[..16].try_into().expect("16 bytes"))
+    }
+
+    fn of_row(row: &Row) -> u128 {
+        Print::of(split(&row.path).1, row.fs, row.ino, &row.key, row.size)
+    }
+
+    fn of_entries(entries: &[Entry]) -> (u128, i64) {
+        let sum = entries.iter().fold(0u128, |s, e| {
+            s.wrapping_add(Print::of(&e.name, e.fs, e.ino, &e.key, e.size))
+        });
+        (sum, entries.len() as i64)
+    }
+
+    fn to_bytes((sum, n): (u128, i64)) -> Vec<u8> {
+        let mut v = sum.to_le_bytes().to_vec();
+        v.extend_from_slice(&n.to_le_bytes());
+        v
+    }
+
+    fn from_bytes(b: &[u8]) -> Option<(u128, i64)> {
+        let sum = u128::from_le_bytes(b.get(..16)?.try_into().ok()?);
+        let n = i64::from_le_bytes(b.get(16..24)?.try_into().ok()?);
+        Some((sum, n))
+    }
 }
 
 impl Held {
@@ -306,12 +412,30 @@ impl Held {
         }
     }
 
-    fn write(mut self, conn: &Connection, dir: &[u8]) -> rusqlite::Result<()> {
+    fn write(
+        mut self,
+        conn: &Connection,
+        dir: &[u8],
+        copies: &mut HashMap<i64, Option<i64>>,
+    ) -> rusqlite::Result<()> {
+        if let Some(proofs) = &self.proofs {
+            // Every entry proved good, unchanged, and nothing else: the proof row only.
+            if self.stored == Some((self.sum, proofs.len() as i64)) {
+                conn.prepare_cached("UPDATE proven SET run = ?2, at = ?3 WHERE path = ?1")?
+                    .execute(params![dir, self.run, self.at])?;
+                return Ok(());
+            }
+            self.read(conn, dir)?;
+            for p in self.proofs_read.take().unwrap_or_default() {
+                self.take(&p, split(&p.path).1, self.run, conn, copies)?;
+            }
+        }
         if self.only_proven && self.proven.iter().all(Option::is_some) {
+            let print = Print::to_bytes(Print::of_entries(&self.entries));
             conn.prepare_cached(
-                "INSERT OR REPLACE INTO proven (path, run, at) VALUES (?1, ?2, ?3)",
+                "INSERT OR REPLACE INTO proven (path, run, at, print) VALUES (?1, ?2, ?3, ?4)",
             )?
-            .execute(params![dir, self.run, self.at])?;
+            .execute(params![dir, self.run, self.at, print])?;
             return Ok(());
         }
         self.settle(self.run);

@@ -6,6 +6,7 @@ use crate::core::digest::{Algo, Digest};
 use crate::engine::{Action, FileReport};
 
 /// A row waiting to be written.
+#[derive(Clone)]
 pub(super) struct Row {
     pub(super) fact: Fact,
     pub(super) fs: i64,

@@ -27,7 +27,8 @@ CREATE TABLE IF NOT EXISTS {s}dirs (
 CREATE TABLE IF NOT EXISTS {s}proven (
     path BLOB PRIMARY KEY,      -- the directory
     run INTEGER,
-    at INTEGER NOT NULL
+    at INTEGER NOT NULL,
+    print BLOB                  -- what its entries are (see src/state/dirs.rs, `Print`)
 ) WITHOUT ROWID;
 -- Damage found and not yet dealt with (repaired, accepted, edited): few rows, read whole
 -- by every run; the journal beside the database mirrors it line for line.
