@@ -1130,6 +1130,25 @@ mod tests {
         assert_eq!(value(&third), before);
         assert_eq!(seen(&third), 3, "proven by the third run");
         drop(third);
+        // A file of another size under the same tag: the print tells, the entries are read
+        // and written with what changed.
+        let (mut state, _) = State::open(&db).unwrap();
+        state.begin_run("check", std::slice::from_ref(&files));
+        for i in 0..3 {
+            let mut r = verified(&files.join(format!("f{i}")), i + 1);
+            if i == 1 {
+                r.size = Some(2);
+            }
+            state.record(&r);
+        }
+        state.commit();
+        assert_ne!(value(&state), before);
+        assert_eq!(
+            count(&state, "SELECT count(*) FROM files WHERE size = 2"),
+            1
+        );
+        assert_eq!(seen(&state), 3);
+        drop(state);
         let more = record(4);
         assert_ne!(value(&more), before);
         assert_eq!(count(&more, "SELECT count(*) FROM proven"), 0);
