@@ -1,5 +1,5 @@
-//! The reporter: renders file reports for people or as JSON Lines, keeps the summary, and
-//! decides the exit code.
+//! The reporter: what a run says, as one closed set of [`Message`]s that one [`Printer`]
+//! renders for people or as JSON Lines; the [`Summary`] counts them and decides the exit code.
 //!
 //! One definition of what a summary counts, for every verb: **files** are the regular files
 //! looked at (skipped entries, such as symlinks, are counted apart, not as files), and
@@ -110,6 +110,8 @@ pub struct Summary {
     pub removed_alarm: u64,
     /// Whether telling the owner failed (`None`: nobody is to be told).
     pub notify_failed: Option<bool>,
+    /// Lines for people, said before the summary (not in JSON, not with `-q`).
+    pub notes: Vec<String>,
 }
 
 impl Summary {
@@ -254,227 +256,185 @@ pub enum Verbosity {
     Verbose,
 }
 
-/// How reports are rendered.
+/// What a run says, one closed set: each file's report, damage known from earlier runs,
+/// files gone, and the summary it ends with. The [`Printer`] alone renders them, for people
+/// or as JSON Lines whose `type` is the variant's name; the [`Summary`] alone counts them.
+/// (The owner's message, `notify`, is made of the summary's findings.)
+#[derive(Clone, Copy)]
+pub enum Message<'a> {
+    /// One file's report, with the action it is said to have had: its own, or, for a held
+    /// report whose work did not become durable, its fallback.
+    File {
+        /// The report.
+        report: &'a FileReport,
+        /// The action said.
+        action: Option<Action>,
+    },
+    /// Damage an earlier run found that is still there and was not read by this run.
+    Damage(&'a crate::state::Damaged),
+    /// A file gone from its tree since it was last seen.
+    Removed(&'a crate::scrub::Gone),
+    /// The run's totals and its exit code: the last thing said.
+    Summary {
+        /// The totals.
+        summary: &'a Summary,
+        /// The verb that ran.
+        verb: Verb,
+        /// Its exit code.
+        exit: Exit,
+    },
+}
+
+impl<'a> Message<'a> {
+    /// One file's report as it is.
+    pub fn file(report: &'a FileReport) -> Self {
+        Message::File {
+            report,
+            action: report.action,
+        }
+    }
+}
+
+impl Serialize for Message<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        /// The JSON line of each message: `type` first, then its fields.
+        #[derive(Serialize)]
+        #[serde(tag = "type", rename_all = "lowercase")]
+        enum Line<'a> {
+            File(JsonFile<'a>),
+            Damage(JsonDamage<'a>),
+            Removed(JsonRemoved),
+            Summary(JsonSummary),
+        }
+        let time = |t: Option<i64>| t.map(crate::text::time_ms);
+        match *self {
+            Message::File { report, action } => Line::File(JsonFile::new(report, action)),
+            Message::Damage(d) => Line::Damage(JsonDamage {
+                path: escape(&d.path),
+                status: d.status.as_deref(),
+                found: time(d.found),
+            }),
+            Message::Removed(g) => Line::Removed(JsonRemoved {
+                path: escape(&g.path),
+                verified: time(g.verified),
+                damaged: time(g.damaged),
+                gone: time(g.gone),
+            }),
+            Message::Summary {
+                summary,
+                verb,
+                exit,
+            } => Line::Summary(JsonSummary::new(verb, summary, exit)),
+        }
+        .serialize(s)
+    }
+}
+
+/// Renders messages: for people (file lines on standard output, warnings and the summary on
+/// standard error), or as one JSON line each on standard output.
 #[derive(Clone, Copy, Debug)]
-struct Style {
+pub struct Printer {
     verb: Verb,
     json: bool,
     verbosity: Verbosity,
 }
 
-/// Renders reports as lines of text or JSON, and keeps the summary.
-pub struct Reporter<W: Write, E: Write> {
-    style: Style,
-    out: W,
-    err: E,
-    /// The running totals.
-    pub summary: Summary,
-    /// Reports held until their work is settled: rendered, and counted both ways.
-    held: Spool,
-    /// Lines for people, printed with the summary.
-    notes: Vec<String>,
-}
-
-impl<W: Write, E: Write> Reporter<W, E> {
-    /// A reporter writing per-file lines to `out` and warnings and the summary to `err`.
-    pub fn new(verb: Verb, json: bool, verbosity: Verbosity, out: W, err: E) -> Self {
-        Reporter {
-            style: Style {
-                verb,
-                json,
-                verbosity,
-            },
-            out,
-            err,
-            summary: Summary::default(),
-            held: Spool::default(),
-            notes: Vec::new(),
-        }
-    }
-
-    /// Counts and renders one file.
-    pub fn file(&mut self, r: &FileReport) -> io::Result<()> {
-        self.summary.add(r);
-        self.style.warn(r, &mut self.err)?;
-        self.style.render(r, &mut self.out)
-    }
-
-    /// Counts and renders a file whose action stands only once its work is durable; with
-    /// `fallback` as its action otherwise. Let out, in order, by [`Reporter::settle`].
-    pub fn hold(&mut self, r: &FileReport, fallback: Option<Action>) -> io::Result<()> {
-        self.style.warn(r, &mut self.err)?;
-        let mut lines = [Vec::new(), Vec::new()];
-        self.style.render(r, &mut lines[0])?;
-        self.held.counts[0].add(r);
-        let mut without = Summary::default();
-        without.add(r);
-        if let Some(a) = r.action {
-            without.actions[a as usize] -= 1;
-        }
-        if let Some(a) = fallback {
-            without.actions[a as usize] += 1;
-        }
-        self.held.counts[1].merge(&without);
-        if self.style.json && r.action != fallback {
-            let mut json = JsonFile::from(r);
-            json.action = fallback;
-            serde_json::to_writer(&mut lines[1], &json)?;
-            lines[1].push(b'\n');
-        } else {
-            lines[1] = lines[0].clone();
-        }
-        self.held.push(&lines)
-    }
-
-    /// Lets out the held reports: as they are if their work is `durable`, else with their
-    /// fallback action.
-    pub fn settle(&mut self, durable: bool) -> io::Result<()> {
-        let which = usize::from(!durable);
-        let counts = std::mem::take(&mut self.held.counts[which]);
-        self.summary.merge(&counts);
-        self.held.counts = Default::default();
-        self.held.replay(which, &mut self.out)
-    }
-
-    /// Damage an earlier run found that is still there and was not read by this one: a line
-    /// (a `"type":"damage"` object in JSON), and it counts as damage.
-    pub fn outstanding(&mut self, d: &crate::state::Damaged) -> io::Result<()> {
-        self.summary.outstanding += 1;
-        self.summary.findings.damaged(escape(&d.path), d.found);
-        if self.style.json {
-            return self.json_line("damage", d, &[("found", d.found)]);
-        }
-        let status = d.status.as_deref().unwrap_or("corrupt");
-        writeln!(
-            self.out,
-            "{status:<8} {}: found damaged at {}, not yet repaired (not read by this run)",
-            escape(&d.path),
-            d.found.map_or("?".into(), crate::text::time_ms)
-        )
-    }
-
-    /// A file that is gone from its tree since it was last seen: a line (not with `-q`: a
-    /// deletion is no damage), a `"type":"removed"` object in JSON.
-    pub fn removed(&mut self, g: &crate::scrub::Gone) -> io::Result<()> {
-        self.summary.removed += 1;
-        if self.style.json {
-            let times = [
-                ("verified", g.verified),
-                ("damaged", g.damaged),
-                ("gone", g.gone),
-            ];
-            return self.json_line("removed", g, &times);
-        }
-        if self.style.verbosity == Verbosity::Quiet {
-            return Ok(());
-        }
-        let last = g.verified.map_or("never verified".into(), |v| {
-            format!("last verified {}", crate::text::time_ms(v))
-        });
-        let damaged = if g.damaged.is_some() {
-            "; it was damaged"
-        } else {
-            ""
-        };
-        writeln!(
-            self.out,
-            "removed  {}: gone since it was last seen ({last}{damaged})",
-            escape(&g.path)
-        )
-    }
-
-    /// `value` as a JSON line of `kind`, its `times` (Unix milliseconds) as RFC 3339.
-    fn json_line(
-        &mut self,
-        kind: &str,
-        value: &impl Serialize,
-        times: &[(&str, Option<i64>)],
+impl Printer {
+    /// Renders `m`: lines to `out`, what people read apart to `err`.
+    pub fn print(
+        &self,
+        m: Message<'_>,
+        out: &mut impl Write,
+        err: &mut impl Write,
     ) -> io::Result<()> {
-        let mut v = serde_json::to_value(value).map_err(io::Error::other)?;
-        v["type"] = kind.into();
-        for (key, t) in times {
-            v[*key] = t.map(crate::text::time_ms).into();
+        if self.json {
+            serde_json::to_writer(&mut *out, &m)?;
+            return writeln!(out);
         }
-        serde_json::to_writer(&mut self.out, &v)?;
-        writeln!(self.out)
-    }
-
-    /// A line for people, printed before the summary (not with `--json` or `-q`).
-    pub fn note(&mut self, line: String) {
-        self.notes.push(line);
+        match m {
+            Message::File { report, action } => {
+                self.warn(report, err)?;
+                self.render(report, action, out)
+            }
+            Message::Damage(d) => writeln!(
+                out,
+                "{:<8} {}: found damaged at {}, not yet repaired (not read by this run)",
+                d.status.as_deref().unwrap_or("corrupt"),
+                escape(&d.path),
+                d.found.map_or("?".into(), crate::text::time_ms)
+            ),
+            // A deletion is no damage: not said with -q.
+            Message::Removed(_) if self.verbosity == Verbosity::Quiet => Ok(()),
+            Message::Removed(g) => {
+                let last = g.verified.map_or("never verified".into(), |v| {
+                    format!("last verified {}", crate::text::time_ms(v))
+                });
+                let damaged = if g.damaged.is_some() {
+                    "; it was damaged"
+                } else {
+                    ""
+                };
+                writeln!(
+                    out,
+                    "removed  {}: gone since it was last seen ({last}{damaged})",
+                    escape(&g.path)
+                )
+            }
+            Message::Summary { summary, .. } => self.summary(summary, err),
+        }
     }
 
     /// Whether rendering `r` writes anything (so a progress bar must step aside).
     pub fn prints(&self, r: &FileReport) -> bool {
-        self.style.json || !r.malformed.is_empty() || self.style.shows(r)
+        self.json || !r.malformed.is_empty() || self.shows(r)
     }
 
-    /// Writes the summary (to `err` for people, to `out` as the last JSON line) and returns
-    /// the exit code, which the summary states.
-    pub fn finish(&mut self) -> io::Result<Exit> {
-        // Held reports whose work was never settled did not become durable.
-        if !self.held.is_empty() {
-            self.settle(false)?;
-        }
-        let verb = self.style.verb;
-        let exit = self.summary.exit(verb);
-        // The lines come before the summary where both reach one terminal.
-        self.out.flush()?;
-        if self.style.json {
-            serde_json::to_writer(&mut self.out, &JsonSummary::new(verb, &self.summary, exit))?;
-            writeln!(self.out)?;
-        } else if self.style.verbosity > Verbosity::Quiet {
-            for note in &self.notes {
-                writeln!(self.err, "{note}")?;
+    /// The summary for people, with what to do about what it counts.
+    fn summary(&self, s: &Summary, err: &mut impl Write) -> io::Result<()> {
+        let verb = self.verb;
+        if self.verbosity > Verbosity::Quiet {
+            for note in &s.notes {
+                writeln!(err, "{note}")?;
             }
-            writeln!(self.err, "{}", human_summary(verb, &self.summary))?;
-            let kept = self.summary.action(Action::Kept);
+            writeln!(err, "{}", human_summary(verb, s))?;
+            let kept = s.action(Action::Kept);
             if kept > 0 {
                 writeln!(
-                    self.err,
+                    err,
                     "intact: {kept} damaged file(s) kept their old tag as evidence: restore them from a \
                      backup, or run `intact update --accept-corrupt` on them if the change was intended"
                 )?;
             }
-            let earlier = self.summary.outstanding;
+            let earlier = s.outstanding;
             if earlier > 0 {
                 writeln!(
-                    self.err,
+                    err,
                     "intact: {earlier} file(s) found damaged by earlier runs are still damaged \
                      (listed above): `intact repair PATH --from BACKUP` restores them, \
                      `intact update --accept-corrupt FILE` accepts them as they are"
                 )?;
             }
         }
-        if !self.style.json {
-            for damage in &self.summary.damage {
-                writeln!(self.err, "intact: damaged: {damage}")?;
-            }
-            for failure in &self.summary.failures {
-                writeln!(self.err, "intact: error: {failure}")?;
-            }
-            // Said even under -q, where damage's exit code 1 would hide it.
-            if self.summary.interrupted {
-                writeln!(
-                    self.err,
-                    "intact: interrupted: the {} stopped before it finished; what it did not \
-                     reach was not verified",
-                    verb.name()
-                )?;
-            }
+        for damage in &s.damage {
+            writeln!(err, "intact: damaged: {damage}")?;
         }
-        self.out.flush()?;
-        Ok(exit)
+        for failure in &s.failures {
+            writeln!(err, "intact: error: {failure}")?;
+        }
+        // Said even under -q, where damage's exit code 1 would hide it.
+        if s.interrupted {
+            writeln!(
+                err,
+                "intact: interrupted: the {} stopped before it finished; what it did not \
+                 reach was not verified",
+                verb.name()
+            )?;
+        }
+        Ok(())
     }
-}
-
-impl Style {
     /// Warnings about a report (malformed tags), to stderr for people; in JSON they are
     /// part of the file's object.
     fn warn(&self, r: &FileReport, err: &mut impl Write) -> io::Result<()> {
-        if self.json {
-            return Ok(());
-        }
         for (attr, why) in &r.malformed {
             writeln!(
                 err,
@@ -486,16 +446,17 @@ impl Style {
     }
 
     /// The report's line, if it gets one.
-    fn render(&self, r: &FileReport, out: &mut impl Write) -> io::Result<()> {
-        if self.json {
-            serde_json::to_writer(&mut *out, &JsonFile::from(r))?;
-            return writeln!(out);
-        }
+    fn render(
+        &self,
+        r: &FileReport,
+        action: Option<Action>,
+        out: &mut impl Write,
+    ) -> io::Result<()> {
         if !self.shows(r) {
             return Ok(());
         }
         let path = escape(&r.path);
-        let status = match r.action {
+        let status = match action {
             Some(Action::Repaired) => "repaired",
             Some(Action::Accepted) => "accepted",
             _ => r.status.name(),
@@ -512,7 +473,7 @@ impl Style {
         } else if let Some(why) = r.skip {
             writeln!(out, "{status:<8} {path}: {why}")
         } else if self.verb == Verb::Strip {
-            let done = if r.action.is_some() {
+            let done = if action.is_some() {
                 "removed"
             } else {
                 "no-tag"
@@ -570,6 +531,123 @@ impl Style {
                 ),
             },
         }
+    }
+}
+
+/// Counts what a run says in its summary and prints it: the run's one way out.
+pub struct Reporter<W: Write, E: Write> {
+    printer: Printer,
+    out: W,
+    err: E,
+    /// The running totals.
+    pub summary: Summary,
+    /// Reports held until their work is settled: rendered, and counted both ways.
+    held: Spool,
+}
+
+impl<W: Write, E: Write> Reporter<W, E> {
+    /// A reporter writing per-file lines to `out` and warnings and the summary to `err`.
+    pub fn new(verb: Verb, json: bool, verbosity: Verbosity, out: W, err: E) -> Self {
+        Reporter {
+            printer: Printer {
+                verb,
+                json,
+                verbosity,
+            },
+            out,
+            err,
+            summary: Summary::default(),
+            held: Spool::default(),
+        }
+    }
+
+    /// Counts and renders one file.
+    pub fn file(&mut self, r: &FileReport) -> io::Result<()> {
+        self.summary.add(r);
+        self.printer
+            .print(Message::file(r), &mut self.out, &mut self.err)
+    }
+
+    /// Counts and renders a file whose action stands only once its work is durable; with
+    /// `fallback` as its action otherwise. Let out, in order, by [`Reporter::settle`].
+    pub fn hold(&mut self, r: &FileReport, fallback: Option<Action>) -> io::Result<()> {
+        let mut lines = [Vec::new(), Vec::new()];
+        self.printer
+            .print(Message::file(r), &mut lines[0], &mut self.err)?;
+        let fell_back = Message::File {
+            report: r,
+            action: fallback,
+        };
+        // Its warnings were said once, above.
+        self.printer
+            .print(fell_back, &mut lines[1], &mut io::sink())?;
+        self.held.counts[0].add(r);
+        let mut without = Summary::default();
+        without.add(r);
+        if let Some(a) = r.action {
+            without.actions[a as usize] -= 1;
+        }
+        if let Some(a) = fallback {
+            without.actions[a as usize] += 1;
+        }
+        self.held.counts[1].merge(&without);
+        self.held.push(&lines)
+    }
+
+    /// Lets out the held reports: as they are if their work is `durable`, else with their
+    /// fallback action.
+    pub fn settle(&mut self, durable: bool) -> io::Result<()> {
+        let which = usize::from(!durable);
+        let counts = std::mem::take(&mut self.held.counts[which]);
+        self.summary.merge(&counts);
+        self.held.counts = Default::default();
+        self.held.replay(which, &mut self.out)
+    }
+
+    /// Damage an earlier run found that is still there and was not read by this one: said,
+    /// and it counts as damage.
+    pub fn outstanding(&mut self, d: &crate::state::Damaged) -> io::Result<()> {
+        self.summary.outstanding += 1;
+        self.summary.findings.damaged(escape(&d.path), d.found);
+        self.printer
+            .print(Message::Damage(d), &mut self.out, &mut self.err)
+    }
+
+    /// A file that is gone from its tree since it was last seen.
+    pub fn removed(&mut self, g: &crate::scrub::Gone) -> io::Result<()> {
+        self.summary.removed += 1;
+        self.printer
+            .print(Message::Removed(g), &mut self.out, &mut self.err)
+    }
+
+    /// A line for people, printed before the summary (not with `--json` or `-q`).
+    pub fn note(&mut self, line: String) {
+        self.summary.notes.push(line);
+    }
+
+    /// Whether rendering `r` writes anything (so a progress bar must step aside).
+    pub fn prints(&self, r: &FileReport) -> bool {
+        self.printer.prints(r)
+    }
+
+    /// Says the summary (on `err` for people, on `out` as the last JSON line) and returns
+    /// the exit code, which the summary states.
+    pub fn finish(&mut self) -> io::Result<Exit> {
+        // Held reports whose work was never settled did not become durable.
+        if !self.held.is_empty() {
+            self.settle(false)?;
+        }
+        let exit = self.summary.exit(self.printer.verb);
+        // The lines come before the summary where both reach one terminal.
+        self.out.flush()?;
+        let summary = Message::Summary {
+            summary: &self.summary,
+            verb: self.printer.verb,
+            exit,
+        };
+        self.printer.print(summary, &mut self.out, &mut self.err)?;
+        self.out.flush()?;
+        Ok(exit)
     }
 }
 
@@ -671,8 +749,6 @@ pub fn human_summary(verb: Verb, s: &Summary) -> String {
 
 #[derive(Serialize)]
 struct JsonFile<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
     path: String,
     status: Status,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -703,13 +779,12 @@ struct JsonFile<'a> {
     warnings: Vec<String>,
 }
 
-impl<'a> From<&'a FileReport> for JsonFile<'a> {
-    fn from(r: &'a FileReport) -> Self {
+impl<'a> JsonFile<'a> {
+    fn new(r: &'a FileReport, action: Option<Action>) -> Self {
         JsonFile {
-            kind: "file",
             path: escape(&r.path),
             status: r.status,
-            action: r.action,
+            action,
             size: r.size,
             format: r.tag.as_ref().map(|t| t.format.name()),
             algo: r
@@ -742,13 +817,33 @@ pub fn failed_start(verb: Verb, why: String, exit: Exit) -> String {
         failures: vec![why],
         ..Summary::default()
     };
-    serde_json::to_string(&JsonSummary::new(verb, &summary, exit)).expect("a summary serializes")
+    let said = Message::Summary {
+        summary: &summary,
+        verb,
+        exit,
+    };
+    serde_json::to_string(&said).expect("a summary serializes")
+}
+
+/// Damage known from an earlier run (times in RFC 3339).
+#[derive(Serialize)]
+struct JsonDamage<'a> {
+    path: String,
+    status: Option<&'a str>,
+    found: Option<String>,
+}
+
+/// A file gone (times in RFC 3339).
+#[derive(Serialize)]
+struct JsonRemoved {
+    path: String,
+    verified: Option<String>,
+    damaged: Option<String>,
+    gone: Option<String>,
 }
 
 #[derive(Serialize)]
 struct JsonSummary {
-    #[serde(rename = "type")]
-    kind: &'static str,
     verb: Verb,
     files: u64,
     bytes: u64,
@@ -777,7 +872,6 @@ struct JsonSummary {
 impl JsonSummary {
     fn new(verb: Verb, s: &Summary, exit: Exit) -> Self {
         JsonSummary {
-            kind: "summary",
             verb,
             files: s.files(),
             bytes: s.bytes,
@@ -835,6 +929,72 @@ mod tests {
         let mut s = Summary::default();
         s.failures.push("the archive could not be written".into());
         assert_eq!(s.exit(Verb::Archive), Exit::Trouble);
+    }
+
+    #[test]
+    fn every_message_is_a_json_line_of_its_type_or_lines_for_people() {
+        let damaged = crate::state::Damaged {
+            path: "d/x".into(),
+            status: Some("mismatch".into()),
+            found: Some(1_500),
+        };
+        let gone = crate::scrub::Gone {
+            path: "g/y".into(),
+            verified: Some(3_000),
+            damaged: None,
+            gone: Some(4_000),
+        };
+        let run = |json: bool, verbosity: Verbosity| {
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            let mut r = Reporter::new(Verb::Scrub, json, verbosity, &mut out, &mut err);
+            r.file(&FileReport::new("f".into(), Status::Corrupt)).unwrap();
+            r.outstanding(&damaged).unwrap();
+            r.removed(&gone).unwrap();
+            r.note("a note".into());
+            assert_eq!(r.finish().unwrap(), Exit::Damage);
+            drop(r);
+            let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
+            (text(out), text(err))
+        };
+
+        let (out, err) = run(true, Verbosity::Normal);
+        assert_eq!(err, "");
+        let lines: Vec<serde_json::Value> = out
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let types: Vec<&str> = lines.iter().map(|v| v["type"].as_str().unwrap()).collect();
+        assert_eq!(types, ["file", "damage", "removed", "summary"], "{out}");
+        assert_eq!(lines[0]["status"], "corrupt");
+        assert_eq!(lines[1]["path"], "d/x");
+        assert_eq!(lines[1]["status"], "mismatch");
+        assert_eq!(lines[1]["found"], "1970-01-01T00:00:01Z");
+        assert_eq!(lines[2]["path"], "g/y");
+        assert_eq!(lines[2]["verified"], "1970-01-01T00:00:03Z");
+        assert_eq!(lines[2]["damaged"], serde_json::Value::Null);
+        assert_eq!(lines[2]["gone"], "1970-01-01T00:00:04Z");
+        assert_eq!(lines[3]["verb"], "scrub");
+        assert_eq!(lines[3]["damaged_outstanding"], 1);
+        assert_eq!(lines[3]["removed"], 1);
+        assert_eq!(lines[3]["exit_code"], 1);
+        assert!(out.lines().all(|l| l.starts_with("{\"type\":")), "{out}");
+
+        let (out, err) = run(false, Verbosity::Normal);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3, "{out}");
+        assert_eq!(lines[0], "corrupt  f");
+        assert!(lines[1].starts_with("mismatch d/x: found damaged at 1970-01-01T00:00:01Z"));
+        assert!(lines[2].starts_with("removed  g/y: gone since it was last seen (last verified"));
+        let said: Vec<&str> = err.lines().collect();
+        assert_eq!(said[0], "a note");
+        assert!(said[1].starts_with("scrub: 1 file,"), "{err}");
+        assert!(err.contains("1 file(s) found damaged by earlier runs"), "{err}");
+
+        // Quiet: the damage, not the deletion, and no summary.
+        let (out, err) = run(false, Verbosity::Quiet);
+        assert_eq!(out.lines().count(), 2, "{out}");
+        assert!(!out.contains("removed"));
+        assert_eq!(err, "");
     }
 
     #[test]
