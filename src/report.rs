@@ -947,7 +947,8 @@ mod tests {
         let run = |json: bool, verbosity: Verbosity| {
             let (mut out, mut err) = (Vec::new(), Vec::new());
             let mut r = Reporter::new(Verb::Scrub, json, verbosity, &mut out, &mut err);
-            r.file(&FileReport::new("f".into(), Status::Corrupt)).unwrap();
+            r.file(&FileReport::new("f".into(), Status::Corrupt))
+                .unwrap();
             r.outstanding(&damaged).unwrap();
             r.removed(&gone).unwrap();
             r.note("a note".into());
@@ -988,7 +989,10 @@ mod tests {
         let said: Vec<&str> = err.lines().collect();
         assert_eq!(said[0], "a note");
         assert!(said[1].starts_with("scrub: 1 file,"), "{err}");
-        assert!(err.contains("1 file(s) found damaged by earlier runs"), "{err}");
+        assert!(
+            err.contains("1 file(s) found damaged by earlier runs"),
+            "{err}"
+        );
 
         // Quiet: the damage, not the deletion, and no summary.
         let (out, err) = run(false, Verbosity::Quiet);

@@ -103,6 +103,150 @@ impl Removal {
     }
 }
 
+/// An entry the walk did not meet where it says, with what the plan knows of its file
+/// elsewhere.
+struct Unmet {
+    /// Which root it is under.
+    root: usize,
+    /// Where it was, and its times.
+    gone: Gone,
+    fs: i64,
+    ino: i64,
+    key: Vec<u8>,
+    /// Where the walk met its inode with its content (moved there).
+    met: Option<Vec<u8>>,
+    /// Whether the walk met its inode re-tagged from its content (moved, then edited).
+    retagged: bool,
+}
+
+impl Unmet {
+    fn path(&self) -> Vec<u8> {
+        self.gone.path.as_os_str().as_bytes().to_vec()
+    }
+
+    fn id(&self) -> (i64, i64, &[u8]) {
+        (self.fs, self.ino, &self.key)
+    }
+}
+
+/// What became of an entry the walk did not meet where it says.
+enum Fate {
+    /// The file itself is still there under its name (the walk did not meet it: excluded, on
+    /// another file system under -x, in a directory it could not read): its record, and its
+    /// damage, stay; `outdated` if the walk met its inode under other content (a second name
+    /// of an edited file), so the entry describes nothing any more.
+    Stays { outdated: bool },
+    /// Moved, with its history: to where the walk met it (`None`: moved, then edited).
+    Moved(Option<Vec<u8>>),
+    /// Its file system is not mounted now (what holds its path, given, is another one).
+    Unmounted(PathBuf),
+    /// Gone: removed, or `replaced` by something else under its name.
+    Gone { replaced: bool },
+}
+
+/// The files found gone by earlier scrubs under `roots`, still remembered.
+fn recorded_gone(conn: &Connection, roots: &[PathBuf]) -> rusqlite::Result<Vec<Gone>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT path, verified, damaged, at FROM state.gone \
+         WHERE (path >= ?1 AND path < ?2) OR path = ?3 ORDER BY path",
+    )?;
+    let mut gone = Vec::new();
+    for root in roots {
+        let (low, high, exact) = state::under(root);
+        for row in stmt.query_map(params![low, high, exact], Gone::from_row)? {
+            gone.push(row?);
+        }
+    }
+    Ok(gone)
+}
+
+/// The entries the walk did not meet where they say, each looked up among the plan's files
+/// by an index built only now that it is needed (most runs need none).
+fn unmet(conn: &Connection) -> rusqlite::Result<Vec<Unmet>> {
+    if !conn.query_row("SELECT EXISTS (SELECT 1 FROM unmet)", [], |r| r.get(0))? {
+        return Ok(Vec::new());
+    }
+    conn.execute_batch("CREATE INDEX IF NOT EXISTS plan_key ON plan (fs, ino, digest)")?;
+    let mut stmt = conn.prepare(
+        "SELECT path, verified, damaged, NULL, fs, ino, digest, \
+         (SELECT p.abs FROM plan p WHERE p.fs = u.fs AND p.ino = u.ino \
+         AND p.digest = u.digest LIMIT 1), \
+         EXISTS (SELECT 1 FROM plan p WHERE p.fs = u.fs AND p.ino = u.ino \
+         AND p.was = u.digest), root FROM unmet u ORDER BY path",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(Unmet {
+            root: r.get::<_, i64>(9)? as usize,
+            gone: Gone::from_row(r)?,
+            fs: r.get(4)?,
+            ino: r.get(5)?,
+            key: r.get(6)?,
+            met: r.get(7)?,
+            retagged: r.get(8)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// What became of `u`; `alarms`: whether a file system not mounted now is told apart (else
+/// its files are gone).
+fn fate(conn: &Connection, u: &Unmet, alarms: bool) -> Fate {
+    let now = std::fs::symlink_metadata(&u.gone.path);
+    if now.as_ref().is_ok_and(|m| m.ino() as i64 == u.ino) {
+        let met = conn
+            .prepare_cached("SELECT 1 FROM plan WHERE fs = ?1 AND ino = ?2")
+            .and_then(|mut s| s.exists(params![u.fs, u.ino]));
+        return Fate::Stays {
+            outdated: met.unwrap_or(false),
+        };
+    }
+    if u.met.is_some() || u.retagged {
+        return Fate::Moved(u.met.clone());
+    }
+    if now.is_err()
+        && alarms
+        && let Some(holder) = elsewhere(&u.gone.path, u.fs)
+    {
+        return Fate::Unmounted(holder);
+    }
+    Fate::Gone {
+        replaced: now.is_ok() && u.gone.damaged.is_none(),
+    }
+}
+
+/// A file moved keeps its history: in this plan (`status` too), and, with `mark`, in the
+/// state database, its entry moved where it is now (`to`; `None`: moved, then edited, and
+/// only forgotten where it was).
+fn moved(conn: &Connection, u: &Unmet, to: Option<&[u8]>, mark: bool) -> rusqlite::Result<()> {
+    let entry = match mark {
+        true => state::forget(conn, "state.", &u.path(), u.id())?,
+        false => state::entry_at(conn, "state.", &u.gone.path)?,
+    };
+    let (Some(e), Some(to)) = (entry, to) else {
+        return Ok(());
+    };
+    conn.execute(
+        "UPDATE plan SET known = 1, verified = ?4, checked = ?5, status = ?6, \
+         protected = ?7, archived = ?8, archived_in = ?9 \
+         WHERE fs = ?1 AND ino = ?2 AND digest = ?3 AND known IS NULL",
+        params![
+            u.fs,
+            u.ino,
+            u.key,
+            e.verified,
+            e.checked,
+            e.status,
+            e.protected,
+            e.archived,
+            e.archived_in
+        ],
+    )?;
+    if mark {
+        state::settle_moved(conn, "state.", to, e)?;
+    }
+    Ok(())
+}
+
 /// Where a missing file's path now leads to another file system than the one it was recorded
 /// on (`fs`): the nearest folder of its path that exists, if that is on another file system
 /// (a disk mounted there is not now). File systems that report no identity (0) say nothing.
@@ -545,215 +689,129 @@ impl Plan {
             return Ok((Vec::new(), Vec::new()));
         }
         let conn = self.conn();
-        let ranges: Vec<_> = roots.iter().map(|r| state::under(r)).collect();
-        let mut gone = Vec::new();
-        if !mark {
-            let mut stmt = conn.prepare_cached(
-                "SELECT path, verified, damaged, at FROM state.gone \
-                 WHERE (path >= ?1 AND path < ?2) OR path = ?3 ORDER BY path",
-            )?;
-            for (low, high, exact) in &ranges {
-                let rows = stmt.query_map(params![low, high, exact], Gone::from_row)?;
-                for row in rows {
-                    gone.push(row?);
-                }
-            }
-        }
-        // Files known under each root: the entries the walk met there, and those it did not.
-        let mut known = Vec::with_capacity(ranges.len());
-        for i in 0..ranges.len() {
-            known.push(conn.query_row(
-                "SELECT (SELECT count(*) FROM plan WHERE known AND root = ?1) \
-                 + (SELECT count(*) FROM unmet WHERE root = ?1)",
-                [i as i64],
-                |r| r.get::<_, i64>(0),
-            )? as u64);
-        }
-        // Each entry the walk did not meet where it says, looked up among the plan's files
-        // by an index built only now that it is needed (most runs need none): met elsewhere
-        // (moved), or its inode's entry re-tagged from its content (moved, then edited).
-        let mut newly = Vec::new();
-        if conn.query_row("SELECT EXISTS (SELECT 1 FROM unmet)", [], |r| r.get(0))? {
-            conn.execute_batch("CREATE INDEX IF NOT EXISTS plan_key ON plan (fs, ino, digest)")?;
-            let mut stmt = conn.prepare(
-                "SELECT path, verified, damaged, NULL, fs, ino, digest, \
-                 (SELECT p.abs FROM plan p WHERE p.fs = u.fs AND p.ino = u.ino \
-                 AND p.digest = u.digest LIMIT 1), \
-                 EXISTS (SELECT 1 FROM plan p WHERE p.fs = u.fs AND p.ino = u.ino \
-                 AND p.was = u.digest), root FROM unmet u ORDER BY path",
-            )?;
-            let rows = stmt.query_map([], |r| {
-                Ok((
-                    r.get::<_, i64>(9)? as usize,
-                    Gone::from_row(r)?,
-                    r.get::<_, i64>(4)?,
-                    r.get::<_, i64>(5)?,
-                    r.get::<_, Vec<u8>>(6)?,
-                    r.get::<_, Option<Vec<u8>>>(7)?,
-                    r.get::<_, bool>(8)?,
-                ))
-            })?;
-            for row in rows {
-                newly.push(row?);
-            }
-        }
-        // The file itself still there under its name (the walk did not meet it: excluded,
-        // on another file system under -x, in a directory it could not read) is not gone:
-        // its record, and its damage, stay as they are. Nor is a file whose file system is
-        // not mounted now (what holds its path is another one): an alarm, unless accepted.
-        // Met elsewhere by the walk, same inode and content: moved there, with its history.
-        // Something else under its name: the file was replaced, not removed.
-        // The walk met its inode under other content (a second name of an edited file): the
-        // entry describes nothing any more, and goes.
+        let mut gone = match mark {
+            true => Vec::new(),
+            false => recorded_gone(&conn, roots)?,
+        };
+        let mut removed = Vec::new();
         let mut unmounted: Vec<(PathBuf, u64)> = Vec::new();
-        let mut outdated = Vec::new();
-        let mut moved = Vec::new();
-        let newly: Vec<_> = newly
-            .into_iter()
-            .filter_map(|(i, g, fs, ino, key, met, retagged)| {
-                let now = std::fs::symlink_metadata(&g.path);
-                if now.as_ref().is_ok_and(|m| m.ino() as i64 == ino) {
-                    let met = conn
-                        .prepare_cached("SELECT 1 FROM plan WHERE fs = ?1 AND ino = ?2")
-                        .and_then(|mut s| s.exists(params![fs, ino]));
-                    if met.unwrap_or(false) {
-                        outdated.push((g.path, fs, ino, key));
+        for u in unmet(&conn)? {
+            match fate(&conn, &u, alarm_at.is_some()) {
+                Fate::Stays { outdated: false } => {}
+                Fate::Stays { outdated: true } if mark => {
+                    // Damaged content stays known until it is dealt with.
+                    let damaged: bool = conn
+                        .prepare_cached(
+                            "SELECT 1 FROM state.damage WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
+                        )?
+                        .exists(params![u.fs, u.ino, u.key])?;
+                    if !damaged {
+                        state::forget(&conn, "state.", &u.path(), u.id())?;
                     }
-                    return None;
                 }
-                if let Some(to) = met {
-                    moved.push((g.path, Some(to), fs, ino, key));
-                    return None;
-                }
-                // Its inode's entry elsewhere was re-tagged from this content: moved, then
-                // edited.
-                if retagged {
-                    moved.push((g.path, None, fs, ino, key));
-                    return None;
-                }
-                if now.is_err()
-                    && alarm_at.is_some()
-                    && let Some(holder) = elsewhere(&g.path, fs)
-                {
-                    match unmounted.iter_mut().find(|u| u.0 == holder) {
-                        Some(u) => u.1 += 1,
-                        None => unmounted.push((holder, 1)),
-                    }
-                    return None;
-                }
-                let replaced = now.is_ok() && g.damaged.is_none();
-                Some((i, g, fs, ino, key, replaced))
-            })
-            .collect();
-        // A tree that holds nothing of what it held, or lost a large share at once, is an
-        // alarm: an unmounted disk or a folder deleted by mistake, not routine deletions.
-        let mut alarms = Vec::new();
-        for (i, root) in roots.iter().enumerate() {
-            let removed = newly.iter().filter(|n| n.0 == i && !n.5).count() as u64;
-            let files = self.per_root.get(i).map_or(0, |c| c.0);
-            let vanished = files == 0 && removed > 0;
-            let many = removed >= MASS_REMOVAL_FILES
-                && alarm_at.is_some_and(|p| removed as f64 * 100.0 > known[i] as f64 * p);
-            if alarm_at.is_some() && (vanished || many) {
-                alarms.push(Removal {
-                    root: root.clone(),
-                    removed,
-                    known: known[i],
-                    vanished,
-                });
+                Fate::Stays { outdated: true } => {}
+                Fate::Moved(to) => moved(&conn, &u, to.as_deref(), mark)?,
+                Fate::Unmounted(holder) => match unmounted.iter_mut().find(|h| h.0 == holder) {
+                    Some(h) => h.1 += 1,
+                    None => unmounted.push((holder, 1)),
+                },
+                Fate::Gone { replaced } => removed.push((u, replaced)),
             }
         }
-        let held: Vec<bool> = (0..roots.len())
-            .map(|i| alarms.iter().any(|a| a.root == roots[i]))
-            .collect();
-        let held = |i: usize| held[i];
-        for (holder, removed) in unmounted {
-            alarms.push(Removal {
-                root: holder,
-                removed,
-                known: removed,
-                vanished: true,
-            });
-        }
-        let path_bytes = |p: &Path| p.as_os_str().as_bytes().to_vec();
-        for (i, g, fs, ino, key, replaced) in newly {
-            if held(i) {
+        let mut alarms = self.alarms(&conn, roots, &removed, alarm_at)?;
+        let held: Vec<PathBuf> = alarms.iter().map(|a| a.root.clone()).collect();
+        alarms.extend(unmounted.into_iter().map(|(root, removed)| Removal {
+            root,
+            removed,
+            known: removed,
+            vanished: true,
+        }));
+        for (u, replaced) in removed {
+            if held.contains(&roots[u.root]) {
                 continue;
             }
             if mark {
-                let path = path_bytes(&g.path);
-                let entry = state::forget(&conn, "state.", &path, (fs, ino, &key))?;
+                let entry = state::forget(&conn, "state.", &u.path(), u.id())?;
                 if !replaced {
                     let size = entry.as_ref().map_or(0, |e| e.size);
+                    let g = &u.gone;
                     conn.execute(
                         "INSERT OR REPLACE INTO state.gone (path, fs, ino, digest, size, \
                          verified, damaged, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                        params![path, fs, ino, key, size, g.verified, g.damaged, now],
+                        params![
+                            u.path(),
+                            u.fs,
+                            u.ino,
+                            u.key,
+                            size,
+                            g.verified,
+                            g.damaged,
+                            now
+                        ],
                     )?;
                     conn.execute(
                         "DELETE FROM state.damage WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
-                        params![fs, ino, key],
+                        params![u.fs, u.ino, u.key],
                     )?;
                 }
             }
             if !replaced {
                 gone.push(Gone {
                     gone: Some(now),
-                    ..g
+                    ..u.gone
                 });
             }
         }
         if mark {
-            for (path, fs, ino, key) in outdated {
-                // Damaged content stays known until it is dealt with.
-                let damaged: bool = conn
-                    .prepare_cached(
-                        "SELECT 1 FROM state.damage WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
-                    )?
-                    .exists(params![fs, ino, key])?;
-                if !damaged {
-                    state::forget(&conn, "state.", &path_bytes(&path), (fs, ino, &key))?;
-                }
-            }
             conn.execute(
                 "DELETE FROM state.gone WHERE at < ?1",
                 [now - GONE_KEPT.as_millis() as i64],
             )?;
         }
-        // A file moved keeps its history: in this plan (`status` too), and, with `mark`, in
-        // the state database, its entry moved where it is now.
-        for (from, to, fs, ino, key) in moved {
-            let path = path_bytes(&from);
-            let entry = match mark {
-                true => state::forget(&conn, "state.", &path, (fs, ino, &key))?,
-                false => state::entry_at(&conn, "state.", &from)?,
-            };
-            let (Some(e), Some(to)) = (entry, to) else {
-                continue;
-            };
-            conn.execute(
-                "UPDATE plan SET known = 1, verified = ?4, checked = ?5, status = ?6, \
-                 protected = ?7, archived = ?8, archived_in = ?9 \
-                 WHERE fs = ?1 AND ino = ?2 AND digest = ?3 AND known IS NULL",
-                params![
-                    fs,
-                    ino,
-                    key,
-                    e.verified,
-                    e.checked,
-                    e.status,
-                    e.protected,
-                    e.archived,
-                    e.archived_in
-                ],
-            )?;
-            if mark {
-                state::settle_moved(&conn, "state.", &to, e)?;
-            }
-        }
         drop(conn);
         gone.sort_by(|a, b| a.path.cmp(&b.path));
         Ok((gone, alarms))
+    }
+
+    /// The roots whose removals are an alarm: a tree that holds nothing of what it held, or
+    /// lost a large share at once, is an unmounted disk or a folder deleted by mistake, not
+    /// routine deletions.
+    fn alarms(
+        &self,
+        conn: &Connection,
+        roots: &[PathBuf],
+        removed: &[(Unmet, bool)],
+        alarm_at: Option<f64>,
+    ) -> rusqlite::Result<Vec<Removal>> {
+        let Some(alarm_at) = alarm_at else {
+            return Ok(Vec::new());
+        };
+        let mut alarms = Vec::new();
+        for (i, root) in roots.iter().enumerate() {
+            // Files known under it: the entries the walk met there, and those it did not.
+            let known = conn.query_row(
+                "SELECT (SELECT count(*) FROM plan WHERE known AND root = ?1) \
+                 + (SELECT count(*) FROM unmet WHERE root = ?1)",
+                [i as i64],
+                |r| r.get::<_, i64>(0),
+            )? as u64;
+            let gone = removed
+                .iter()
+                .filter(|(u, replaced)| u.root == i && !replaced)
+                .count() as u64;
+            let files = self.per_root.get(i).map_or(0, |c| c.0);
+            let vanished = files == 0 && gone > 0;
+            let many = gone >= MASS_REMOVAL_FILES && gone as f64 * 100.0 > known as f64 * alarm_at;
+            if vanished || many {
+                alarms.push(Removal {
+                    root: root.clone(),
+                    removed: gone,
+                    known,
+                    vanished,
+                });
+            }
+        }
+        Ok(alarms)
     }
 
     /// The queue of a scrub: tagged files (and untagged ones if `untagged_too`), not yet
