@@ -660,7 +660,8 @@ fn ignore_file(
 
 /// Whether `--exclude` or the nearest ignore file that has a say leaves `path` out.
 fn excluded(overrides: &Override, stack: &[Level], path: &Path, is_dir: bool) -> bool {
-    if overrides.matched(path, is_dir).is_ignore() {
+    // Matching strips the root from the path component by component, even with no pattern.
+    if !overrides.is_empty() && overrides.matched(path, is_dir).is_ignore() {
         return true;
     }
     for level in stack.iter().rev() {
