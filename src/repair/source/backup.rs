@@ -642,31 +642,7 @@ impl<R: Repository + Send> Search for Backup<R> {
             cancel,
             silence: self.silence,
         };
-        let mut trees: Vec<Vec<u8>> = Vec::new();
-        let sought: Vec<Sought> = (0..work.count())
-            .filter_map(|i| {
-                let w = work.want(i)?;
-                let abs = crate::state::absolute(&w.path).into_os_string().into_vec();
-                let own = abs.strip_prefix(b"/").unwrap_or(&abs).to_vec();
-                // The tree: the path less its part under the root it was found under.
-                let depth = w.rel.components().count();
-                let parts: Vec<&[u8]> = own.split(|&b| b == b'/').collect();
-                let tree_path = parts[..parts.len().saturating_sub(depth)].join(&b'/');
-                let tree = trees
-                    .iter()
-                    .position(|t| *t == tree_path)
-                    .unwrap_or_else(|| {
-                        trees.push(tree_path);
-                        trees.len() - 1
-                    });
-                Some(Sought {
-                    i,
-                    own,
-                    tree,
-                    size: w.size,
-                })
-            })
-            .collect();
+        let (sought, trees) = sought(work);
         if sought.is_empty() {
             return Ok(());
         }
@@ -675,256 +651,382 @@ impl<R: Repository + Send> Search for Backup<R> {
         // listed later is the newer).
         versions.reverse();
         versions.sort_by(|a, b| b.time.cmp(&a.time));
-        let mut maps = vec![Map::default(); trees.len()];
-        // A tree is placed once one of its files is found at its path (as mapped).
-        let mut placed = vec![false; trees.len()];
-        let by_size: HashMap<u64, Vec<usize>> =
-            sought
+        let mut hunt = Hunt::new(self, watch, sought, trees, versions);
+        hunt.newest_unlisted(work);
+        let mut v = 0;
+        while v < hunt.versions.len() {
+            if cancel.load(Ordering::Relaxed) || work.remaining() == 0 {
+                return Ok(());
+            }
+            let open: Vec<usize> = hunt.open(work);
+            if open.is_empty() {
+                break;
+            }
+            // Not where they are now: this version again, whole, to find where.
+            if !hunt.at_paths(v, &open, work)? {
+                v += 1;
+            }
+        }
+        hunt.elsewhere_listed(work)?;
+        hunt.last_tries(work);
+        Ok(())
+    }
+}
+
+/// The damaged files the work still wants, each with the tree it is under (its path less its
+/// part under the root it was found under), and the number of trees.
+fn sought(work: &dyn Attempts) -> (Vec<Sought>, usize) {
+    let mut trees: Vec<Vec<u8>> = Vec::new();
+    let sought = (0..work.count())
+        .filter_map(|i| {
+            let w = work.want(i)?;
+            let abs = crate::state::absolute(&w.path).into_os_string().into_vec();
+            let own = abs.strip_prefix(b"/").unwrap_or(&abs).to_vec();
+            let depth = w.rel.components().count();
+            let parts: Vec<&[u8]> = own.split(|&b| b == b'/').collect();
+            let tree_path = parts[..parts.len().saturating_sub(depth)].join(&b'/');
+            let tree = trees
                 .iter()
-                .enumerate()
-                .fold(HashMap::new(), |mut m, (k, s)| {
-                    if let Some(size) = s.size {
-                        m.entry(size).or_default().push(k);
-                    }
-                    m
+                .position(|t| *t == tree_path)
+                .unwrap_or_else(|| {
+                    trees.push(tree_path);
+                    trees.len() - 1
                 });
-        // What each file's path held in a newer version (size and stamp): an older one
-        // holding the same is the same stored content, not tried again.
-        let mut seen: Vec<Vec<(u64, String)>> = sought.iter().map(|_| Vec::new()).collect();
-        let mut elsewhere: Vec<Vec<Copy>> = sought.iter().map(|_| Vec::new()).collect();
-        let mut listed_whole = vec![false; versions.len()];
-        let mut groups: Vec<&String> = Vec::new();
-        let wanting = |work: &dyn Attempts, k: usize| work.want(sought[k].i).is_some();
-        // The newest version first, fetched without a listing: most damage is repaired from
-        // the newest backup, by one run of the tool.
-        let blind: Vec<(usize, Copy)> = (0..sought.len())
+            Some(Sought {
+                i,
+                own,
+                tree,
+                size: w.size,
+            })
+        })
+        .collect();
+    (sought, trees.len())
+}
+
+/// One search of a repository for the damaged files of a repair: what it has learnt so far.
+struct Hunt<'a, R> {
+    backup: &'a Backup<R>,
+    watch: Watch<'a>,
+    sought: Vec<Sought>,
+    /// Newest first.
+    versions: Vec<Version>,
+    /// Where each tree was backed up from.
+    maps: Vec<Map>,
+    /// A tree is placed once one of its files is found at its path (as mapped).
+    placed: Vec<bool>,
+    /// The trees whose files were not found where they are now: looked for in whole
+    /// listings.
+    lost: Vec<bool>,
+    /// The damaged files of each size.
+    by_size: HashMap<u64, Vec<usize>>,
+    /// What each file's path held in a newer version (size and stamp): an older one holding
+    /// the same is the same stored content, not tried again.
+    seen: Vec<Vec<(u64, String)>>,
+    /// Copies of each file's size found elsewhere in whole listings.
+    elsewhere: Vec<Vec<Copy>>,
+    /// Which versions were listed whole.
+    listed_whole: Vec<bool>,
+    /// The groups one of whose versions was listed whole.
+    groups: Vec<String>,
+}
+
+impl<'a, R: Repository + Send> Hunt<'a, R> {
+    fn new(
+        backup: &'a Backup<R>,
+        watch: Watch<'a>,
+        sought: Vec<Sought>,
+        trees: usize,
+        versions: Vec<Version>,
+    ) -> Self {
+        let mut by_size: HashMap<u64, Vec<usize>> = HashMap::new();
+        for (k, s) in sought.iter().enumerate() {
+            if let Some(size) = s.size {
+                by_size.entry(size).or_default().push(k);
+            }
+        }
+        Hunt {
+            backup,
+            watch,
+            seen: sought.iter().map(|_| Vec::new()).collect(),
+            elsewhere: sought.iter().map(|_| Vec::new()).collect(),
+            sought,
+            listed_whole: vec![false; versions.len()],
+            versions,
+            maps: vec![Map::default(); trees],
+            placed: vec![false; trees],
+            lost: vec![false; trees],
+            by_size,
+            groups: Vec::new(),
+        }
+    }
+
+    /// The damaged files still wanting a copy.
+    fn open(&self, work: &dyn Attempts) -> Vec<usize> {
+        (0..self.sought.len())
+            .filter(|&k| work.want(self.sought[k].i).is_some())
+            .collect()
+    }
+
+    /// The newest version first, fetched without a listing: most damage is repaired from
+    /// the newest backup, by one run of the tool.
+    fn newest_unlisted(&self, work: &mut dyn Attempts) {
+        if self.versions.is_empty() {
+            return;
+        }
+        let blind: Vec<(usize, Copy)> = (0..self.sought.len())
             .map(|k| {
                 let copy = Copy {
                     version: 0,
-                    path: sought[k].own.clone(),
+                    path: self.sought[k].own.clone(),
                     stamp: String::new(),
                 };
                 (k, copy)
             })
             .collect();
-        if !versions.is_empty() {
-            self.offer(work, &sought, blind, &versions, &maps, watch, true);
+        self.offer(work, blind, true);
+    }
+
+    fn offer(&self, work: &mut dyn Attempts, copies: Vec<(usize, Copy)>, blind: bool) {
+        let (sought, versions, maps) = (&self.sought, &self.versions, &self.maps);
+        self.backup
+            .offer(work, sought, copies, versions, maps, self.watch, blind);
+    }
+
+    /// Whether another version may be listed whole (a tree not found where it is now is
+    /// looked for in the newest version of each group).
+    fn may_list_whole(&self, group: &str) -> bool {
+        self.listed_whole.iter().filter(|&&w| w).count() < LISTED_WHOLE
+            && !self.groups.iter().any(|g| g == group)
+    }
+
+    /// Lists version `v` (in the `open` files' folders, or whole while a tree of theirs is
+    /// lost) and offers each new copy at a file's path; a tree not placed yet takes the map
+    /// most of its files agree on. Whether `v` is to be listed again, whole.
+    fn at_paths(
+        &mut self,
+        v: usize,
+        open: &[usize],
+        work: &mut dyn Attempts,
+    ) -> Result<bool, Unusable> {
+        let group = self.versions[v].group.clone();
+        let whole = self.may_list_whole(&group)
+            && open.iter().any(|&k| {
+                let tree = self.sought[k].tree;
+                !self.placed[tree] && self.lost[tree]
+            });
+        self.listed_whole[v] = whole;
+        if whole {
+            self.groups.push(group.clone());
         }
-        // The trees whose files were not found where they are now: looked for in whole
-        // listings.
-        let mut lost = vec![false; trees.len()];
-        let mut v = 0;
-        while v < versions.len() {
-            let version = &versions[v];
-            if cancel.load(Ordering::Relaxed) || work.remaining() == 0 {
-                return Ok(());
-            }
-            let open: Vec<usize> = (0..sought.len()).filter(|&k| wanting(work, k)).collect();
-            if open.is_empty() {
-                break;
-            }
-            // A tree not found where it is now is looked for in the newest version of each
-            // group.
-            let may_list_whole = |listed_whole: &[bool], groups: &[&String]| {
-                listed_whole.iter().filter(|&&w| w).count() < LISTED_WHOLE
-                    && !groups.contains(&&version.group)
-            };
-            let whole = may_list_whole(&listed_whole, &groups)
-                && open
-                    .iter()
-                    .any(|&k| !placed[sought[k].tree] && lost[sought[k].tree]);
-            listed_whole[v] = whole;
-            if whole {
-                groups.push(&version.group);
-            }
-            let mut by_path: HashMap<String, Vec<usize>> = HashMap::new();
-            for &k in &open {
-                let s = &sought[k];
-                by_path
-                    .entry(loose(&maps[s.tree].apply(&s.own)))
-                    .or_default()
-                    .push(k);
-            }
-            let mut folders: Vec<Vec<u8>> = by_path
-                .values()
-                .map(|ks| {
-                    let s = &sought[ks[0]];
-                    let there = maps[s.tree].apply(&s.own);
-                    match there.iter().rposition(|&b| b == b'/') {
-                        Some(at) => there[..at].to_vec(),
-                        None => Vec::new(),
-                    }
-                })
-                .collect();
-            folders.sort();
-            folders.dedup();
-            // A file at the root of the repository's tree: list it whole.
-            let within: &[Vec<u8>] = if whole || folders.iter().any(Vec::is_empty) {
-                &[]
-            } else {
-                &folders
-            };
-            let mut hits: Vec<Hit> = Vec::new();
-            let mut votes: HashMap<(usize, Map), Vec<Hit>> = HashMap::new();
-            self.repo
-                .list(version, within, watch, &mut |listed, size, stamp| {
-                    let fits = |k: usize| sought[k].size.is_none_or(|s| s == size);
-                    let mut at_path = Vec::new();
-                    for &k in by_path.get(&loose(listed.as_bytes())).into_iter().flatten() {
-                        if fits(k) {
-                            let s = &sought[k];
-                            at_path.push(k);
-                            let path = maps[s.tree].apply(&s.own);
-                            let copy = Copy {
-                                version: v,
-                                path,
-                                stamp: stamp.clone(),
-                            };
-                            hits.push(Hit { k, copy, size });
-                        }
-                    }
-                    if !whole {
-                        return;
-                    }
-                    for &k in by_size.get(&size).into_iter().flatten() {
+        let mut by_path: HashMap<String, Vec<usize>> = HashMap::new();
+        for &k in open {
+            let s = &self.sought[k];
+            by_path
+                .entry(loose(&self.maps[s.tree].apply(&s.own)))
+                .or_default()
+                .push(k);
+        }
+        let mut folders: Vec<Vec<u8>> = by_path
+            .values()
+            .map(|ks| {
+                let s = &self.sought[ks[0]];
+                let there = self.maps[s.tree].apply(&s.own);
+                match there.iter().rposition(|&b| b == b'/') {
+                    Some(at) => there[..at].to_vec(),
+                    None => Vec::new(),
+                }
+            })
+            .collect();
+        folders.sort();
+        folders.dedup();
+        // A file at the root of the repository's tree: list it whole.
+        let within: &[Vec<u8>] = if whole || folders.iter().any(Vec::is_empty) {
+            &[]
+        } else {
+            &folders
+        };
+        let mut hits: Vec<Hit> = Vec::new();
+        let mut votes: HashMap<(usize, Map), Vec<Hit>> = HashMap::new();
+        let (sought, maps, placed, by_size) =
+            (&self.sought, &self.maps, &self.placed, &self.by_size);
+        let elsewhere = &mut self.elsewhere;
+        let version = &self.versions[v];
+        self.backup
+            .repo
+            .list(version, within, self.watch, &mut |listed, size, stamp| {
+                let fits = |k: usize| sought[k].size.is_none_or(|s| s == size);
+                let mut at_path = Vec::new();
+                for &k in by_path.get(&loose(listed.as_bytes())).into_iter().flatten() {
+                    if fits(k) {
                         let s = &sought[k];
-                        if at_path.contains(&k) || !wanting(work, k) {
-                            continue;
-                        }
-                        let copy = || Copy {
+                        at_path.push(k);
+                        let path = maps[s.tree].apply(&s.own);
+                        let copy = Copy {
                             version: v,
-                            path: listed.as_bytes().to_vec(),
+                            path,
                             stamp: stamp.clone(),
                         };
-                        // Where an unplaced tree may have been backed up from.
-                        if !placed[s.tree]
-                            && let Some(map) = Map::between(&s.own, listed)
-                        {
-                            let same = map.apply(&s.own);
-                            let c = Copy {
-                                path: same,
-                                ..copy()
-                            };
-                            votes
-                                .entry((s.tree, map))
-                                .or_default()
-                                .push(Hit { k, copy: c, size });
-                        }
+                        hits.push(Hit { k, copy, size });
+                    }
+                }
+                if !whole {
+                    return;
+                }
+                for &k in by_size.get(&size).into_iter().flatten() {
+                    let s = &sought[k];
+                    if at_path.contains(&k) || work.want(s.i).is_none() {
+                        continue;
+                    }
+                    let copy = || Copy {
+                        version: v,
+                        path: listed.as_bytes().to_vec(),
+                        stamp: stamp.clone(),
+                    };
+                    // Where an unplaced tree may have been backed up from.
+                    if !placed[s.tree]
+                        && let Some(map) = Map::between(&s.own, listed)
+                    {
+                        let same = map.apply(&s.own);
+                        let c = Copy {
+                            path: same,
+                            ..copy()
+                        };
+                        votes
+                            .entry((s.tree, map))
+                            .or_default()
+                            .push(Hit { k, copy: c, size });
+                    }
+                    let known = elsewhere[k]
+                        .iter()
+                        .any(|c| c.path == listed.as_bytes() && c.stamp == stamp);
+                    if !known && elsewhere[k].len() < ELSEWHERE {
+                        elsewhere[k].push(copy());
+                    }
+                }
+            })?;
+        for k in hits.iter().map(|h| h.k) {
+            self.placed[self.sought[k].tree] = true;
+        }
+        let mut again = false;
+        if !whole {
+            for &k in open {
+                let tree = self.sought[k].tree;
+                if !self.placed[tree] && !self.lost[tree] {
+                    self.lost[tree] = true;
+                    again |= self.may_list_whole(&group);
+                }
+            }
+        }
+        self.place(votes, &mut hits);
+        let mut copies = Vec::new();
+        for Hit { k, copy, size } in hits {
+            let seen = &mut self.seen[k];
+            if work.want(self.sought[k].i).is_none()
+                || seen.iter().any(|(z, t)| *z == size && *t == copy.stamp)
+            {
+                continue;
+            }
+            seen.push((size, copy.stamp.clone()));
+            // The newest version's copy at the file's own path was tried before the listing.
+            if v == 0 && self.maps[self.sought[k].tree] == Map::default() {
+                continue;
+            }
+            copies.push((k, copy));
+        }
+        self.offer(work, copies, false);
+        Ok(again)
+    }
+
+    /// Each unplaced tree takes the map most of its files agree on (the longest shared tail
+    /// breaks a tie), and the copies that map finds join `hits`.
+    fn place(&mut self, mut votes: HashMap<(usize, Map), Vec<Hit>>, hits: &mut Vec<Hit>) {
+        for tree in 0..self.maps.len() {
+            if self.placed[tree] {
+                continue;
+            }
+            let best = votes
+                .iter()
+                .filter(|((t, _), _)| *t == tree)
+                .map(|((_, map), found)| {
+                    let mut files: Vec<usize> = found.iter().map(|f| f.k).collect();
+                    files.sort_unstable();
+                    files.dedup();
+                    (files.len(), std::cmp::Reverse(map.own.len()), map.clone())
+                })
+                .max_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+            if let Some((_, _, map)) = best {
+                hits.extend(votes.remove(&(tree, map.clone())).unwrap_or_default());
+                self.maps[tree] = map;
+                self.placed[tree] = true;
+            }
+        }
+    }
+
+    /// Files still wanting: files of their size elsewhere in the newest versions (one moved
+    /// since the backup), from versions not listed whole yet.
+    fn elsewhere_listed(&mut self, work: &dyn Attempts) -> Result<(), Unusable> {
+        for v in 0..self.versions.len().min(LISTED_WHOLE) {
+            let open = self.open(work);
+            if open.is_empty() || self.watch.cancel.load(Ordering::Relaxed) {
+                break;
+            }
+            if self.listed_whole[v] {
+                continue;
+            }
+            let (sought, maps, by_size) = (&self.sought, &self.maps, &self.by_size);
+            let elsewhere = &mut self.elsewhere;
+            self.backup.repo.list(
+                &self.versions[v],
+                &[],
+                self.watch,
+                &mut |listed, size, stamp| {
+                    for &k in by_size.get(&size).into_iter().flatten() {
+                        let s = &sought[k];
+                        let at_path =
+                            loose(listed.as_bytes()) == loose(&maps[s.tree].apply(&s.own));
                         let known = elsewhere[k]
                             .iter()
                             .any(|c| c.path == listed.as_bytes() && c.stamp == stamp);
-                        if !known && elsewhere[k].len() < ELSEWHERE {
-                            elsewhere[k].push(copy());
+                        if !at_path && !known && elsewhere[k].len() < ELSEWHERE && open.contains(&k)
+                        {
+                            elsewhere[k].push(Copy {
+                                version: v,
+                                path: listed.as_bytes().to_vec(),
+                                stamp: stamp.clone(),
+                            });
                         }
                     }
-                })?;
-            for k in hits.iter().map(|h| h.k) {
-                placed[sought[k].tree] = true;
-            }
-            // Not where they are now: this version again, whole, to find where.
-            let mut again = false;
-            if !whole {
-                for &k in &open {
-                    let tree = sought[k].tree;
-                    if !placed[tree] && !lost[tree] {
-                        lost[tree] = true;
-                        again |= may_list_whole(&listed_whole, &groups);
-                    }
-                }
-            }
-            // Each unplaced tree takes the map most of its files agree on (the longest
-            // shared tail breaks a tie), and the copies that map finds.
-            for tree in 0..trees.len() {
-                if placed[tree] {
-                    continue;
-                }
-                let best = votes
-                    .iter()
-                    .filter(|((t, _), _)| *t == tree)
-                    .map(|((_, map), found)| {
-                        let mut files: Vec<usize> = found.iter().map(|f| f.k).collect();
-                        files.sort_unstable();
-                        files.dedup();
-                        (files.len(), std::cmp::Reverse(map.own.len()), map.clone())
-                    })
-                    .max_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-                if let Some((_, _, map)) = best {
-                    hits.extend(votes.remove(&(tree, map.clone())).unwrap_or_default());
-                    maps[tree] = map;
-                    placed[tree] = true;
-                }
-            }
-            let mut copies = Vec::new();
-            for Hit { k, copy, size } in hits {
-                if !wanting(work, k) || seen[k].iter().any(|(z, t)| *z == size && *t == copy.stamp)
-                {
-                    continue;
-                }
-                seen[k].push((size, copy.stamp.clone()));
-                // The newest version's copy at the file's own path was tried before the
-                // listing.
-                if v == 0 && maps[sought[k].tree] == Map::default() {
-                    continue;
-                }
-                copies.push((k, copy));
-            }
-            self.offer(work, &sought, copies, &versions, &maps, watch, false);
-            if !again {
-                v += 1;
-            }
+                },
+            )?;
         }
-        // Files still wanting: files of their size elsewhere in the newest versions, one
-        // moved since the backup.
-        for v in 0..versions.len().min(LISTED_WHOLE) {
-            let open: Vec<usize> = (0..sought.len()).filter(|&k| wanting(work, k)).collect();
-            if open.is_empty() || cancel.load(Ordering::Relaxed) {
-                break;
-            }
-            if !listed_whole[v] {
-                self.repo
-                    .list(&versions[v], &[], watch, &mut |listed, size, stamp| {
-                        for &k in by_size.get(&size).into_iter().flatten() {
-                            let s = &sought[k];
-                            let at_path =
-                                loose(listed.as_bytes()) == loose(&maps[s.tree].apply(&s.own));
-                            let known = elsewhere[k]
-                                .iter()
-                                .any(|c| c.path == listed.as_bytes() && c.stamp == stamp);
-                            if !at_path
-                                && !known
-                                && elsewhere[k].len() < ELSEWHERE
-                                && open.contains(&k)
-                            {
-                                elsewhere[k].push(Copy {
-                                    version: v,
-                                    path: listed.as_bytes().to_vec(),
-                                    stamp: stamp.clone(),
-                                });
-                            }
-                        }
-                    })?;
-            }
-        }
-        let name = self.repo.name();
-        for (k, s) in sought.iter().enumerate() {
+        Ok(())
+    }
+
+    /// The copies of each file's size found elsewhere, then, for a file still wanting, what
+    /// was tried.
+    fn last_tries(&mut self, work: &mut dyn Attempts) {
+        let cancel = self.watch.cancel;
+        let name = self.backup.repo.name();
+        for (k, s) in self.sought.iter().enumerate() {
             // A tree placed after its listing held it: the copy at its path was tried.
-            let at_path = loose(&maps[s.tree].apply(&s.own));
-            let mut others = std::mem::take(&mut elsewhere[k]);
+            let at_path = loose(&self.maps[s.tree].apply(&s.own));
+            let mut others = std::mem::take(&mut self.elsewhere[k]);
             others.retain(|c| loose(&c.path) != at_path);
             let moved = others.len();
             for copy in others {
-                if !wanting(work, k) || cancel.load(Ordering::Relaxed) {
+                if work.want(s.i).is_none() || cancel.load(Ordering::Relaxed) {
                     break;
                 }
-                let from = self.label(&copy, &versions, &Map::default());
-                let version = &versions[copy.version];
+                let from = self.backup.label(&copy, &self.versions, &Map::default());
+                let version = &self.versions[copy.version];
+                let repo = &self.backup.repo;
                 work.offer(s.i, &from, &mut |sink| {
-                    stream(&mut self.repo.dump(version, &copy.path), watch, sink)
+                    stream(&mut repo.dump(version, &copy.path), self.watch, sink)
                 });
             }
-            if wanting(work, k) && !cancel.load(Ordering::Relaxed) {
-                let (tried, whole) = (seen[k].len(), LISTED_WHOLE.min(versions.len()));
-                let n = versions.len();
+            if work.want(s.i).is_some() && !cancel.load(Ordering::Relaxed) {
+                let (tried, n) = (self.seen[k].len(), self.versions.len());
+                let whole = LISTED_WHOLE.min(n);
                 work.tried(
                     s.i,
                     if tried + moved == 0 {
@@ -942,7 +1044,6 @@ impl<R: Repository + Send> Search for Backup<R> {
                 );
             }
         }
-        Ok(())
     }
 }
 
