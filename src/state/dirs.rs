@@ -554,6 +554,67 @@ const COLUMNS: &str = "fs INTEGER, ino INTEGER, digest BLOB, path BLOB, size INT
     archived INTEGER, archived_in INTEGER, seen INTEGER, damaged_digest BLOB, gone INTEGER, \
     dup INTEGER, was BLOB";
 
+/// One row of a laid-out table, as an entry, a file gone or damage without an entry fills it.
+struct Laid {
+    key: FileKey,
+    path: Vec<u8>,
+    size: i64,
+    verified: Option<i64>,
+    checked: Option<i64>,
+    status: Option<String>,
+    damaged: Option<i64>,
+    protected: Option<i64>,
+    archived: Option<i64>,
+    archived_in: Option<i64>,
+    seen: Option<i64>,
+    damaged_digest: Option<Vec<u8>>,
+    gone: Option<i64>,
+    was: Option<Vec<u8>>,
+}
+
+impl Laid {
+    fn new(key: FileKey, path: Vec<u8>) -> Self {
+        Laid {
+            key,
+            path,
+            size: 0,
+            verified: None,
+            checked: None,
+            status: None,
+            damaged: None,
+            protected: None,
+            archived: None,
+            archived_in: None,
+            seen: None,
+            damaged_digest: None,
+            gone: None,
+            was: None,
+        }
+    }
+
+    fn insert(self, stmt: &mut rusqlite::Statement<'_>) -> rusqlite::Result<()> {
+        stmt.execute(params![
+            self.key.0,
+            self.key.1,
+            self.key.2,
+            self.path,
+            self.size,
+            self.verified,
+            self.checked,
+            self.status,
+            self.damaged,
+            self.protected,
+            self.archived,
+            self.archived_in,
+            self.seen,
+            self.damaged_digest,
+            self.gone,
+            self.was
+        ])
+        .map(drop)
+    }
+}
+
 /// Lays out what the database (its tables in the schema `from` names) knows under `roots` as
 /// rows of the table `name` in the schema `into` (made anew), one a file: entries, files
 /// gone, and damage whose file has no entry (it was replaced or moved). Returns the number of
@@ -627,51 +688,34 @@ pub(crate) fn lay_out(
                     if d.is_some() {
                         used.insert(key.clone());
                     }
-                    insert.execute(params![
-                        key.0,
-                        key.1,
-                        key.2,
-                        path,
-                        e.size,
-                        e.verified,
-                        e.checked,
-                        e.status,
-                        d.map(|d| d.2),
-                        e.protected,
-                        e.archived,
-                        e.archived_in,
-                        e.seen,
-                        d.and_then(|d| d.1.clone()),
-                        None::<i64>,
-                        (!e.was.is_empty()).then_some(e.was)
-                    ])?;
+                    let row = Laid {
+                        size: e.size,
+                        verified: e.verified,
+                        checked: e.checked,
+                        status: Some(e.status),
+                        damaged: d.map(|d| d.2),
+                        protected: e.protected,
+                        archived: e.archived,
+                        archived_in: e.archived_in,
+                        seen: e.seen,
+                        damaged_digest: d.and_then(|d| d.1.clone()),
+                        was: (!e.was.is_empty()).then_some(e.was),
+                        ..Laid::new(key, path)
+                    };
+                    row.insert(&mut insert)?;
                     n += 1;
                 }
             }
             let mut rows = gone.query(params![low, high, exact])?;
             while let Some(r) = rows.next()? {
-                let (path, fs, ino, key, size): (Vec<u8>, i64, i64, Vec<u8>, i64) =
-                    (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?);
-                let (verified, damaged, at): (Option<i64>, Option<i64>, i64) =
-                    (r.get(5)?, r.get(6)?, r.get(7)?);
-                insert.execute(params![
-                    fs,
-                    ino,
-                    key,
-                    path,
-                    size,
-                    verified,
-                    None::<i64>,
-                    None::<String>,
-                    damaged,
-                    None::<i64>,
-                    None::<i64>,
-                    None::<i64>,
-                    None::<i64>,
-                    None::<Vec<u8>>,
-                    at,
-                    None::<Vec<u8>>
-                ])?;
+                let row = Laid {
+                    size: r.get(4)?,
+                    verified: r.get(5)?,
+                    damaged: r.get(6)?,
+                    gone: Some(r.get(7)?),
+                    ..Laid::new((r.get(1)?, r.get(2)?, r.get(3)?), r.get(0)?)
+                };
+                row.insert(&mut insert)?;
                 n += 1;
             }
         }
@@ -681,24 +725,15 @@ pub(crate) fn lay_out(
             }
             let size = std::fs::symlink_metadata(std::ffi::OsStr::from_bytes(path))
                 .map_or(0, |m| m.len() as i64);
-            insert.execute(params![
-                key.0,
-                key.1,
-                key.2,
-                path,
+            let row = Laid {
                 size,
-                None::<i64>,
-                found,
-                status,
-                found,
-                None::<i64>,
-                None::<i64>,
-                None::<i64>,
-                None::<i64>,
-                damaged_digest,
-                None::<i64>,
-                None::<Vec<u8>>
-            ])?;
+                checked: Some(*found),
+                status: status.clone(),
+                damaged: Some(*found),
+                damaged_digest: damaged_digest.clone(),
+                ..Laid::new(key.clone(), path.clone())
+            };
+            row.insert(&mut insert)?;
             n += 1;
         }
     }
