@@ -206,7 +206,7 @@ fn damage_found_leaves_the_file_as_found_so_backups_keep_the_good_bytes() {
     image.read_exact_at(&mut b, at).unwrap();
     image.write_all_at(&[b[0] ^ 0x20], at).unwrap();
     image.sync_all().unwrap();
-    fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    crate::faultfs::drop_caches();
     let before = fs::metadata(&photo).unwrap();
     let attrs = |p: &std::path::Path| {
         let mut names: Vec<String> = xattr_names(p);

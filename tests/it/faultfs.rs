@@ -600,6 +600,17 @@ impl BadDisk {
 
 /// Writes back and drops every clean page, so that the next read goes to the device.
 pub fn drop_caches() {
+    let _cache = page_cache();
     rustix::fs::sync();
     std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+}
+
+/// The page cache is the machine's, and the tests of this binary run side by side: a test
+/// that asserts what the cache holds keeps this while it runs, and dropping the cache waits
+/// for it (one such drop once evicted a test's cached file mid-check, in CI).
+pub fn page_cache() -> std::sync::MutexGuard<'static, ()> {
+    static CACHE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    CACHE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }

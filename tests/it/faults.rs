@@ -285,6 +285,7 @@ fn resident(path: &std::path::Path) -> u64 {
 
 #[test]
 fn background_checks_leave_the_page_cache_as_they_found_it() {
+    let _cache = crate::faultfs::page_cache();
     let t = Tree::new();
     let cached = t.write("cached", data(16 << 20, 1));
     let cold = t.write("cold", data(16 << 20, 2));
