@@ -295,21 +295,10 @@ pub struct Plan {
     known: u64,
 }
 
-/// Walks `roots` (by `config.walk`, reading no data) into a plan: a private database on
-/// disk that the state database is then attached to ([`Plan::attach`]). Reports that no plan
-/// row stands for (skipped and unreadable paths, and untagged files unless `untagged_too`) go
-/// to `other` as the walk finds them.
-pub fn plan(
-    config: &Config,
-    roots: &[PathBuf],
-    untagged_too: bool,
-    cancel: &AtomicBool,
-    db: Option<&Path>,
-    mut other: impl FnMut(FileReport),
-) -> rusqlite::Result<Plan> {
-    // "": a private temporary database, on disk.
+/// The plan's own database: a private temporary one, on disk, with the state database's
+/// locks waited for as the state's are (it is attached to it), and its tables made.
+fn scratch() -> rusqlite::Result<Connection> {
     let mut conn = Connection::open("")?;
-    // The state database is attached to it: its locks are waited for as the state's are.
     state::wait_for_locks(&mut conn)?;
     // A throwaway: no journal, no syncs; a cache of 512 KiB (it is read in order, and a
     // larger one only made the peak grow with the tree), then its file (temporary tables
@@ -344,6 +333,22 @@ pub fn plan(
             verified INTEGER, damaged INTEGER, root INTEGER NOT NULL
         );",
     )?;
+    Ok(conn)
+}
+
+/// Walks `roots` (by `config.walk`, reading no data) into a plan: a private database on
+/// disk that the state database is then attached to ([`Plan::attach`]). Reports that no plan
+/// row stands for (skipped and unreadable paths, and untagged files unless `untagged_too`) go
+/// to `other` as the walk finds them.
+pub fn plan(
+    config: &Config,
+    roots: &[PathBuf],
+    untagged_too: bool,
+    cancel: &AtomicBool,
+    db: Option<&Path>,
+    mut other: impl FnMut(FileReport),
+) -> rusqlite::Result<Plan> {
+    let conn = scratch()?;
     let show = Config {
         work: Work::Show,
         ..config.clone()
