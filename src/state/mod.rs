@@ -550,8 +550,8 @@ impl State {
     /// the writer thread and committed at least every second: other runs never wait longer
     /// for this one, and a run killed loses at most its last second.
     pub fn record(&mut self, report: &FileReport) {
-        for (fact, key) in facts(report) {
-            self.add(report, fact, key);
+        for (fact, digest) in facts(report) {
+            self.add(report, fact, digest.as_ref().map_or_else(Vec::new, digest_key));
         }
         self.send_when_due();
     }
@@ -1129,7 +1129,25 @@ mod tests {
         let third = record(3);
         assert_eq!(value(&third), before);
         assert_eq!(seen(&third), 3, "proven by the third run");
+        // A print stored by another hash (an earlier build's): it does not match, and the
+        // run proves the entries themselves and stores its own print.
+        let print = |state: &State| -> Vec<u8> {
+            state
+                .conn
+                .query_row("SELECT print FROM proven", [], |r| r.get(0))
+                .unwrap()
+        };
+        let good = print(&third);
+        third
+            .conn
+            .execute("UPDATE proven SET print = ?1", [vec![7u8; 24]])
+            .unwrap();
         drop(third);
+        let fourth = record(3);
+        assert_eq!(value(&fourth), before);
+        assert_eq!(seen(&fourth), 3, "proven by a run that met another print");
+        assert_eq!(print(&fourth), good, "its own print stored");
+        drop(fourth);
         // A file of another size under the same tag: the print tells, the entries are read
         // and written with what changed.
         let (mut state, _) = State::open(&db).unwrap();

@@ -47,14 +47,15 @@ pub(super) enum Fact {
     VerifiedArchived,
 }
 
-/// What a report says that is worth remembering, each fact with the content it is about:
-/// the verdict, and a copy made.
-pub(super) fn facts(r: &FileReport) -> Vec<(Fact, Vec<u8>)> {
+/// What a report says that is worth remembering, each fact with the content it is about
+/// (none: the empty key): the verdict, and a copy made. At most two, and no allocation:
+/// this runs for every file.
+pub(super) fn facts(r: &FileReport) -> impl Iterator<Item = (Fact, Option<Digest>)> {
     let tagged = r.tag.as_ref().map(|t| t.digest);
     // An untagged file that could not be tagged (update, scrub --update): under the empty
     // key, which the plan gives untagged files, so that it waits for the next cycle.
     if tagged.is_none() && matches!(r.status, Status::Error | Status::Changed) {
-        return vec![(Fact::Judged, Vec::new())];
+        return [Some((Fact::Judged, None)), None].into_iter().flatten();
     }
     let verdict = match (r.action, r.status) {
         // A new tag describes the data just read (a new file, an edit, damage accepted):
@@ -81,16 +82,16 @@ pub(super) fn facts(r: &FileReport) -> Vec<(Fact, Vec<u8>)> {
     };
     // A verification and an archived copy of the same content are one row: half the
     // writes of an archive run.
-    let facts: Vec<(Fact, Digest)> = match (verdict, copy) {
+    let facts = match (verdict, copy) {
         (Some((Fact::Verified, v)), Some((Fact::Archived, c))) if v == c => {
-            vec![(Fact::VerifiedArchived, v)]
+            [Some((Fact::VerifiedArchived, v)), None]
         }
-        (verdict, copy) => verdict.into_iter().chain(copy).collect(),
+        (verdict, copy) => [verdict, copy],
     };
     facts
+        .map(|f| f.map(|(fact, d)| (fact, Some(d))))
         .into_iter()
-        .map(|(fact, d)| (fact, digest_key(&d)))
-        .collect()
+        .flatten()
 }
 
 /// The digest a database key holds (see [`digest_key`]).

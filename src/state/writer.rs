@@ -113,7 +113,7 @@ pub(super) fn serve(
             Some(t) => batches.recv_deadline(t + COMMIT_EVERY),
             None => batches.recv().map_err(|_| RecvTimeoutError::Disconnected),
         };
-        let batch = match next {
+        let mut batch = match next {
             Ok(batch) => batch,
             Err(RecvTimeoutError::Timeout) => {
                 began = None;
@@ -133,7 +133,8 @@ pub(super) fn serve(
                 result = conn.execute_batch("BEGIN IMMEDIATE");
                 began = result.is_ok().then(Instant::now);
             }
-            result = result.and_then(|()| open.write(conn, &batch.rows, batch.seen));
+            result =
+                result.and_then(|()| open.write(conn, std::mem::take(&mut batch.rows), batch.seen));
         }
         let due = batch.commit || began.is_some_and(|t| t.elapsed() >= COMMIT_EVERY);
         if result.is_err() && began.is_some() {
