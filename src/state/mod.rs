@@ -25,7 +25,7 @@ use std::io;
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::TryRecvError;
 use rusqlite::{Connection, OptionalExtension, params};
@@ -106,7 +106,8 @@ pub struct State {
     pending: Vec<Row>,
     /// Where they go.
     writer: Writer,
-    pending_since: Option<Instant>,
+    /// When the first of them was recorded (ms, as [`now`]).
+    pending_since: Option<i64>,
     /// This run's row in `runs`.
     run: Option<i64>,
     /// The first error met while recording; recording stops there.
@@ -550,20 +551,24 @@ impl State {
     /// the writer thread and committed at least every second: other runs never wait longer
     /// for this one, and a run killed loses at most its last second.
     pub fn record(&mut self, report: &FileReport) {
+        // One reading of the clock a file: its rows' time, and whether they are due.
+        let t = now();
         for (fact, digest) in facts(report) {
-            self.add(report, fact, digest.as_ref().map_or_else(Vec::new, digest_key));
+            self.add(
+                report,
+                fact,
+                digest.as_ref().map_or_else(Vec::new, digest_key),
+                t,
+            );
         }
-        self.send_when_due();
+        self.send_when_due(t);
     }
 
     /// Hands the queued rows to the writer once there are enough of them, or they have
-    /// waited long enough.
-    fn send_when_due(&mut self) {
-        if self.pending.len() >= BATCH
-            || self
-                .pending_since
-                .is_some_and(|t| t.elapsed() >= COMMIT_EVERY)
-        {
+    /// waited long enough by the time `t` (or the clock went back).
+    fn send_when_due(&mut self, t: i64) {
+        let waited = |since: i64| !(0..COMMIT_EVERY.as_millis() as i64).contains(&(t - since));
+        if self.pending.len() >= BATCH || self.pending_since.is_some_and(waited) {
             self.send();
         }
     }
@@ -590,7 +595,7 @@ impl State {
     }
 
     /// Queues the row for `fact` about the file of `report`.
-    fn add(&mut self, report: &FileReport, fact: Fact, key: Vec<u8>) {
+    fn add(&mut self, report: &FileReport, fact: Fact, key: Vec<u8>, t: i64) {
         if self.failed.is_some() {
             return;
         }
@@ -605,7 +610,6 @@ impl State {
             return;
         };
         let fs = self.fsids.of(dev, &report.path);
-        let t = now();
         let damage = match (fact, report.digest) {
             (Fact::Damaged, Some(d)) => {
                 // Found before, these same bytes: since then.
@@ -664,7 +668,11 @@ impl State {
             old_ino: report.inode.map(|(_, ino)| ino as i64),
             was,
         };
-        self.pending_since.get_or_insert_with(Instant::now);
+        self.pending_since.get_or_insert(t);
+        // A batch's room at once: grown row by row, it was copied ten times over.
+        if self.pending.capacity() == 0 {
+            self.pending.reserve_exact(BATCH);
+        }
         self.pending.push(row);
     }
 
@@ -962,7 +970,7 @@ mod tests {
                 .query_row("SELECT count(*) FROM dirs", [], |r| r.get(0))
                 .unwrap()
         };
-        let start = Instant::now();
+        let start = std::time::Instant::now();
         while seen() == 0 {
             assert!(
                 start.elapsed() < COMMIT_EVERY * 3,

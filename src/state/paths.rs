@@ -43,15 +43,26 @@ pub(crate) fn absolute_from(cwd: &Path, path: &Path) -> PathBuf {
 /// File system ids by device number: stable across reboots and remounts, where device
 /// numbers are not (statvfs `f_fsid`; the device number where that fails).
 #[derive(Default)]
-pub struct FsIds(HashMap<u64, i64>);
+pub struct FsIds {
+    by_dev: HashMap<u64, i64>,
+    /// The last asked for: most files are on the device of the one before.
+    last: Option<(u64, i64)>,
+}
 
 impl FsIds {
     /// The id of device `dev`, which `path` is on.
     pub fn of(&mut self, dev: u64, path: &Path) -> i64 {
-        *self
-            .0
+        if let Some((d, id)) = self.last
+            && d == dev
+        {
+            return id;
+        }
+        let id = *self
+            .by_dev
             .entry(dev)
-            .or_insert_with(|| rustix::fs::statvfs(path).map_or(dev as i64, |s| s.f_fsid as i64))
+            .or_insert_with(|| rustix::fs::statvfs(path).map_or(dev as i64, |s| s.f_fsid as i64));
+        self.last = Some((dev, id));
+        id
     }
 }
 
