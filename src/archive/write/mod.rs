@@ -179,7 +179,7 @@ impl Writer {
     fn add_file(&mut self, report: &mut FileReport, root: usize, name: &[u8]) -> io::Result<()> {
         // A file the engine left open comes with its state and attributes, read then.
         let opened = match report.open.take() {
-            Some(open) => Ok(open.into_parts()),
+            Some(open) => Ok((*open).into_parts()),
             None => self.open(root, &report.path),
         };
         let (file, before, attrs) = match opened {

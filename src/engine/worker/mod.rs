@@ -306,7 +306,7 @@ impl<'a> Worker<'a> {
             && let Some(attrs) = attrs
             && let Some(held) = held.or_else(|| Held::take(&self.open_files))
         {
-            report.open = Some(OpenFile::new(file, meta, attrs, held));
+            report.open = Some(Box::new(OpenFile::new(file, meta, attrs, held)));
         }
         Some(report)
     }
