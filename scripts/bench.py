@@ -107,13 +107,17 @@ def timed(cmd, shell=False):
     return elapsed, int(p.stderr.split()[-1]) / 1024
 
 
+def openssl_speed(cores, seconds=3):
+    """GB/s of `openssl speed -evp sha256` on 1 MiB blocks, on `cores` processes."""
+    extra = ["-multi", str(cores)] if cores > 1 else []
+    out = subprocess.run(
+        ["openssl", "speed", "-evp", "sha256", "-bytes", str(MiB), "-seconds", str(seconds), *extra],
+        capture_output=True, text=True).stdout
+    return float(re.findall(r"sha256\s+([\d.]+)k", out)[-1]) * 1000 / 1e9
+
+
 def openssl_limit(cores):
-    def speed(extra):
-        out = subprocess.run(
-            ["openssl", "speed", "-evp", "sha256", "-bytes", str(MiB), "-seconds", "3", *extra],
-            capture_output=True, text=True).stdout
-        return float(re.findall(r"sha256\s+([\d.]+)k", out)[-1]) * 1000 / 1e9
-    return speed([]), speed(["-multi", str(cores)]) if cores > 1 else speed([])
+    return openssl_speed(1), openssl_speed(cores)
 
 
 def tools(intact, dir, cores):
@@ -155,6 +159,11 @@ def bench_corpus(name, desc, files, dir, intact, runs, limits, cores):
     # in the state database (the first check after a re-tag writes each file's row anew and
     # drops the old one: on (d) about x1.6 the time of the next).
     samples = {k: [] for k in table}
+    # Large files are held against openssl's speed measured just before and just after each
+    # timed check: a VM's speed drifts by 10% and more within minutes, which one figure
+    # taken at the start would put into the ratio.
+    limit_cores = 1 if len(files) == 1 else cores
+    ratios = []
     for _ in range(runs):
         for tool, (setup, cmd) in table.items():
             if tool == "intact check sha256":
@@ -166,7 +175,12 @@ def bench_corpus(name, desc, files, dir, intact, runs, limits, cores):
             else:
                 run_setup(setup)
             warm(dir)
+            paired = tool == "intact check sha256" and len(files) <= 5
+            before = paired and openssl_speed(limit_cores, seconds=2)
             samples[tool].append(timed(cmd, shell=isinstance(cmd, str)))
+            if paired:
+                limit = (before + openssl_speed(limit_cores, seconds=2)) / 2
+                ratios.append(total / samples[tool][-1][0] / 1e9 / limit)
     one, all_ = limits
     print(f"\n({name}) {desc}: {len(files):,} files, {total / 1e9:.2f} GB")
     print(f"  {'tool':24} {'median s':>9} {'GB/s':>7} {'files/s':>10} {'RSS MiB':>8} {'/1 core':>8} {'/all':>6}")
@@ -181,8 +195,9 @@ def bench_corpus(name, desc, files, dir, intact, runs, limits, cores):
     rss = {tool: max(r for _, r in s) for tool, s in samples.items()}
     if len(files) <= 5:
         # Large files: the regression guard against the SHA-256 limit, with memory beside it.
-        limit, which = (one, "one core") if len(files) == 1 else (all_, f"{cores} cores")
-        print(f"  check sha256 at x{mine / limit:.2f} of openssl on {which} ({limit:.2f} GB/s),"
+        which = "one core" if limit_cores == 1 else f"{cores} cores"
+        print(f"  check sha256 at x{statistics.median(ratios):.2f} of openssl on {which} (measured beside each run:"
+              f" x{min(ratios):.2f}-{max(ratios):.2f}),"
               f" peak RSS {rss['intact check sha256']:.1f} MiB; blake3 {results['intact check blake3']:.2f} GB/s,"
               f" RSS {rss['intact check blake3']:.1f} MiB")
     print(f"  the small-file floor (open, fstat, fgetxattr, read, SHA-256, close): check x{mine / results[f'floor check, {cores} thr']:.2f},"
