@@ -68,9 +68,11 @@ impl Work {
     }
 }
 
-/// The CPUs this process may run on: threads by default.
+/// The CPUs this process may run on: threads by default. Asked once: the answer reads cgroup
+/// files, and hashing asks for every large file's every window.
 pub fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// Everything the engine needs to know, decided once from the command line.

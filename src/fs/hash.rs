@@ -150,7 +150,7 @@ pub fn hash_file(
         // half of each window to the pool would only wake threads to take work from a core
         // that has its own (five 800 MiB files with BLAKE3 on two cores, 41 runs in turns:
         // 5,100 context switches and x0.98 b3sum handed over, 1,600 and x1.00 here).
-        let here = SPREAD.load(Ordering::Relaxed) >= cores();
+        let here = SPREAD.load(Ordering::Relaxed) >= crate::engine::cores();
         for h in &mut hashers {
             match here {
                 true => h.update_here(chunk),
@@ -237,12 +237,6 @@ fn warm(opts: ReadOptions<'_>) -> bool {
 /// Files being hashed over every core at once: they share the cores, and the memory their
 /// windows hold.
 static SPREAD: AtomicUsize = AtomicUsize::new(0);
-
-/// The cores BLAKE3's pool spreads a file over, asked once (the answer reads cgroup files).
-fn cores() -> usize {
-    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CORES.get_or_init(crate::engine::cores)
-}
 
 /// Hashes through memory maps, without copying out of the page cache: for hashing `spread`
 /// over every core, a window of at most [`mapped::WINDOW`] bytes at a time (shared among the
