@@ -91,9 +91,12 @@ pub fn create(
             &mut pieces,
             std::mem::take(&mut rows),
         )?;
-        for (e, data) in recovery.iter_mut().enumerate() {
+        for data in recovery.iter_mut() {
             gf::from_native(data);
-            hashes[e].update(&**data);
+        }
+        let strips: Vec<&[u8]> = recovery.iter().map(|d| &**d).collect();
+        md5x::update_many(&mut hashes, &strips);
+        for (e, data) in recovery.iter_mut().enumerate() {
             volume.seek(io::SeekFrom::Start(
                 e as u64 * packet_len + 68 + range.start as u64,
             ))?;

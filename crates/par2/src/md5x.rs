@@ -25,6 +25,48 @@ pub fn digest_many(msgs: &[&[u8]]) -> Vec<Id> {
     portable(msgs)
 }
 
+/// Feeds each of `hashes` its piece of `pieces`, as [`Md5::update`] would one by one, many
+/// at once where the pieces are of one length and the hashes equally far along (a set's
+/// recovery packets, each hashed a strip at a time: 420 MB of them for five 800 MiB files at
+/// 10%, which one core hashed alone between the passes).
+pub fn update_many(hashes: &mut [Md5], pieces: &[&[u8]]) {
+    assert_eq!(hashes.len(), pieces.len(), "a piece a hash");
+    let in_step = pieces.iter().all(|p| p.len() == pieces[0].len())
+        && hashes
+            .iter()
+            .all(|h| h.pending_len == hashes[0].pending_len);
+    #[cfg(target_arch = "x86_64")]
+    if hashes.len() > 1 && in_step {
+        let lanes = if x86::has_avx512() {
+            Some(x86::Lanes::Avx512)
+        } else if is_x86_feature_detected!("avx2") {
+            Some(x86::Lanes::Avx2)
+        } else {
+            None
+        };
+        if let Some(lanes) = lanes {
+            // What completes each pending block, on its own; then the whole blocks, all the
+            // hashes at once; what is left waits in each hash, as `update` leaves it.
+            let len = pieces[0].len();
+            let head = ((64 - hashes[0].pending_len) % 64).min(len);
+            let blocks = (len - head) / 64;
+            for (h, p) in hashes.iter_mut().zip(pieces) {
+                h.update(&p[..head]);
+            }
+            let starts: Vec<*const u8> = pieces.iter().map(|p| p[head..].as_ptr()).collect();
+            x86::blocks(hashes, &starts, blocks, lanes);
+            for (h, p) in hashes.iter_mut().zip(pieces) {
+                h.len = h.len.wrapping_add(blocks as u64 * 64);
+                h.update(&p[head + blocks * 64..]);
+            }
+            return;
+        }
+    }
+    for (h, p) in hashes.iter_mut().zip(pieces) {
+        h.update(p);
+    }
+}
+
 fn portable(msgs: &[&[u8]]) -> Vec<Id> {
     msgs.iter().map(|m| Md5::digest(m)).collect()
 }
@@ -289,7 +331,7 @@ mod x86 {
             for (lane, t) in tails.iter().enumerate() {
                 tail_starts[lane] = t.as_ptr() as u64;
             }
-            let mut state = [[0u32; 16]; 4];
+            let mut state = INIT.map(|w| [w; 16]);
             // SAFETY: each lane's start has `full` whole blocks behind it (the message), each
             // tail start `tail_blocks` (its buffer); the CPU has the instructions (caller).
             unsafe {
@@ -311,18 +353,51 @@ mod x86 {
         out
     }
 
-    /// MD5 of every lane: its `full` blocks from `starts`, then its `tail_blocks` padded
-    /// blocks from `tail_starts`, into `state`, with the vector operations of the ISA the
-    /// caller defines by name: `addrs` loads the lanes' addresses, `next` moves them one block
-    /// on, `words` takes the words of each lane's block, `store` writes a state word of every
-    /// lane; `add`, the mixing functions `f` to `i`, `rotl` and `splat`.
+    /// Feeds each of `hashes` the `blocks` whole blocks at its start in `starts`, `lanes` of
+    /// them at a time. The caller checked that the CPU has `lanes`' instructions, and that
+    /// each start has `blocks` blocks behind it.
+    pub fn blocks(hashes: &mut [super::Md5], starts: &[*const u8], blocks: usize, lanes: Lanes) {
+        let width = match lanes {
+            Lanes::Avx512 => 16,
+            Lanes::Avx2 => 8,
+        };
+        for (group, at) in hashes.chunks_mut(width).zip(starts.chunks(width)) {
+            // Lanes past the end hash the first one's blocks again, and are not kept.
+            let mut from = [0u64; 16];
+            let mut state = [[0u32; 16]; 4];
+            for lane in 0..width {
+                from[lane] = *at.get(lane).unwrap_or(&at[0]) as u64;
+                let h = group.get(lane).unwrap_or(&group[0]);
+                for (word, s) in state.iter_mut().zip(h.state) {
+                    word[lane] = s;
+                }
+            }
+            // SAFETY: the caller's promises; no tail blocks are read.
+            unsafe {
+                match lanes {
+                    Lanes::Avx512 => avx512(&mut state, &from, &from, blocks, 0),
+                    Lanes::Avx2 => avx2(&mut state, &from, &from, blocks, 0),
+                }
+            }
+            for (lane, h) in group.iter_mut().enumerate() {
+                h.state = std::array::from_fn(|w| state[w][lane]);
+            }
+        }
+    }
+
+    /// MD5 of every lane: from its state in `state`, its `full` blocks from `starts`, then its
+    /// `tail_blocks` padded blocks from `tail_starts`, into `state`, with the vector
+    /// operations of the ISA the caller defines by name: `addrs` loads the lanes' addresses,
+    /// `next` moves them one block on, `words` takes the words of each lane's block, `load`
+    /// and `store` read and write a state word of every lane; `add`, the mixing functions `f`
+    /// to `i`, `rotl` and `splat`.
     macro_rules! lanes {
         ($state:ident, $starts:ident, $tail_starts:ident, $full:ident, $tail_blocks:ident) => {{
             let (mut a, mut b, mut c, mut d) = (
-                splat(INIT[0] as i32),
-                splat(INIT[1] as i32),
-                splat(INIT[2] as i32),
-                splat(INIT[3] as i32),
+                load(&$state[0]),
+                load(&$state[1]),
+                load(&$state[2]),
+                load(&$state[3]),
             );
             for (from, blocks) in [($starts, $full), ($tail_starts, $tail_blocks)] {
                 let (mut lo, mut hi) = addrs(from);
@@ -471,6 +546,12 @@ mod x86 {
         }
         #[inline]
         #[target_feature(enable = "avx512f")]
+        fn load(word: &[u32; 16]) -> __m512i {
+            // SAFETY: 16 u32 = one 512-bit load.
+            unsafe { _mm512_loadu_si512(word.as_ptr().cast()) }
+        }
+        #[inline]
+        #[target_feature(enable = "avx512f")]
         fn store(out: &mut [u32; 16], v: __m512i) {
             // SAFETY: 16 u32 = one 512-bit store.
             unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), v) }
@@ -591,6 +672,12 @@ mod x86 {
         }
         #[inline]
         #[target_feature(enable = "avx2")]
+        fn load(word: &[u32; 16]) -> __m256i {
+            // SAFETY: the first 8 u32 = one 256-bit load.
+            unsafe { _mm256_loadu_si256(word.as_ptr().cast()) }
+        }
+        #[inline]
+        #[target_feature(enable = "avx2")]
         fn store(out: &mut [u32; 16], v: __m256i) {
             // SAFETY: the first 8 u32 = one 256-bit store.
             unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), v) }
@@ -640,6 +727,67 @@ mod tests {
                         "backend {n}, length {len}, {count} messages"
                     );
                 }
+            }
+        }
+    }
+
+    /// Many hashes fed at once, as far along as each other or not, equal pieces or not: as
+    /// each fed its piece alone; and each SIMD width this CPU has, fed whole blocks.
+    #[test]
+    fn many_hashes_fed_at_once_are_each_fed_alone() {
+        let mut seed = 300;
+        for before in [0, 1, 36, 63, 64, 100] {
+            for len in [0, 1, 27, 28, 29, 64, 100, 1000] {
+                for count in [1, 2, 15, 16, 17, 40] {
+                    let mut pieces: Vec<Vec<u8>> = (0..count)
+                        .map(|_| {
+                            seed += 1;
+                            crate::test_data(len, seed)
+                        })
+                        .collect();
+                    let start: Vec<Md5> = (0..count)
+                        .map(|i| {
+                            let mut h = Md5::new();
+                            h.update(crate::test_data(before, i as u64));
+                            h
+                        })
+                        .collect();
+                    for uneven in [false, true] {
+                        if uneven && count > 1 {
+                            pieces[1].push(7);
+                        }
+                        let refs: Vec<&[u8]> = pieces.iter().map(Vec::as_slice).collect();
+                        let (mut many, mut alone) = (start.clone(), start.clone());
+                        update_many(&mut many, &refs);
+                        for (h, p) in alone.iter_mut().zip(&refs) {
+                            h.update(p);
+                        }
+                        let ids =
+                            |hs: Vec<Md5>| hs.into_iter().map(Md5::finalize).collect::<Vec<_>>();
+                        assert_eq!(
+                            ids(many),
+                            ids(alone),
+                            "{before} + {len} bytes, {count} hashes"
+                        );
+                    }
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        for (lanes, has) in [
+            (x86::Lanes::Avx512, x86::has_avx512()),
+            (x86::Lanes::Avx2, is_x86_feature_detected!("avx2")),
+        ] {
+            if !has {
+                continue;
+            }
+            let data: Vec<Vec<u8>> = (0..20).map(|i| crate::test_data(640, 900 + i)).collect();
+            let starts: Vec<*const u8> = data.iter().map(|d| d.as_ptr()).collect();
+            let mut many = vec![Md5::new(); 20];
+            x86::blocks(&mut many, &starts, 10, lanes);
+            for (h, d) in many.iter_mut().zip(&data) {
+                h.len = 640;
+                assert_eq!(h.clone().finalize(), Md5::digest(d), "{lanes:?}");
             }
         }
     }
