@@ -52,10 +52,8 @@ pub(crate) fn multiply_into(
         let coefs: Vec<Vec<gf::Multiplier>> = exps
             .iter()
             .map(|&e| {
-                batch
-                    .iter()
-                    .map(|(_, c)| gf::Multiplier::new(gf::pow(*c, e)))
-                    .collect()
+                let cs: Vec<u16> = batch.iter().map(|(_, c)| gf::pow(*c, e)).collect();
+                gf::multipliers(&cs)
             })
             .collect();
         let len = rows[0].len();
