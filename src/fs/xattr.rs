@@ -114,23 +114,7 @@ pub fn read(file: &File) -> io::Result<Stored> {
         Err(rustix::io::Errno::NOTSUP) => &[],
         Err(e) => return Err(e.into()),
     };
-    // The names split once (a file has few), not once a lookup: nine lookups each splitting
-    // the list were a tenth of what a check does for a small file beside hashing.
-    let mut names = [&[][..]; 16];
-    let mut count = 0;
-    for n in list.split(|&b| b == 0).filter(|n| !n.is_empty()) {
-        if count == names.len() {
-            // More than this holds: the slow way, as rare as such files are.
-            count = usize::MAX;
-            break;
-        }
-        names[count] = n;
-        count += 1;
-    }
-    let present = |name: &str| match count {
-        usize::MAX => list.split(|&b| b == 0).any(|n| n == name.as_bytes()),
-        _ => names[..count].contains(&name.as_bytes()),
-    };
+    let present = |name: &str| list.split(|&b| b == 0).any(|n| n == name.as_bytes());
     Stored::from_attrs(|name| {
         if present(name) {
             get(file, name)
