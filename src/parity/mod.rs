@@ -26,13 +26,12 @@ pub use protect::{Protector, store_dir};
 use prune::STALE_EXT;
 pub use prune::{Live, Pruned, STALE_DIR};
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::path::{Component, Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::core::digest::{Algo, Digest, Hasher};
 use crate::fs::anchor::Anchor;
@@ -535,12 +534,12 @@ impl Store {
         // Opened beneath the root, never through a symlink: for a file the engine left unread,
         // this read is its verification.
         let anchor = Anchor::new(&self.root);
-        let mut set_files = SetFiles {
+        let set_files = SetFiles {
             files,
             anchor: &anchor,
-            seen: RefCell::new(vec![None; files.len()]),
-            unreadable: RefCell::new((0..files.len()).map(|_| None).collect()),
-            at: (0..files.len()).map(|_| None).collect(),
+            seen: Mutex::new(vec![None; files.len()]),
+            unreadable: Mutex::new((0..files.len()).map(|_| None).collect()),
+            at: (0..files.len()).map(|_| OnceLock::new()).collect(),
         };
         if let Some(dir) = base.parent() {
             std::fs::create_dir_all(dir)?;
@@ -557,15 +556,14 @@ impl Store {
             // Each worker computes a set at a time.
             memory: PARITY_MEMORY / self.threads.max(1) as u64,
         };
-        let created = par2::create(&inputs, &mut set_files, &plan, &mut temp.file()).map_err(
-            |e| match e {
+        let created =
+            par2::create(&inputs, &set_files, &plan, &mut temp.file()).map_err(|e| match e {
                 par2::Error::Io(e) => ProtectError::Io(e),
                 par2::Error::Changed(i) => ProtectError::Changed(vec![set_files.left(i)]),
                 other => ProtectError::Io(io::Error::other(other.to_string())),
-            },
-        )?;
+            })?;
         let volume_len = temp.file().metadata()?.len();
-        let seen = set_files.seen.borrow();
+        let seen = lock(&set_files.seen);
         let changed: Vec<usize> = (0..files.len())
             .filter(|&i| seen[i].as_ref() != Some(&files[i].digest))
             .collect();
@@ -725,11 +723,12 @@ struct SetFiles<'a> {
     files: &'a [Protectee],
     anchor: &'a Anchor,
     /// Each file's digest as the read through found it; `None` if it could not be read.
-    seen: RefCell<Vec<Option<Digest>>>,
+    seen: Mutex<Vec<Option<Digest>>>,
     /// Why a file could not be opened or read, if that was it.
-    unreadable: RefCell<Vec<Option<io::Error>>>,
-    /// Files opened for reading in ranges.
-    at: Vec<Option<File>>,
+    unreadable: Mutex<Vec<Option<io::Error>>>,
+    /// Files opened for reading in ranges (by the passes that compute the recovery data,
+    /// while another thread reads each file through).
+    at: Vec<OnceLock<File>>,
 }
 
 impl SetFiles<'_> {
@@ -738,15 +737,15 @@ impl SetFiles<'_> {
         Left {
             digest: self.files[i].digest,
             path: self.files[i].path.clone(),
-            unreadable: self.unreadable.borrow_mut()[i].take(),
+            unreadable: lock(&self.unreadable)[i].take(),
         }
     }
 }
 
 impl par2::Files for SetFiles<'_> {
-    fn open(&mut self, i: usize) -> io::Result<Box<dyn par2::Through + '_>> {
+    fn open(&self, i: usize) -> io::Result<Box<dyn par2::Through + '_>> {
         let file = (self.anchor.open(&self.files[i].path, false))
-            .map_err(|e| self.unreadable.borrow_mut()[i] = Some(e))
+            .map_err(|e| lock(&self.unreadable)[i] = Some(e))
             .ok();
         Ok(Box::new(Hashing {
             file,
@@ -762,12 +761,16 @@ impl par2::Files for SetFiles<'_> {
         }))
     }
 
-    fn read_at(&mut self, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+    fn read_at(&self, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
         use std::os::unix::fs::FileExt;
-        if self.at[i].is_none() {
-            self.at[i] = Some(self.anchor.open(&self.files[i].path, false)?);
-        }
-        self.at[i].as_ref().expect("opened").read_at(buf, offset)
+        let file = match self.at[i].get() {
+            Some(file) => file,
+            None => {
+                let opened = self.anchor.open(&self.files[i].path, false)?;
+                self.at[i].get_or_init(|| opened)
+            }
+        };
+        file.read_at(buf, offset)
     }
 }
 
@@ -781,8 +784,8 @@ struct Hashing<'s> {
     hasher: Option<Taking>,
     /// BLAKE3 is fed in larger pieces: a block at a time it would not use its SIMD lanes.
     pending: Vec<u8>,
-    seen: &'s RefCell<Vec<Option<Digest>>>,
-    unreadable: &'s RefCell<Vec<Option<io::Error>>>,
+    seen: &'s Mutex<Vec<Option<Digest>>>,
+    unreadable: &'s Mutex<Vec<Option<io::Error>>>,
     index: usize,
 }
 
@@ -827,7 +830,7 @@ impl Read for Hashing<'_> {
             Some(Err(e)) if e.kind() == io::ErrorKind::Interrupted => return Err(e),
             other => {
                 if let Some(Err(e)) = other {
-                    self.unreadable.borrow_mut()[self.index] = Some(e);
+                    lock(self.unreadable)[self.index] = Some(e);
                 }
                 self.file = None;
                 self.hasher = None;
@@ -853,7 +856,7 @@ impl Drop for Hashing<'_> {
             }
             None => return,
         };
-        self.seen.borrow_mut()[self.index] = Some(digest);
+        lock(self.seen)[self.index] = Some(digest);
     }
 }
 

@@ -4,6 +4,7 @@
 
 use std::io;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::md5x::{self, Md5};
 use crate::mul::{accumulate, shared};
@@ -47,7 +48,7 @@ pub struct Plan {
 /// is shorter than its input says, or changes between passes, is [`Error::Changed`].
 pub fn create(
     inputs: &[Input],
-    files: &mut dyn Files,
+    files: &dyn Files,
     plan: &Plan,
     volume: &mut dyn Volume,
 ) -> Result<Created, Error> {
@@ -71,45 +72,86 @@ pub fn create(
         .collect();
     let making = Making::new(inputs, &ids, plan, total_slices);
     let mut entries: Vec<(FileEntry, std::ops::Range<usize>)> = Vec::with_capacity(ids.len());
-    // Each slice's MD5 and CRC32, by global index: computed in the first pass, beside the
-    // multiplication; and with several strips, the CRC32 of each slice's range in each.
+    // Each slice's MD5 and CRC32, by global index, taken as the files are read through; and
+    // with several strips, the CRC32 of each slice's range in each, as read through and as
+    // read for the recovery data.
     let mut checksums: Vec<(Id, u32)> = vec![([0; 16], 0); total_slices as usize];
-    let mut pieces: Vec<u32> = vec![
-        0;
-        if making.strips.len() > 1 {
-            checksums.len() * making.strips.len()
-        } else {
-            0
-        }
-    ];
-    let mut rows = Vec::new();
-    for (strip, range) in making.strips.iter().enumerate() {
-        let mut recovery = making.pass(
-            files,
-            strip,
-            (strip == 0).then_some((&mut entries, &mut checksums)),
-            &mut pieces,
-            std::mem::take(&mut rows),
-        )?;
+    let strips = making.strips.len();
+    let ranges = if strips > 1 {
+        checksums.len() * strips
+    } else {
+        0
+    };
+    let (mut pieces, mut seen) = (vec![0u32; ranges], vec![0u32; ranges]);
+    // A strip's recovery data into the packets' MD5s (strip by strip, in order) and the volume.
+    let mut write = |strip: usize, mut recovery: Vec<gf::Buffer>| -> io::Result<_> {
+        let range = &making.strips[strip];
         for data in recovery.iter_mut() {
             gf::from_native(data);
         }
-        let strips: Vec<&[u8]> = recovery.iter().map(|d| &**d).collect();
+        let strips: Vec<&[u8]> = recovery.iter().map(|d| &d[..range.len()]).collect();
         md5x::update_many(&mut hashes, &strips);
-        for (e, data) in recovery.iter_mut().enumerate() {
+        for (e, data) in strips.iter().enumerate() {
             volume.seek(io::SeekFrom::Start(
                 e as u64 * packet_len + 68 + range.start as u64,
             ))?;
             volume.write_all(data)?;
         }
-        // Later passes use the same buffers: freed and taken again, each pass's would be
-        // fresh pages to the kernel (a set of 12 passes faulted in 0.7 GB). Not the first
-        // pass's: whole slices, and its strip is narrower.
-        if strip > 0 {
-            rows = recovery;
-        } else {
-            lock(&making.spare).clear();
-            lock(&making.spare_native).clear();
+        Ok(recovery)
+    };
+    let stop = AtomicBool::new(false);
+    if strips == 1 {
+        let described = Some((&mut entries, &mut checksums));
+        let recovery = making.pass(files, Some(0), described, &mut pieces, Vec::new(), &stop)?;
+        write(0, recovery.expect("nothing stops a lone pass"))?;
+    } else {
+        // The files are read through and hashed (MD5, and SHA-256 where asked: one serial
+        // chain a file) while the recovery data is computed strip by strip, each strip's
+        // range of every slice read again: one 800 MiB file's set had a core idle while its
+        // hash ran beside only the first strip's products (a twenty-fifth of them). What
+        // each range held then is checked against what the read through found, at the end.
+        let mut hash = || {
+            let described = Some((&mut entries, &mut checksums));
+            let done = making.pass(files, None, described, &mut pieces, Vec::new(), &stop);
+            lock(&making.spare_whole).clear();
+            if !matches!(done, Ok(Some(_))) {
+                stop.store(true, Ordering::Relaxed);
+            }
+            done.map(|d| d.is_some())
+        };
+        let mut compute = || {
+            let mut rows = Vec::new();
+            for strip in 0..strips {
+                match making.pass(files, Some(strip), None, &mut seen, rows, &stop) {
+                    Ok(Some(recovery)) => rows = write(strip, recovery)?,
+                    Ok(None) => return Ok(false),
+                    Err(e) => {
+                        stop.store(true, Ordering::Relaxed);
+                        return Err(e);
+                    }
+                }
+            }
+            Ok(true)
+        };
+        // One thread asked for: one after the other.
+        let (hashed, computed) = match making.threads {
+            1 => (hash(), compute()),
+            _ => std::thread::scope(|s| {
+                let hashing = s.spawn(hash);
+                let computed = compute();
+                (hashing.join().expect("no panic"), computed)
+            }),
+        };
+        // The first failure is the one told: neither stops unless the other failed.
+        let (true, true) = (hashed?, computed?) else {
+            unreachable!("a pass stopped though none failed")
+        };
+        if let Some(slice) = (0..pieces.len()).find(|&k| pieces[k] != seen[k]) {
+            let slice = slice / strips;
+            let file = entries.iter().position(|(_, r)| r.contains(&slice));
+            return Err(Error::Changed(
+                ids[file.expect("every slice has its file")].2,
+            ));
         }
     }
     // The headers, now that each packet's MD5 is known.
@@ -161,7 +203,7 @@ impl Plan {
 /// The files in set order: by file ID (which needs each file's first 16 KiB) read as a
 /// little-endian 128-bit number, as the specification's integers are (and par2cmdline
 /// compares them).
-fn order(inputs: &[Input], files: &mut dyn Files) -> Result<Vec<Ordered>, Error> {
+fn order(inputs: &[Input], files: &dyn Files) -> Result<Vec<Ordered>, Error> {
     let mut ids = Vec::with_capacity(inputs.len());
     let mut head = vec![0u8; 16 << 10];
     for (i, f) in inputs.iter().enumerate() {
@@ -267,6 +309,8 @@ struct Making<'a> {
     /// fresh buffer per slice cost page faults and clearing in the kernel.
     spare: Mutex<Vec<gf::Buffer>>,
     spare_native: Mutex<Vec<gf::Buffer>>,
+    /// Whole slices, of a first pass that only describes the files.
+    spare_whole: Mutex<Vec<gf::Buffer>>,
 }
 
 /// A batch's recovery slices back from the arithmetic, the index of its first slice, and
@@ -296,16 +340,21 @@ impl<'a> Making<'a> {
             }
         };
         let streamed = slice_size as usize > FIRST_BATCH;
-        let later_width = width(3 * batch_bytes) as usize;
-        let first_width = match streamed {
-            true => later_width,
-            false => width((2 * first_batch).max(3 * batch_bytes)) as usize,
-        };
         let size = slice_size as usize;
-        let strips = std::iter::successors(Some(0..first_width), |s| {
-            (s.end < size).then(|| s.end..(s.end + later_width).min(size))
-        })
-        .collect();
+        // One pass if the recovery data fits beside what the first pass holds; else strips
+        // computed beside a pass that reads the files through (and holds its slices).
+        let whole = match streamed {
+            true => width(3 * batch_bytes),
+            false => width((2 * first_batch).max(3 * batch_bytes)),
+        } as usize;
+        let strip = match whole == size {
+            true => size,
+            false => width(3 * batch_bytes) as usize,
+        };
+        let strips = (0..size)
+            .step_by(strip)
+            .map(|s| s..(s + strip).min(size))
+            .collect();
         Making {
             inputs,
             ids,
@@ -319,25 +368,30 @@ impl<'a> Making<'a> {
             strips,
             spare: Mutex::new(Vec::new()),
             spare_native: Mutex::new(Vec::new()),
+            spare_whole: Mutex::new(Vec::new()),
         }
     }
 
-    /// One pass: every slice's bytes in the strip multiplied into the recovery slices,
-    /// returned in the native layout. The first pass (`describe`) reads the files through,
-    /// describes them (their entries and each slice's checksums) and takes each strip's
-    /// CRC32 into `pieces`; later ones read their strip of each slice and check it against
-    /// that. While one batch is multiplied on `threads` threads, the next is read.
+    /// One pass: every slice's bytes in the strip (if any) multiplied into the recovery
+    /// slices, returned in the native layout. A pass that describes the files (`describe`)
+    /// reads them through, and takes their entries, each slice's checksums and each strip's
+    /// CRC32 (into `pieces`); the others read their strip of each slice, and its CRC32 into
+    /// `pieces`. While one batch is multiplied on `threads` threads, the next is read.
+    /// `None` if `stop` was set meanwhile.
     fn pass(
         &self,
-        files: &mut dyn Files,
-        strip: usize,
+        files: &dyn Files,
+        strip: Option<usize>,
         mut describe: Option<Description<'_>>,
         pieces: &mut [u32],
         mut recovery: Vec<gf::Buffer>,
-    ) -> Result<Vec<gf::Buffer>, Error> {
+        stop: &AtomicBool,
+    ) -> Result<Option<Vec<gf::Buffer>>, Error> {
         let first = describe.is_some();
-        let (size, strips, range) = (self.size, self.strips.len(), &self.strips[strip]);
-        recovery.resize_with(self.recovery_count as usize, Default::default);
+        let (size, strips) = (self.size, self.strips.len());
+        let range = strip.map_or(0..0, |s| self.strips[s].clone());
+        let rows = strip.map_or(0, |_| self.recovery_count as usize);
+        recovery.resize_with(rows, Default::default);
         for r in &mut recovery {
             r.resize(range.len());
             r.fill(0);
@@ -351,10 +405,19 @@ impl<'a> Making<'a> {
         } else {
             self.batch_bytes
         };
-        let batch_slices = batch.div_ceil(held).max(1);
+        // Nothing held (a streamed pass that only describes): a slice a batch.
+        let batch_slices = match held {
+            0 => 1,
+            held => batch.div_ceil(held).max(1),
+        };
         let mut batch: Vec<(gf::Buffer, u16)> = Vec::with_capacity(batch_slices);
         let mut slice_index = 0;
-        let (spare, spare_native) = (&self.spare, &self.spare_native);
+        // A pass that only describes holds whole slices while others hold strips: apart.
+        let spare = match strip {
+            Some(_) => &self.spare,
+            None => &self.spare_whole,
+        };
+        let spare_native = &self.spare_native;
         let work = Batching {
             cut: range.clone(),
             first: whole_slices,
@@ -363,7 +426,7 @@ impl<'a> Making<'a> {
             spare,
             spare_native,
         };
-        std::thread::scope(|s| -> Result<(), Error> {
+        let done = std::thread::scope(|s| -> Result<bool, Error> {
             let mut running: Option<Running<'_>> = None;
             let finish = |running: &mut Option<Running<'_>>,
                           describe: &mut Option<Description<'_>>,
@@ -407,10 +470,13 @@ impl<'a> Making<'a> {
                 let mut whole = Md5::new();
                 let mut reading = match first {
                     true => Reading::Through(files.open(i)?),
-                    false => Reading::At(&mut *files),
+                    false => Reading::At(files),
                 };
                 let mut offset = 0u64;
                 while offset < f.len {
+                    if stop.load(Ordering::Relaxed) {
+                        return Ok(false);
+                    }
                     let mut buf = take_spare(spare);
                     buf.resize(held);
                     match &mut reading {
@@ -445,14 +511,13 @@ impl<'a> Making<'a> {
                         }
                         Reading::At(files) => {
                             let at = offset + range.start as u64;
-                            let want = f.len.saturating_sub(at).min(held as u64) as usize;
-                            if read_full_at(&mut **files, i, at, &mut buf[..want])? < want {
+                            let want = f.len.saturating_sub(at).min(range.len() as u64) as usize;
+                            if read_full_at(*files, i, at, &mut buf[..want])? < want {
                                 return Err(changed());
                             }
                             buf[want..].fill(0);
-                            if crc32fast::hash(&buf) != pieces[slice_index * strips + strip] {
-                                return Err(changed());
-                            }
+                            pieces[slice_index * strips + strip.unwrap_or(0)] =
+                                crc32fast::hash(&buf[..range.len()]);
                         }
                     }
                     batch.push((buf, self.constants[slice_index]));
@@ -493,9 +558,9 @@ impl<'a> Making<'a> {
                 pieces,
             );
             recovery = finish(&mut running, &mut describe, pieces).unwrap_or_default();
-            Ok(())
+            Ok(true)
         })?;
-        Ok(recovery)
+        Ok(done.then_some(recovery))
     }
 }
 
@@ -527,7 +592,9 @@ impl Batching<'_> {
         // The first pass's checksums need the plain bytes and the multiplication a native
         // copy of the strip: both at once. Later passes read just their strip, put in the
         // native layout where it is (a copy of every strip was 2% of the CPU).
-        let native: Vec<(gf::Buffer, u16)> = if self.first {
+        let native: Vec<(gf::Buffer, u16)> = if self.cut.is_empty() {
+            Vec::new()
+        } else if self.first {
             batch
                 .iter()
                 .map(|(b, c)| {
@@ -735,11 +802,11 @@ fn take_spare(spare: &Mutex<Vec<gf::Buffer>>) -> gf::Buffer {
 /// How a pass reads a file: the first through, hashing it; later ones a strip of each slice.
 enum Reading<'f> {
     Through(Box<dyn Through + 'f>),
-    At(&'f mut dyn Files),
+    At(&'f dyn Files),
 }
 
 /// Reads file `i` from `offset` until `buf` is full or the file ends; how many bytes.
-fn read_full_at(files: &mut dyn Files, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+fn read_full_at(files: &dyn Files, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match files.read_at(i, offset + n as u64, &mut buf[n..]) {

@@ -174,13 +174,15 @@ fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> io::Result<usize> {
 pub trait Volume: io::Write + io::Seek {}
 impl<T: io::Write + io::Seek> Volume for T {}
 
-/// Where [`create`] reads a set's files from.
-pub trait Files {
+/// Where [`create`] reads a set's files from: from two threads at once where the recovery
+/// data is computed in several passes (one reads each file through, hashing it, while the
+/// others read ranges).
+pub trait Files: Sync {
     /// File `i` (an index into the inputs), to be read from its start.
-    fn open(&mut self, i: usize) -> io::Result<Box<dyn Through + '_>>;
-    /// Reads file `i` from `offset` into `buf`; how many bytes (0 at its end). Passes after
-    /// the first read only a range of each slice.
-    fn read_at(&mut self, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+    fn open(&self, i: usize) -> io::Result<Box<dyn Through + '_>>;
+    /// Reads file `i` from `offset` into `buf`; how many bytes (0 at its end). The passes
+    /// that compute the recovery data of a large set read only a range of each slice.
+    fn read_at(&self, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
 }
 
 /// A file being read from its start. A caller that hashes what it hands over (to prove it
@@ -204,11 +206,11 @@ impl Through for std::fs::File {}
 
 /// Files held in memory, by index.
 impl Files for Vec<Vec<u8>> {
-    fn open(&mut self, i: usize) -> io::Result<Box<dyn Through + '_>> {
+    fn open(&self, i: usize) -> io::Result<Box<dyn Through + '_>> {
         Ok(Box::new(&self[i][..]))
     }
 
-    fn read_at(&mut self, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+    fn read_at(&self, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
         let f = &self[i][(offset as usize).min(self[i].len())..];
         let n = buf.len().min(f.len());
         buf[..n].copy_from_slice(&f[..n]);
@@ -252,7 +254,7 @@ mod tests {
             threads: 2,
             memory,
         };
-        let created = create(&inputs, &mut files.to_vec(), &plan, &mut volume).unwrap();
+        let created = create(&inputs, &files.to_vec(), &plan, &mut volume).unwrap();
         (created, volume.into_inner())
     }
 
@@ -299,10 +301,10 @@ mod tests {
         /// Reads file 1 with one byte flipped after its first pass.
         struct Flipping(Vec<Vec<u8>>);
         impl Files for Flipping {
-            fn open(&mut self, i: usize) -> io::Result<Box<dyn Through + '_>> {
+            fn open(&self, i: usize) -> io::Result<Box<dyn Through + '_>> {
                 self.0.open(i)
             }
-            fn read_at(&mut self, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+            fn read_at(&self, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
                 let n = self.0.read_at(i, offset, buf)?;
                 if i == 1 && offset <= 5000 && 5000 < offset + n as u64 {
                     buf[(5000 - offset) as usize] ^= 4;
@@ -324,13 +326,57 @@ mod tests {
             memory,
         };
         let mut volume = std::io::Cursor::new(Vec::new());
-        let mut flipping = Flipping(files);
+        let flipping = Flipping(files);
         // One pass reads the files through once: what it read is what the set describes.
-        assert!(create(&inputs, &mut flipping, &plan(1 << 20), &mut volume).is_ok());
+        assert!(create(&inputs, &flipping, &plan(1 << 20), &mut volume).is_ok());
         // In passes of 128 bytes, the byte read differently in a later pass is caught.
-        match create(&inputs, &mut flipping, &plan(1024), &mut volume) {
+        match create(&inputs, &flipping, &plan(1024), &mut volume) {
             Err(Error::Changed(1)) => {}
             other => panic!("{:?}", other.map(|c| c.recovery_count)),
+        }
+    }
+
+    #[test]
+    fn a_pass_that_fails_stops_the_other_and_is_told() {
+        /// Reads file 1 through 100 bytes short, or fails every read of a range of file 0.
+        struct Failing(Vec<Vec<u8>>, bool);
+        impl Files for Failing {
+            fn open(&self, i: usize) -> io::Result<Box<dyn Through + '_>> {
+                let end = self.0[i].len() - if self.1 && i == 1 { 100 } else { 0 };
+                Ok(Box::new(&self.0[i][..end]))
+            }
+            fn read_at(&self, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+                match (self.1, i) {
+                    (false, 0) => Err(io::Error::other("a bad sector")),
+                    _ => self.0.read_at(i, offset, buf),
+                }
+            }
+        }
+        let inputs: Vec<Input> = (0..2)
+            .map(|i| Input {
+                name: format!("f{i}").into_bytes(),
+                len: 300_000,
+            })
+            .collect();
+        for threads in [1, 2] {
+            // Strips of 128 bytes: the files are read through beside them.
+            let plan = Plan {
+                slice_size: 4096,
+                recovery_count: 4,
+                threads,
+                memory: 1024,
+            };
+            let files = vec![data(300_000, 5), data(300_000, 6)];
+            let mut volume = std::io::Cursor::new(Vec::new());
+            let short = Failing(files.clone(), true);
+            match create(&inputs, &short, &plan, &mut volume) {
+                Err(Error::Changed(1)) => {}
+                other => panic!("{:?}", other.map(|c| c.recovery_count)),
+            }
+            match create(&inputs, &Failing(files, false), &plan, &mut volume) {
+                Err(Error::Io(e)) => assert_eq!(e.to_string(), "a bad sector"),
+                other => panic!("{:?}", other.map(|c| c.recovery_count)),
+            }
         }
     }
 

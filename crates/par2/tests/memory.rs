@@ -69,14 +69,14 @@ impl Read for Reader {
 impl Through for Reader {}
 
 impl Files for Made {
-    fn open(&mut self, _: usize) -> io::Result<Box<dyn Through + '_>> {
+    fn open(&self, _: usize) -> io::Result<Box<dyn Through + '_>> {
         Ok(Box::new(Reader {
             at: 0,
             len: self.len,
         }))
     }
 
-    fn read_at(&mut self, _: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+    fn read_at(&self, _: usize, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
         Reader {
             at: offset.min(self.len),
             len: self.len,
@@ -126,7 +126,7 @@ fn slices_larger_than_a_first_batch_are_never_held_whole() {
     };
     let before = NOW.load(Ordering::Relaxed);
     PEAK.store(before, Ordering::Relaxed);
-    let created = create(&[input], &mut Made { len }, &plan, &mut Nowhere(0)).unwrap();
+    let created = create(&[input], &Made { len }, &plan, &mut Nowhere(0)).unwrap();
     let held = PEAK.load(Ordering::Relaxed) - before;
     assert_eq!(created.files.len(), 1);
     assert_eq!(created.files[0].slices.len(), 3);

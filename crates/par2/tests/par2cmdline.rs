@@ -29,11 +29,11 @@ fn par2(dir: &Path, args: &[&str]) -> (bool, String) {
 struct Dir<'a>(&'a Path, &'a [&'a str]);
 
 impl Files for Dir<'_> {
-    fn open(&mut self, i: usize) -> std::io::Result<Box<dyn Through + '_>> {
+    fn open(&self, i: usize) -> std::io::Result<Box<dyn Through + '_>> {
         Ok(Box::new(fs::File::open(self.0.join(self.1[i]))?))
     }
 
-    fn read_at(&mut self, i: usize, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+    fn read_at(&self, i: usize, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
         use std::os::unix::fs::FileExt;
         fs::File::open(self.0.join(self.1[i]))?.read_at(buf, offset)
     }
@@ -56,7 +56,7 @@ fn make_set(dir: &Path, names: &[&str], slice: u64, rec: u32) {
         threads: 2,
         memory: 64 << 10,
     };
-    let created = create(&inputs, &mut Dir(dir, names), &plan, &mut volume).unwrap();
+    let created = create(&inputs, &Dir(dir, names), &plan, &mut volume).unwrap();
     fs::write(dir.join("set.par2"), &created.index).unwrap();
 }
 
