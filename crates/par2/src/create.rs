@@ -392,14 +392,16 @@ impl<'a> Making<'a> {
         let range = strip.map_or(0..0, |s| self.strips[s].clone());
         let rows = strip.map_or(0, |_| self.recovery_count as usize);
         recovery.resize_with(rows, Default::default);
+        // Strips and slices are multiplied padded with zeros to whole blocks.
+        let padded = range.len().next_multiple_of(gf::BLOCK);
         for r in &mut recovery {
-            r.resize(range.len());
+            r.resize(padded);
             r.fill(0);
         }
         // The first pass holds whole slices (for their checksums) unless they are too large,
         // later ones their strip.
         let whole_slices = first && !self.streamed;
-        let held = if whole_slices { size } else { range.len() };
+        let held = if whole_slices { size } else { padded };
         let batch = if whole_slices {
             self.first_batch
         } else {
@@ -485,13 +487,14 @@ impl<'a> Making<'a> {
                             let Some((checksum, crcs)) = stream_slice(
                                 &mut **reader,
                                 &mut whole,
-                                &mut buf,
+                                &mut buf[..range.len()],
                                 want,
                                 &self.strips,
                             )?
                             else {
                                 return Err(changed());
                             };
+                            buf[range.len()..].fill(0);
                             if let Some((_, checksums)) = describe.as_mut() {
                                 checksums[slice_index] = checksum;
                             }
@@ -600,6 +603,7 @@ impl Batching<'_> {
                 .map(|(b, c)| {
                     let mut n = take_spare(self.spare_native);
                     n.copy_from(&b[self.cut.clone()]);
+                    n.resize(self.cut.len().next_multiple_of(gf::BLOCK));
                     gf::to_native(&mut n);
                     (n, *c)
                 })

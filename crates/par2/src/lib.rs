@@ -279,6 +279,39 @@ mod tests {
         }
     }
 
+    #[test]
+    fn slices_not_in_whole_blocks_are_made_and_repaired_in_passes() {
+        // 4,100-byte slices: a tail of 4 bytes beyond the multiplication's 128-byte blocks
+        // in one pass; in 1 KiB of memory, strips of 128 bytes and a last one of 4.
+        let files = vec![data(50_000, 11), data(9_998, 12)];
+        let (one, whole) = make(&files, 4100, 4);
+        let (many, passes) = make_in(&files, 4100, 4, 1024);
+        assert_eq!(one.index, many.index);
+        assert_eq!(whole, passes);
+        let set = Set::load(&[&many.index, &passes]).unwrap();
+        let f0 = set.files.iter().position(|f| f.name == b"f0").unwrap();
+        let f1 = set.files.iter().position(|f| f.name == b"f1").unwrap();
+        // The last bytes of a slice, the first of the next, and the end of the other file.
+        let mut damaged = files.clone();
+        damaged[0][4099] ^= 1;
+        damaged[0][4100] ^= 0x80;
+        damaged[1][9_997] ^= 0xff;
+        let open = |i: usize| if i == f0 { &damaged[0] } else { &damaged[1] };
+        let rec = set
+            .recover(&mut |i| Ok(Some(Box::new(&open(i)[..]))), 2)
+            .unwrap();
+        assert_eq!(rec.slices.len(), 3);
+        for (k, f) in [(0, f0), (1, f1)] {
+            let (mut out, mut cur) = (Vec::new(), &damaged[k][..]);
+            set.restore(f, &rec, Some(&mut cur), &mut |b| {
+                out.extend_from_slice(b);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(out, files[k], "file {k}");
+        }
+    }
+
     /// Slices so large that 16 would exceed [`FIRST_BATCH`] are read fewer at a time (their
     /// MD5s in fewer lanes): the set is the one read 16 at a time.
     #[test]
