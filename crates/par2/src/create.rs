@@ -112,7 +112,9 @@ pub fn create(
         // each range held then is checked against what the read through found, at the end.
         let mut hash = || {
             let described = Some((&mut entries, &mut checksums));
+            making.describing.store(true, Ordering::Relaxed);
             let done = making.pass(files, None, described, &mut pieces, Vec::new(), &stop);
+            making.describing.store(false, Ordering::Relaxed);
             lock(&making.spare_whole).clear();
             if !matches!(done, Ok(Some(_))) {
                 stop.store(true, Ordering::Relaxed);
@@ -311,6 +313,8 @@ struct Making<'a> {
     spare_native: Mutex<Vec<gf::Buffer>>,
     /// Whole slices, of a first pass that only describes the files.
     spare_whole: Mutex<Vec<gf::Buffer>>,
+    /// A pass that only describes the files is running.
+    describing: AtomicBool,
 }
 
 /// A batch's recovery slices back from the arithmetic, the index of its first slice, and
@@ -369,6 +373,7 @@ impl<'a> Making<'a> {
             spare: Mutex::new(Vec::new()),
             spare_native: Mutex::new(Vec::new()),
             spare_whole: Mutex::new(Vec::new()),
+            describing: AtomicBool::new(false),
         }
     }
 
@@ -425,6 +430,7 @@ impl<'a> Making<'a> {
             first: whole_slices,
             strips: &self.strips,
             threads: self.threads,
+            describing: &self.describing,
             spare,
             spare_native,
         };
@@ -582,6 +588,7 @@ struct Batching<'a> {
     /// The range of every slice each pass computes.
     strips: &'a [std::ops::Range<usize>],
     threads: usize,
+    describing: &'a AtomicBool,
     /// Where the buffers go back to, for the next batches.
     spare: &'a Mutex<Vec<gf::Buffer>>,
     spare_native: &'a Mutex<Vec<gf::Buffer>>,
@@ -639,10 +646,15 @@ impl Batching<'_> {
                 .collect::<Vec<(Id, u32)>>();
             (sums, crcs)
         };
-        let (sums, crcs) = if shared(&rec, &native, self.threads) > 1 {
+        // A core is taken by the read through while it runs.
+        let threads = match self.describing.load(Ordering::Relaxed) {
+            true => self.threads.saturating_sub(1).max(1),
+            false => self.threads,
+        };
+        let (sums, crcs) = if shared(&rec, &native, threads) > 1 {
             std::thread::scope(|t| {
                 let sums = t.spawn(checksums);
-                accumulate(&mut rec, &native, self.threads);
+                accumulate(&mut rec, &native, threads);
                 sums.join().expect("no panic")
             })
         } else {
