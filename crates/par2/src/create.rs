@@ -4,7 +4,7 @@
 
 use std::io;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::md5x::{self, Md5};
 use crate::mul::{accumulate, shared};
@@ -112,9 +112,9 @@ pub fn create(
         // each range held then is checked against what the read through found, at the end.
         let mut hash = || {
             let described = Some((&mut entries, &mut checksums));
-            making.describing.store(true, Ordering::Relaxed);
+            DESCRIBING.fetch_add(1, Ordering::Relaxed);
             let done = making.pass(files, None, described, &mut pieces, Vec::new(), &stop);
-            making.describing.store(false, Ordering::Relaxed);
+            DESCRIBING.fetch_sub(1, Ordering::Relaxed);
             lock(&making.spare_whole).clear();
             if !matches!(done, Ok(Some(_))) {
                 stop.store(true, Ordering::Relaxed);
@@ -313,8 +313,6 @@ struct Making<'a> {
     spare_native: Mutex<Vec<gf::Buffer>>,
     /// Whole slices, of a first pass that only describes the files.
     spare_whole: Mutex<Vec<gf::Buffer>>,
-    /// A pass that only describes the files is running.
-    describing: AtomicBool,
 }
 
 /// A batch's recovery slices back from the arithmetic, the index of its first slice, and
@@ -373,7 +371,6 @@ impl<'a> Making<'a> {
             spare: Mutex::new(Vec::new()),
             spare_native: Mutex::new(Vec::new()),
             spare_whole: Mutex::new(Vec::new()),
-            describing: AtomicBool::new(false),
         }
     }
 
@@ -430,7 +427,6 @@ impl<'a> Making<'a> {
             first: whole_slices,
             strips: &self.strips,
             threads: self.threads,
-            describing: &self.describing,
             spare,
             spare_native,
         };
@@ -573,6 +569,10 @@ impl<'a> Making<'a> {
     }
 }
 
+/// Passes that only describe files, running in this process (in any set): each takes a
+/// core, which the products of every set leave to it.
+static DESCRIBING: AtomicUsize = AtomicUsize::new(0);
+
 /// A batch being worked on: on a thread of its own, or (the last) done already.
 enum Running<'s> {
     Thread(std::thread::ScopedJoinHandle<'s, Done>),
@@ -588,7 +588,6 @@ struct Batching<'a> {
     /// The range of every slice each pass computes.
     strips: &'a [std::ops::Range<usize>],
     threads: usize,
-    describing: &'a AtomicBool,
     /// Where the buffers go back to, for the next batches.
     spare: &'a Mutex<Vec<gf::Buffer>>,
     spare_native: &'a Mutex<Vec<gf::Buffer>>,
@@ -647,10 +646,9 @@ impl Batching<'_> {
             (sums, crcs)
         };
         // A core is taken by the read through while it runs.
-        let threads = match self.describing.load(Ordering::Relaxed) {
-            true => self.threads.saturating_sub(1).max(1),
-            false => self.threads,
-        };
+        let threads = (self.threads)
+            .saturating_sub(DESCRIBING.load(Ordering::Relaxed))
+            .max(1);
         let (sums, crcs) = if shared(&rec, &native, threads) > 1 {
             std::thread::scope(|t| {
                 let sums = t.spawn(checksums);
