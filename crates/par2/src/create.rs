@@ -407,8 +407,8 @@ impl<'a> Making<'a> {
             r.resize(padded);
             r.fill(0);
         }
-        // The first pass holds whole slices (for their checksums) unless they are too large,
-        // later ones their strip.
+        // The pass that reads the files through holds whole slices (for their checksums)
+        // unless they are too large, the others their strip.
         let whole_slices = first && !self.streamed;
         let held = if whole_slices { size } else { padded };
         let batch = if whole_slices {
