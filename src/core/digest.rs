@@ -25,6 +25,13 @@ impl Algo {
     }
 }
 
+impl Algo {
+    /// Its place among the algorithms, for per-algorithm arrays.
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
 impl fmt::Display for Algo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -55,6 +62,33 @@ impl Digest {
     /// Lowercase hexadecimal, as sha256sum and b3sum print it.
     pub fn hex(&self) -> String {
         hex::encode(self.bytes)
+    }
+}
+
+/// What one read of a file computed: at most one digest per algorithm, kept inline (a read
+/// per file, tens of thousands a second: no allocation for it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Digests([Option<Digest>; 2]);
+
+impl Digests {
+    /// The digest for `algo`, if the read computed it.
+    pub fn get(&self, algo: Algo) -> Option<Digest> {
+        self.0[algo.index()]
+    }
+
+    /// The digest for `algo`, which the caller asked the read for.
+    pub fn of(&self, algo: Algo) -> Digest {
+        self.get(algo).expect("the algorithm was hashed")
+    }
+}
+
+impl FromIterator<Digest> for Digests {
+    fn from_iter<I: IntoIterator<Item = Digest>>(digests: I) -> Self {
+        let mut out = Digests::default();
+        for d in digests {
+            out.0[d.algo.index()] = Some(d);
+        }
+        out
     }
 }
 

@@ -297,7 +297,7 @@ impl Protector {
                 HashError::Interrupted => io::Error::from(io::ErrorKind::Interrupted),
             })?;
             let (after, _) = Stat::of(&file)?;
-            Ok((before, digests[0], n, after))
+            Ok((before, digests.of(tag.digest.algo), n, after))
         };
         match read() {
             // Stopped by Ctrl-C: left as it was, unverified.

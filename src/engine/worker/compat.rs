@@ -1,7 +1,7 @@
 //! Other tools' tags written beside intact's (`--compat`), and kept in step on a re-tag.
 
-use super::{Digests, Subject, Worker, fail};
-use crate::core::digest::{Algo, Digest};
+use super::{Subject, Worker, fail};
+use crate::core::digest::{Algo, Digest, Digests};
 use crate::core::tag::Compat;
 use crate::engine::outcome::{Action, FileError, FileReport};
 use crate::fs::xattr;

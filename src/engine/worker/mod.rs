@@ -18,7 +18,6 @@ use std::sync::atomic::AtomicBool;
 use super::outcome::{Action, FileError, FileReport};
 use super::{Config, Held, OpenFile, OpenFiles, Progress, Slot, Slots, Work};
 use crate::core::classify::Status;
-use crate::core::digest::{Algo, Digest};
 use crate::fs::anchor::Anchor;
 use crate::fs::atomic;
 use crate::fs::device::{Cold, Gate, Gates};
@@ -51,21 +50,6 @@ struct Subject<'f> {
     file: &'f File,
     meta: Meta,
     stored: Stored,
-}
-
-/// The digests one read produced.
-struct Digests(Vec<Digest>);
-
-impl Digests {
-    /// The digest for `algo` (every caller asked for it).
-    fn of(&self, algo: Algo) -> Digest {
-        self.get(algo).expect("the algorithm was hashed")
-    }
-
-    /// The digest for `algo`, if the read computed it.
-    fn get(&self, algo: Algo) -> Option<Digest> {
-        self.0.iter().find(|d| d.algo == algo).copied()
-    }
 }
 
 /// A verb's result for a file: its report, or, having stopped early, the report to give

@@ -6,9 +6,9 @@ use std::fs::File;
 use std::sync::{Arc, Mutex};
 
 use super::verbs::mark_contradicts;
-use super::{Digests, INTERRUPTED_REPAIR, Subject, Worker, fail, unmark};
+use super::{INTERRUPTED_REPAIR, Subject, Worker, fail, unmark};
 use crate::core::classify::{self, SinceDamage, Status};
-use crate::core::digest::{Algo, Digest};
+use crate::core::digest::{Algo, Digests};
 use crate::core::tag::{self, Damage, Tag, Timestamp};
 use crate::engine::Slot;
 use crate::engine::outcome::{Action, FileError, FileReport};
@@ -29,9 +29,17 @@ impl<'a> Worker<'a> {
         algos: impl IntoIterator<Item = Algo>,
     ) -> Result<(FileReport, Digests), Option<FileReport>> {
         let compat = (!self.config.compat.is_empty()).then_some(Algo::Sha256);
-        let algos = unique(algos.into_iter().chain(compat));
-        match self.hash(&mut report, s.file, &s.meta, &algos) {
-            Ok(d) => Ok((report, Digests(d))),
+        // Each asked for once, on the stack (a file has at most a tag of each format).
+        let mut asked = [Algo::Sha256; 8];
+        let mut n = 0;
+        for a in algos.into_iter().chain(compat) {
+            if !asked[..n].contains(&a) {
+                asked[n] = a;
+                n += 1;
+            }
+        }
+        match self.hash(&mut report, s.file, &s.meta, &asked[..n]) {
+            Ok(d) => Ok((report, d)),
             Err(e) => Err(e.report(report)),
         }
     }
@@ -79,7 +87,7 @@ impl<'a> Worker<'a> {
             return;
         }
         if whole_again {
-            if let Some(&second) = second.first().filter(|d| **d != tag.digest) {
+            if let Some(second) = second.get(tag.digest.algo).filter(|d| *d != tag.digest) {
                 // The damage it is remembered by is the read that did not match.
                 report.digest = Some(second);
                 report.status = Status::Unstable;
@@ -92,7 +100,7 @@ impl<'a> Worker<'a> {
             }
             return;
         }
-        if second.first() == Some(&tag.digest) {
+        if second.get(tag.digest.algo) == Some(tag.digest) {
             report.status = Status::Unstable;
             report.detail = Some(
                 "the first read did not match the tag, a second read around the page cache did: \
@@ -210,7 +218,7 @@ impl<'a> Worker<'a> {
         file: &File,
         before: &Meta,
         algos: &[Algo],
-    ) -> Result<Vec<Digest>, NoDigest> {
+    ) -> Result<Digests, NoDigest> {
         self.find_gate(before.dev);
         let gate = closed_gate(&self.gate, self.holding, before.dev);
         // A background scrub has no readers to wake.
@@ -333,17 +341,6 @@ impl NoDigest {
             NoDigest::Interrupted => None,
         }
     }
-}
-
-/// The algorithms in first-seen order, each once.
-pub(super) fn unique(algos: impl IntoIterator<Item = Algo>) -> Vec<Algo> {
-    let mut out = Vec::with_capacity(2);
-    for a in algos {
-        if !out.contains(&a) {
-            out.push(a);
-        }
-    }
-    out
 }
 
 /// The gate found for device `dev`, while it is closed and not `held` by this worker.

@@ -1,9 +1,9 @@
 //! What each verb does to one file once it is open: show, strip, check, tag, update, import.
 
 use super::read::racy_window;
-use super::{Digests, INTERRUPTED_REPAIR, Outcome, Subject, Worker, fail, unmark};
+use super::{INTERRUPTED_REPAIR, Outcome, Subject, Worker, fail, unmark};
 use crate::core::classify::{self, Status};
-use crate::core::digest::Algo;
+use crate::core::digest::{Algo, Digests};
 use crate::core::tag::{Compat, Damage, Format, Tag, Timestamp};
 use crate::engine::outcome::{Action, FileError, FileReport};
 use crate::fs::xattr;
