@@ -474,7 +474,10 @@ fn walk_root(
             stack.pop();
             continue;
         };
-        let path = level.path.join(&name);
+        // Made at its length at once (`join` copies, then grows the copy).
+        let mut path = PathBuf::with_capacity(level.path.as_os_str().len() + 1 + name.len());
+        path.push(&level.path);
+        path.push(&name);
         if let Some(reason) = level.own_dir.and_then(|dir| opts.own.holds(dir, &name)) {
             let skip = Entry::Skip {
                 path,
