@@ -132,7 +132,7 @@ impl Stored {
             Ok(attrs
                 .iter()
                 .find(|(n, _)| n == name)
-                .map(|(_, v)| v.clone()))
+                .map(|(_, v)| Value::of(v)))
         })
         .unwrap_or_default()
     }
@@ -140,7 +140,7 @@ impl Stored {
     /// Parses every known tag out of a file's attributes, as `lookup` gives them (`None` for
     /// an absent one): from the file system, or from an archive member's records.
     pub fn from_attrs(
-        mut lookup: impl FnMut(&str) -> io::Result<Option<Vec<u8>>>,
+        mut lookup: impl FnMut(&str) -> io::Result<Option<Value>>,
     ) -> io::Result<Stored> {
         let mut stored = Stored::default();
         let mut keep = |attr: &'static str, parsed: Result<Tag, Malformed>| match parsed {
@@ -234,17 +234,61 @@ pub fn write_all<'a>(
     Ok(())
 }
 
-/// One attribute's value, or `None` if absent. Values longer than any tag are cut to
-/// [`tag::MAX_TAG_LEN`] + 1 bytes, which the parsers reject as too long.
-fn get(file: &File, name: &str) -> io::Result<Option<Vec<u8>>> {
+/// An attribute's value as the tag parsers take it: inline if as short as tags are (every
+/// file's tag is read: no allocation for it, and little to copy).
+pub enum Value {
+    /// Up to [`INLINE`] bytes.
+    Inline(u8, [u8; INLINE]),
+    /// A longer one.
+    Long(Vec<u8>),
+}
+
+/// The longest value held inline: intact's tag takes about 60 bytes, shatag's 64.
+const INLINE: usize = 128;
+
+impl Value {
+    fn of(bytes: &[u8]) -> Value {
+        let mut inline = [0u8; INLINE];
+        match inline.get_mut(..bytes.len()) {
+            Some(to) => {
+                to.copy_from_slice(bytes);
+                Value::Inline(bytes.len() as u8, inline)
+            }
+            None => Value::Long(bytes.to_vec()),
+        }
+    }
+}
+
+impl std::ops::Deref for Value {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Value::Inline(n, bytes) => &bytes[..*n as usize],
+            Value::Long(bytes) => bytes,
+        }
+    }
+}
+
+/// One attribute's value, or `None` if absent.
+fn get(file: &File, name: &str) -> io::Result<Option<Value>> {
     let mut buf = [0u8; tag::MAX_TAG_LEN + 1];
     match fgetxattr(file, name, &mut buf[..]) {
-        Ok(n) => Ok(Some(buf[..n].to_vec())),
+        Ok(n) => Ok(Some(Value::of(&buf[..n]))),
         Err(rustix::io::Errno::NODATA) => Ok(None),
-        Err(rustix::io::Errno::RANGE) => {
-            let len = fgetxattr_query(file, name)?;
-            Ok(Some(vec![b'?'; len.max(buf.len())]))
-        }
+        // Longer than any tag: read whole (rare), for the parsers to say what it is.
+        Err(rustix::io::Errno::RANGE) => loop {
+            let mut long = vec![0u8; fgetxattr_query(file, name)? + 256];
+            match fgetxattr(file, name, &mut long[..]) {
+                Ok(n) => {
+                    long.truncate(n);
+                    return Ok(Some(Value::Long(long)));
+                }
+                // Grown since it was measured.
+                Err(rustix::io::Errno::RANGE) => {}
+                Err(rustix::io::Errno::NODATA) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+        },
         Err(e) => Err(e.into()),
     }
 }
@@ -300,5 +344,51 @@ fn remove(file: &File, name: &str) -> io::Result<bool> {
         Ok(()) => Ok(true),
         Err(rustix::io::Errno::NODATA) => Ok(false),
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::tag::Timestamp;
+
+    #[test]
+    fn values_short_and_long_read_from_a_file_as_from_a_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let digest = Digest {
+            algo: Algo::Sha256,
+            bytes: [7; 32],
+        };
+        let mtime = Timestamp {
+            sec: 1_700_000_000,
+            nsec: 5,
+        };
+        let tag = tag::encode(&digest, 5, mtime, 1_700_000_001);
+        let mut long_garbage = vec![b'x'; INLINE + 1];
+        long_garbage[..2].copy_from_slice(b"v=");
+        let cases: [(&str, Vec<u8>); 4] = [
+            ("tag", tag),
+            ("inline garbage", b"v=1 nonsense".to_vec()),
+            ("just longer than inline", long_garbage),
+            ("longer than any tag", vec![b'v'; 3000]),
+        ];
+        for (what, value) in cases {
+            let path = dir.path().join(what);
+            std::fs::write(&path, b"data!").unwrap();
+            let file = File::open(&path).unwrap();
+            rustix::fs::fsetxattr(&file, names::INTACT, &value, XattrFlags::empty()).unwrap();
+            let read = read(&file).unwrap();
+            let listed = Stored::from_list(&[(names::INTACT.to_string(), value.clone())]);
+            assert_eq!(read.tags, listed.tags, "{what}");
+            assert_eq!(read.malformed, listed.malformed, "{what}");
+            assert_eq!(read.tags.len() + read.malformed.len(), 1, "{what}");
+        }
+        let path = dir.path().join("longer than any tag");
+        let stored = read(&File::open(path).unwrap()).unwrap();
+        assert!(
+            stored.malformed[0].1.0.contains("3000 bytes long"),
+            "{:?}",
+            stored.malformed
+        );
     }
 }
