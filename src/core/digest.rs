@@ -23,9 +23,10 @@ impl Algo {
             Algo::Blake3 => "blake3",
         }
     }
-}
 
-impl Algo {
+    /// How many there are: the length of per-algorithm arrays.
+    pub(crate) const COUNT: usize = 2;
+
     /// Its place among the algorithms, for per-algorithm arrays.
     pub(crate) fn index(self) -> usize {
         self as usize
@@ -68,7 +69,7 @@ impl Digest {
 /// What one read of a file computed: at most one digest per algorithm, kept inline (a read
 /// per file, tens of thousands a second: no allocation for it).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Digests([Option<Digest>; 2]);
+pub struct Digests([Option<Digest>; Algo::COUNT]);
 
 impl Digests {
     /// The digest for `algo`, if the read computed it.

@@ -133,7 +133,7 @@ pub fn hash_file(
     bytes_done: &AtomicU64,
 ) -> Result<(Digests, u64), HashError> {
     // One hasher per algorithm, however often it is asked for; on the stack.
-    let mut hashers: [Option<Hasher>; 2] = [None, None];
+    let mut hashers: [Option<Hasher>; Algo::COUNT] = Default::default();
     for &a in algos {
         hashers[a.index()].get_or_insert_with(|| Hasher::new(a));
     }

@@ -203,24 +203,30 @@ pub fn read_all(file: &File) -> io::Result<Attrs> {
         if cfg!(not(target_os = "macos")) && !name.starts_with("user.") {
             continue;
         }
-        let mut value = vec![0u8; 256];
-        loop {
-            match fgetxattr(file, name, &mut value[..]) {
-                Ok(n) => {
-                    value.truncate(n);
-                    attrs.push((name.to_owned(), value));
-                    break;
-                }
-                Err(rustix::io::Errno::RANGE) => {
-                    value.resize(fgetxattr_query(file, name)? + 256, 0)
-                }
-                // Removed since it was listed.
-                Err(rustix::io::Errno::NODATA) => break,
-                Err(e) => return Err(e.into()),
-            }
+        // Removed since it was listed if `None`.
+        if let Some(value) = get_whole(file, name, 256)? {
+            attrs.push((name.to_owned(), value));
         }
     }
     Ok(attrs)
+}
+
+/// One attribute's whole value, however long, or `None` if absent; `first` bytes are asked
+/// for first.
+fn get_whole(file: &File, name: &str, first: usize) -> io::Result<Option<Vec<u8>>> {
+    let mut value = vec![0u8; first];
+    loop {
+        match fgetxattr(file, name, &mut value[..]) {
+            Ok(n) => {
+                value.truncate(n);
+                return Ok(Some(value));
+            }
+            // Longer than asked for, or grown since it was measured.
+            Err(rustix::io::Errno::RANGE) => value.resize(fgetxattr_query(file, name)? + 256, 0),
+            Err(rustix::io::Errno::NODATA) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Sets each attribute on `file`.
@@ -276,19 +282,7 @@ fn get(file: &File, name: &str) -> io::Result<Option<Value>> {
         Ok(n) => Ok(Some(Value::of(&buf[..n]))),
         Err(rustix::io::Errno::NODATA) => Ok(None),
         // Longer than any tag: read whole (rare), for the parsers to say what it is.
-        Err(rustix::io::Errno::RANGE) => loop {
-            let mut long = vec![0u8; fgetxattr_query(file, name)? + 256];
-            match fgetxattr(file, name, &mut long[..]) {
-                Ok(n) => {
-                    long.truncate(n);
-                    return Ok(Some(Value::Long(long)));
-                }
-                // Grown since it was measured.
-                Err(rustix::io::Errno::RANGE) => {}
-                Err(rustix::io::Errno::NODATA) => return Ok(None),
-                Err(e) => return Err(e.into()),
-            }
-        },
+        Err(rustix::io::Errno::RANGE) => Ok(get_whole(file, name, 2 * buf.len())?.map(Value::Long)),
         Err(e) => Err(e.into()),
     }
 }

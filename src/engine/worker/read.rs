@@ -29,8 +29,8 @@ impl<'a> Worker<'a> {
         algos: impl IntoIterator<Item = Algo>,
     ) -> Result<(FileReport, Digests), Option<FileReport>> {
         let compat = (!self.config.compat.is_empty()).then_some(Algo::Sha256);
-        // Each asked for once, on the stack (a file has at most a tag of each format).
-        let mut asked = [Algo::Sha256; 8];
+        // Each asked for once, on the stack.
+        let mut asked = [Algo::Sha256; Algo::COUNT];
         let mut n = 0;
         for a in algos.into_iter().chain(compat) {
             if !asked[..n].contains(&a) {
