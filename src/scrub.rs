@@ -549,12 +549,17 @@ impl Plan {
         }
         self.attached = true;
         // What the rows say another database knew (one found damaged and rebuilt since, or
-        // none) says nothing of this one.
+        // none) says nothing of this one; the damage this one knows is taken instead (a
+        // database rebuilt as the walk read it learnt it again from the damage journal), as
+        // the walk takes it: an untagged file's by its inode, a tagged one's by its tag too.
         if self.read_from.as_deref() != db {
             self.conn().execute_batch(
                 "UPDATE plan SET known = NULL, verified = NULL, checked = NULL, status = NULL, \
                  protected = NULL, archived = NULL, archived_in = NULL, damaged = NULL, \
-                 was = NULL; DELETE FROM unmet;",
+                 was = NULL; DELETE FROM unmet;
+                 UPDATE plan SET damaged = d.found, status = d.status FROM state.damage AS d \
+                 WHERE d.fs = plan.fs AND d.ino = plan.ino \
+                 AND (plan.digest = X'' OR d.digest = plan.digest);",
             )?;
             self.read_from = db.map(Path::to_path_buf);
         }

@@ -206,6 +206,48 @@ fn a_status_after_the_database_was_lost_says_so() {
     assert_eq!(v["overview"]["damage"].as_array().unwrap().len(), 3, "{v}");
 }
 
+/// A database whose damage the opening does not meet (only the directories' table, which
+/// the walk reads) is found damaged while in use and rebuilt there: the damage the journal
+/// remembers is said all the same, not the nothing a walk that read the old one left.
+#[test]
+fn damage_is_said_after_a_database_found_damaged_in_the_walk() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 40, 3_000);
+    for i in [4, 5] {
+        flip_byte(&tree.join(format!("f{i:02}")), 7);
+    }
+    intact!("check", "-q", "--state", &db, &tree).expect_code(1);
+    let dirs_page: i64 = {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        conn.query_row(
+            "SELECT rootpage FROM sqlite_master WHERE name = 'dirs'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new().write(true).open(&db).unwrap();
+        f.write_all_at(&[0xa5; 4096], (dirs_page as u64 - 1) * 4096)
+            .unwrap();
+    }
+    let r = intact!("status", "--state", &db, &tree).expect_code(1);
+    assert!(
+        r.stderr.contains("found damaged while in use"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(r.stdout.matches("corrupt").count(), 2, "{}", r.stdout);
+    assert!(
+        r.stdout.contains("f04") && r.stdout.contains("f05"),
+        "{}",
+        r.stdout
+    );
+}
+
 /// Undoes `chattr +i` on drop, also when the test fails.
 struct Immutable(PathBuf);
 
