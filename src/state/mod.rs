@@ -129,6 +129,24 @@ pub enum StateError {
     Io(#[from] io::Error),
 }
 
+/// A connection to the database at `path` that waits for another run's lock rather than
+/// fail, and leaves the WAL as it is when it closes: checkpointing it there (the default)
+/// cost every run two `fsync`s and removing the WAL at its end, and re-creating it (an `fsync`
+/// of the file and of its directory) at the start of the next, all while the run waited
+/// (1-4 ms a run on this VM's disk, more on a spinning one). The writer copies what the last
+/// run left into the database before it first writes ([`writer::serve`]), while files are
+/// hashed, so the WAL holds about one run's writes.
+fn connect(path: &Path) -> rusqlite::Result<Connection> {
+    let mut conn = Connection::open(path)?;
+    wait_for_locks(&mut conn)?;
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+        true,
+    )?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    Ok(conn)
+}
+
 impl State {
     /// Opens (creating it if need be) the database at `path`. One that is not a database or
     /// is damaged is moved aside (to `state.db.broken-TIME`) and a new one made, which
@@ -149,9 +167,7 @@ impl State {
 
     fn open_at(path: &Path) -> Result<State, StateError> {
         room_for_shared_memory(path)?;
-        let mut conn = Connection::open(path)?;
-        // Another run writing: wait for it rather than fail.
-        wait_for_locks(&mut conn)?;
+        let conn = connect(path)?;
         // Turning a new database to WAL takes a lock whose holder SQLite does not wait for
         // (seen with two scrubs started at once): try again a while.
         for tries in 1.. {
@@ -168,7 +184,6 @@ impl State {
                 }
             }
         }
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
         let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
         if version > VERSION {
             return Err(StateError::Io(io::Error::other(format!(

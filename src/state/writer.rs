@@ -8,7 +8,6 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded, unbounded};
 use rusqlite::Connection;
 
 use super::dirs::Open;
-use super::locks::wait_for_locks;
 use super::rows::Row;
 
 /// Recorded rows are committed at least this often.
@@ -57,9 +56,7 @@ pub(super) struct Writer {
 
 impl Writer {
     pub(super) fn open(path: &Path) -> rusqlite::Result<Writer> {
-        let mut conn = Connection::open(path)?;
-        wait_for_locks(&mut conn)?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        let conn = super::connect(path)?;
         // SQLite's default cache (2 MiB): a second's pages that outgrow it spill to the WAL
         // early, which measured no slower (20,000 files of 4 KiB, first and later checks);
         // 8 MiB filled up on large trees and made a nightly scrub's peak grow with the tree
@@ -101,6 +98,7 @@ pub(super) fn serve(
     let mut failed: Option<rusqlite::Error> = None;
     // The directories being changed, written back before each commit.
     let mut open = Open::default();
+    let mut checkpointed = false;
     let end = |open: &mut Open, conn: &Connection| {
         let done = open.flush(conn).and_then(|()| conn.execute_batch("COMMIT"));
         done.inspect_err(|_| {
@@ -129,6 +127,13 @@ pub(super) fn serve(
         };
         let mut result = failed.take().map_or(Ok(()), Err);
         if result.is_ok() && !batch.rows.is_empty() {
+            if !checkpointed {
+                // What the last run left in the WAL (see [`super::connect`]) goes into the
+                // database now, so that this run's writes start it again from its head. A
+                // checkpoint that fails or cannot finish loses nothing: the next run tries.
+                let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+                checkpointed = true;
+            }
             if began.is_none() {
                 result = conn.execute_batch("BEGIN IMMEDIATE");
                 began = result.is_ok().then(Instant::now);
