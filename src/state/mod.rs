@@ -63,6 +63,10 @@ use writer::{Batch, COMMIT_EVERY, Writer, transaction, writer_gone};
 use crate::core::digest::Digest;
 use crate::engine::{FileReport, KnownDamage};
 
+/// Bytes of WAL left on disk once it starts again (a nightly check of 20,000 files writes
+/// about 130 KB there).
+const WAL_KEPT: i64 = 1 << 20;
+
 /// Runs kept in `runs` (older ones are forgotten, their archived copies kept on the files).
 const RUNS_KEPT: i64 = 1000;
 
@@ -135,7 +139,9 @@ pub enum StateError {
 /// of the file and of its directory) at the start of the next, all while the run waited
 /// (1-4 ms a run on this VM's disk, more on a spinning one). The writer copies what the last
 /// run left into the database before it first writes ([`writer::serve`]), while files are
-/// hashed, so the WAL holds about one run's writes.
+/// hashed, so the WAL holds about one run's writes; started again, the file is cut back to
+/// [`WAL_KEPT`] (it would otherwise stay as large as the largest run made it: the first
+/// check of a tree writes the whole database there).
 fn connect(path: &Path) -> rusqlite::Result<Connection> {
     let mut conn = Connection::open(path)?;
     wait_for_locks(&mut conn)?;
@@ -144,6 +150,7 @@ fn connect(path: &Path) -> rusqlite::Result<Connection> {
         true,
     )?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "journal_size_limit", WAL_KEPT)?;
     Ok(conn)
 }
 
