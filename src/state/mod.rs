@@ -145,13 +145,20 @@ pub enum StateError {
 fn connect(path: &Path) -> rusqlite::Result<Connection> {
     let mut conn = Connection::open(path)?;
     wait_for_locks(&mut conn)?;
-    conn.set_db_config(
-        rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
-        true,
-    )?;
+    leave_the_wal(&conn)?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "journal_size_limit", WAL_KEPT)?;
     Ok(conn)
+}
+
+/// Leaves the WAL of the databases `conn` has open (attached ones too) as it is when it
+/// closes, as [`connect`] does: the last connection to close would checkpoint it otherwise.
+pub(crate) fn leave_the_wal(conn: &Connection) -> rusqlite::Result<()> {
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+        true,
+    )
+    .map(drop)
 }
 
 impl State {
