@@ -114,15 +114,35 @@ pub fn read(file: &File) -> io::Result<Stored> {
         Err(rustix::io::Errno::NOTSUP) => &[],
         Err(e) => return Err(e.into()),
     };
-    let present = |name: &str| list.split(|&b| b == 0).any(|n| n == name.as_bytes());
-    Stored::from_attrs(|name| {
-        if present(name) {
-            get(file, name)
-        } else {
-            Ok(None)
+    // The list is scanned once for the names a tag may live under: asking it once a name
+    // (seven times a file) was most of reading a tagged file's tags.
+    let mut present = 0u16;
+    for name in list.split(|&b| b == 0) {
+        if let Some(i) = KNOWN.iter().position(|k| k.as_bytes() == name) {
+            present |= 1 << i;
         }
+    }
+    Stored::from_attrs(|name| {
+        let here = match KNOWN.iter().position(|k| *k == name) {
+            Some(i) => present & (1 << i) != 0,
+            None => list.split(|&b| b == 0).any(|n| n == name.as_bytes()),
+        };
+        if here { get(file, name) } else { Ok(None) }
     })
 }
+
+/// The attributes [`Stored::from_attrs`] asks for.
+const KNOWN: [&str; 9] = [
+    names::INTACT,
+    names::SHATAG_SHA256,
+    names::SHATAG_TS,
+    names::DINTCH_HASH,
+    names::DINTCH_HASH_S,
+    names::DINTCH_TIME,
+    names::REPAIRING,
+    names::CORRUPT,
+    names::KEPT_DAMAGED,
+];
 
 impl Stored {
     /// Parses every known tag out of attributes already read (names and values, as
