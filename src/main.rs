@@ -18,6 +18,7 @@ use intact::report::Exit;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     raise_file_limit();
+    room_for_descriptors();
     return_large_blocks();
     let json = cli.command.json_verb();
     let outcome = match cli.command {
@@ -67,6 +68,23 @@ fn return_large_blocks() {
     // SAFETY: mallopt only sets a parameter of the allocator; called before any thread starts.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
+}
+
+/// The table of descriptors, grown once before any thread starts. It grows by doubling as
+/// files are held open (a window of them for the archive writer: up to 4,096), and in a
+/// process with threads each growth waits for an RCU grace period while every thread that
+/// opens a file waits for it: at the start of an archive of 20,000 small files, two spells
+/// of 6-8 ms in which no thread of the run was on a core (`perf sched`). A process alone
+/// grows it at once. Its room costs 64 KiB.
+fn room_for_descriptors() {
+    use rustix::fs::{Mode, OFlags, open};
+    use rustix::process::{Resource, getrlimit};
+    const ROOM: u64 = 8192;
+    let limit = getrlimit(Resource::Nofile).current.unwrap_or(ROOM);
+    if let Ok(fd) = open("/", OFlags::PATH | OFlags::CLOEXEC, Mode::empty()) {
+        // The lowest free descriptor from there on: nothing open is touched.
+        let _ = rustix::io::fcntl_dupfd_cloexec(&fd, (ROOM.min(limit) - 1) as i32);
     }
 }
 
