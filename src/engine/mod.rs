@@ -31,6 +31,7 @@ mod worker;
 
 pub(crate) use outcome::cause;
 pub use outcome::{Action, Declined, FileError, FileReport};
+pub use schedule::Carried;
 pub(crate) use schedule::{Held, OpenFiles, Slot, Slots};
 use worker::{Opened, Worker};
 
@@ -249,30 +250,41 @@ pub struct OpenFile {
     stat: walk::Stat,
     /// Its own extended attributes (`xattr::read_all`), which the sink copies.
     attrs: Attrs,
+    /// A small file's whole data and its digest by its tag's algorithm, read by the worker
+    /// (unchanged while read, by `fstat`): the sink's one thread then only copies them.
+    read: Option<(Carried, Digest)>,
     held: Held,
 }
 
 impl OpenFile {
-    pub(crate) fn new(file: std::fs::File, stat: walk::Stat, attrs: Attrs, held: Held) -> Self {
+    pub(crate) fn new(
+        file: std::fs::File,
+        stat: walk::Stat,
+        attrs: Attrs,
+        read: Option<(Carried, Digest)>,
+        held: Held,
+    ) -> Self {
         OpenFile {
             file,
             stat,
             attrs,
+            read,
             held,
         }
     }
 
-    /// The file, its state before any read and its attributes; no longer counted among the
-    /// files held open.
-    pub fn into_parts(self) -> (std::fs::File, walk::Stat, Attrs) {
+    /// The file, its state before any read, its attributes and what was read of it; no
+    /// longer counted among the files held open.
+    pub fn into_parts(self) -> (std::fs::File, walk::Stat, Attrs, Option<(Carried, Digest)>) {
         let OpenFile {
             file,
             stat,
             attrs,
+            read,
             held,
         } = self;
         drop(held);
-        (file, stat, attrs)
+        (file, stat, attrs, read)
     }
 }
 

@@ -180,9 +180,11 @@ impl Writer {
         // A file the engine left open comes with its state and attributes, read then.
         let opened = match report.open.take() {
             Some(open) => Ok((*open).into_parts()),
-            None => self.open(root, &report.path),
+            None => self
+                .open(root, &report.path)
+                .map(|(f, s, a)| (f, s, a, None)),
         };
-        let (file, before, attrs) = match opened {
+        let (file, before, attrs, read) = match opened {
             Ok(opened) => opened,
             Err(e) => {
                 report.fail(e);
@@ -202,19 +204,27 @@ impl Writer {
         // larger one goes in speculatively, in frames of its own that are cut off again if
         // it turns out damaged.
         let mut whole = None;
+        // The worker may have read and hashed it already (a small file).
+        let read = read.filter(|(data, _)| data.len() as u64 == before.size);
         if let Some(tag) = &unread
             && before.size <= crate::fs::hash::BUF_SIZE as u64
         {
-            let data = &mut self.buf.as_mut_slice()[..before.size as usize];
-            if let Err(e) = read_whole(&file, data) {
-                report.fail(FileError::Read(e));
-                return Ok(());
-            }
-            let digest = digest_bytes(tag.digest.algo, data);
-            if !untouched(&file, &before) {
-                changed(report, "changed while it was archived: not archived");
-                return Ok(());
-            }
+            let digest = match &read {
+                Some((_, digest)) => *digest,
+                None => {
+                    let data = &mut self.buf.as_mut_slice()[..before.size as usize];
+                    if let Err(e) = read_whole(&file, data) {
+                        report.fail(FileError::Read(e));
+                        return Ok(());
+                    }
+                    let digest = digest_bytes(tag.digest.algo, data);
+                    if !untouched(&file, &before) {
+                        changed(report, "changed while it was archived: not archived");
+                        return Ok(());
+                    }
+                    digest
+                }
+            };
             if !self.judge(report, tag, &digest, &before) && !self.opts.include_damaged {
                 return Ok(());
             }
@@ -238,7 +248,10 @@ impl Writer {
         head.write(out)?;
         let copied = match whole {
             Some(digest) => {
-                let buf = &self.buf.as_mut_slice()[..before.size as usize];
+                let buf = match &read {
+                    Some((data, _)) => data.as_slice(),
+                    None => &self.buf.as_mut_slice()[..before.size as usize],
+                };
                 for &(offset, len) in &segments {
                     out.write_all(&buf[offset as usize..(offset + len) as usize])?;
                 }

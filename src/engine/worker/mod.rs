@@ -16,8 +16,10 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use super::outcome::{Action, FileError, FileReport};
-use super::{Config, Held, OpenFile, OpenFiles, Progress, Slot, Slots, Work};
+use super::{Carried, Config, Held, OpenFile, OpenFiles, Progress, Slot, Slots, Work};
 use crate::core::classify::Status;
+use crate::core::digest::{Digest, digest_bytes};
+use crate::core::tag::Tag;
 use crate::fs::anchor::Anchor;
 use crate::fs::atomic;
 use crate::fs::device::{Cold, Gate, Gates};
@@ -285,12 +287,13 @@ impl<'a> Worker<'a> {
         let mut report = outcome.map_or_else(|stopped| stopped, Some)?;
         // The sink reads what was left unread from the same open file (not one opened with
         // O_DIRECT, which wants aligned reads), while descriptors last.
-        if report.unread().is_some()
+        if let Some(tag) = report.unread()
             && !self.config.drop_cache
             && let Some(attrs) = attrs
             && let Some(held) = held.or_else(|| Held::take(&self.open_files))
         {
-            report.open = Some(Box::new(OpenFile::new(file, meta, attrs, held)));
+            let read = read_ahead(&file, &meta, tag, &held);
+            report.open = Some(Box::new(OpenFile::new(file, meta, attrs, read, held)));
         }
         Some(report)
     }
@@ -355,6 +358,28 @@ const INTERRUPTED_REPAIR: &str = "a repair stopped while rewriting it in place: 
 
 fn is_symlink(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+}
+
+/// Files at most this large are read and hashed by the worker for a sink that reads them
+/// anyway (`archive create`), which then only copies the bytes: on 20,000 files of 4 KiB its
+/// one thread hashed them all (a third of the CPU of the archive's own thread).
+const READ_AHEAD_MOST: u64 = 64 << 10;
+
+/// The whole data of a small file left unread for the sink, and their digest by `tag`'s
+/// algorithm; `None` where it is larger, the bytes carried at once are at their most, or it
+/// could not be read whole or changed meanwhile (the sink reads it again, and says so).
+fn read_ahead(file: &File, meta: &Meta, tag: &Tag, held: &Held) -> Option<(Carried, Digest)> {
+    use std::os::unix::fs::FileExt;
+    let size = usize::try_from(meta.size)
+        .ok()
+        .filter(|_| meta.size <= READ_AHEAD_MOST)?;
+    let mut data = held.carry(size)?;
+    file.read_exact_at(&mut data, 0).ok()?;
+    let digest = digest_bytes(tag.digest.algo, &data);
+    let (now, _) = Meta::of(file).ok()?;
+    now.changes_since(meta, meta.size)
+        .is_none()
+        .then_some((data, digest))
 }
 
 #[cfg(test)]
