@@ -24,11 +24,18 @@ pub fn sparse_map(segments: &[(u64, u64)], size: u64) -> Vec<u8> {
 
 /// A PAX time: seconds with a nanosecond fraction (`-1.5` for half a second before 1970).
 pub fn pax_time(t: Timestamp) -> String {
-    if t.sec < 0 && t.nsec > 0 {
-        format!("-{}.{:09}", -(t.sec + 1), 1_000_000_000 - t.nsec)
+    let mut out = Vec::new();
+    write_time(&mut out, t);
+    String::from_utf8(out).expect("digits")
+}
+
+fn write_time(out: &mut impl std::io::Write, t: Timestamp) {
+    // Writing to a Vec, or to the room `Pax::add_time` gives it, cannot fail.
+    let _ = if t.sec < 0 && t.nsec > 0 {
+        write!(out, "-{}.{:09}", -(t.sec + 1), 1_000_000_000 - t.nsec)
     } else {
-        format!("{}.{:09}", t.sec, t.nsec)
-    }
+        write!(out, "{}.{:09}", t.sec, t.nsec)
+    };
 }
 
 /// Parses a PAX time; `None` if malformed.
@@ -59,29 +66,70 @@ pub fn parse_pax_time(s: &str) -> Option<Timestamp> {
     })
 }
 
-/// An xattr name as a PAX key: `%` and `=` percent-encoded, as GNU tar writes and reads them.
-pub fn encode_key(name: &str) -> String {
-    name.replace('%', "%25").replace('=', "%3D")
-}
-
-/// The xattr name a PAX key stands for (the inverse of [`encode_key`]).
+/// The xattr name a PAX key stands for: `%` and `=` were percent-encoded, as GNU tar
+/// writes and reads them (the inverse of [`Pax::add_xattr`]'s key).
 pub fn decode_key(key: &str) -> String {
     key.replace("%3D", "=").replace("%25", "%")
 }
 
-/// PAX extended header records for one member.
+/// The prefix of an xattr's PAX key.
+const XATTR: &[u8] = b"SCHILY.xattr.";
+
+/// PAX extended header records for one member, written without an allocation a record
+/// (an archive of 20,000 small files made about fifteen a file for them).
 #[derive(Default)]
 pub struct Pax(Vec<u8>);
 
 impl Pax {
     /// Appends `<len> <key>=<value>\n`, where `len` counts the whole record, itself included.
     pub fn add(&mut self, key: &str, value: &[u8]) {
-        let rest = key.len() + value.len() + 3;
+        self.record(
+            key.len(),
+            |out| out.extend_from_slice(key.as_bytes()),
+            value,
+        );
+    }
+
+    /// Appends the record of the extended attribute `name`: its key is `SCHILY.xattr.` and
+    /// the name with `%` and `=` percent-encoded.
+    pub fn add_xattr(&mut self, name: &str, value: &[u8]) {
+        let escaped = name.bytes().filter(|b| matches!(b, b'%' | b'=')).count();
+        let key = |out: &mut Vec<u8>| {
+            out.extend_from_slice(XATTR);
+            for b in name.bytes() {
+                match b {
+                    b'%' => out.extend_from_slice(b"%25"),
+                    b'=' => out.extend_from_slice(b"%3D"),
+                    _ => out.push(b),
+                }
+            }
+        };
+        self.record(XATTR.len() + name.len() + 2 * escaped, key, value);
+    }
+
+    /// Appends the time `t` as `key`'s value (see [`pax_time`]).
+    pub fn add_time(&mut self, key: &str, t: Timestamp) {
+        // A sign, 19 digits, a point and 9: room on the stack.
+        let mut buf = [0u8; 32];
+        let mut at = std::io::Cursor::new(&mut buf[..]);
+        write_time(&mut at, t);
+        let n = at.position() as usize;
+        self.add(key, &buf[..n]);
+    }
+
+    /// A record whose key is `key_len` bytes, written by `key`.
+    fn record(&mut self, key_len: usize, key: impl FnOnce(&mut Vec<u8>), value: &[u8]) {
+        use std::io::Write;
+        let digits = |n: usize| n.checked_ilog10().unwrap_or(0) as usize + 1;
+        let rest = key_len + value.len() + 3;
         let mut len = rest + 1;
-        while len != rest + len.to_string().len() {
-            len = rest + len.to_string().len();
+        while len != rest + digits(len) {
+            len = rest + digits(len);
         }
-        self.0.extend_from_slice(format!("{len} {key}=").as_bytes());
+        // Writing to a Vec cannot fail.
+        let _ = write!(self.0, "{len} ");
+        key(&mut self.0);
+        self.0.push(b'=');
         self.0.extend_from_slice(value);
         self.0.push(b'\n');
     }
@@ -191,6 +239,27 @@ mod tests {
                 .unwrap();
             assert_eq!(len, text.len(), "value of {value_len}");
         }
+    }
+
+    #[test]
+    fn xattr_keys_and_times_are_written_as_gnu_tar_reads_them() {
+        let mut pax = Pax::default();
+        pax.add_xattr("user.a%b=c", b"v=\n");
+        pax.add_time(
+            "mtime",
+            Timestamp {
+                sec: -2,
+                nsec: 500_000_000,
+            },
+        );
+        let records = parse_pax(pax.bytes()).expect("well formed");
+        assert_eq!(
+            records[0],
+            (&b"SCHILY.xattr.user.a%25b%3Dc"[..], &b"v=\n"[..])
+        );
+        let key = std::str::from_utf8(&records[0].0[XATTR.len()..]).expect("text");
+        assert_eq!(decode_key(key), "user.a%b=c");
+        assert_eq!(records[1], (&b"mtime"[..], &b"-1.500000000"[..]));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::io::{self, Write};
 use super::super::{DAMAGED_MARK, Stats};
 use crate::core::classify::Status;
 use crate::core::digest::{Digest, Hasher};
-use crate::core::pax::{Pax, encode_key, pax_time, sparse_map};
+use crate::core::pax::{Pax, sparse_map};
 use crate::core::tag::{self, Timestamp, names};
 use crate::fs::walk::Stat;
 use crate::fs::xattr::Attrs;
@@ -128,7 +128,7 @@ impl FileHead {
             pax.add("comment", mark.as_bytes());
         }
         for (attr, value) in attrs {
-            pax.add(&format!("SCHILY.xattr.{}", encode_key(attr)), value);
+            pax.add_xattr(attr, value);
         }
         set_size(&mut header, &mut pax, body);
         header.set_entry_type(tar::EntryType::Regular);
@@ -191,7 +191,7 @@ pub(super) fn set_meta(header: &mut tar::Header, pax: &mut Pax, meta: impl Into<
     header.set_uid(meta.uid.into());
     header.set_gid(meta.gid.into());
     header.set_mtime(meta.mtime.sec.max(0) as u64);
-    pax.add("mtime", pax_time(meta.mtime).as_bytes());
+    pax.add_time("mtime", meta.mtime);
 }
 
 /// Sizes past the ustar field's 8 GiB go in a PAX record too.
