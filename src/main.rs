@@ -82,7 +82,8 @@ fn room_for_descriptors() {
     use rustix::process::{Resource, getrlimit};
     const ROOM: u64 = 8192;
     let limit = getrlimit(Resource::Nofile).current.unwrap_or(ROOM);
-    if let Ok(fd) = open("/", OFlags::PATH | OFlags::CLOEXEC, Mode::empty()) {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    if let Ok(fd) = open("/", flags, Mode::empty()) {
         // The lowest free descriptor from there on: nothing open is touched.
         let _ = rustix::io::fcntl_dupfd_cloexec(&fd, (ROOM.min(limit) - 1) as i32);
     }
