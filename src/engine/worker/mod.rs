@@ -366,15 +366,20 @@ fn is_symlink(path: &Path) -> bool {
 const READ_AHEAD_MOST: u64 = 64 << 10;
 
 /// The whole data of a small file left unread for the sink, and their digest by `tag`'s
-/// algorithm; `None` where it is larger, the bytes carried at once are at their most, or it
-/// could not be read whole or changed meanwhile (the sink reads it again, and says so).
+/// algorithm; `None` where it is larger, the bytes carried at once are at their most, the
+/// page cache does not hold it all (cold data is read by the sink, in the walk's order and
+/// behind a spinning disk's gate, as before: a refusal is confirmed against the page cache,
+/// as pages another program's reads left marked for read-ahead are refused too), or it
+/// changed meanwhile.
 fn read_ahead(file: &File, meta: &Meta, tag: &Tag, held: &Held) -> Option<(Carried, Digest)> {
-    use std::os::unix::fs::FileExt;
     let size = usize::try_from(meta.size)
         .ok()
         .filter(|_| meta.size <= READ_AHEAD_MOST)?;
     let mut data = held.carry(size)?;
-    file.read_exact_at(&mut data, 0).ok()?;
+    match crate::fs::sys::read_cached(file, &mut data, 0, true) {
+        Some(Ok(n)) if n == size => {}
+        _ => return None,
+    }
     let digest = digest_bytes(tag.digest.algo, &data);
     let (now, _) = Meta::of(file).ok()?;
     now.changes_since(meta, meta.size)
