@@ -249,7 +249,7 @@ impl Writer {
         let copied = match whole {
             Some(digest) => {
                 let buf = match &read {
-                    Some((data, _)) => data.as_slice(),
+                    Some((data, _)) => &data[..],
                     None => &self.buf.as_mut_slice()[..before.size as usize],
                 };
                 for &(offset, len) in &segments {
