@@ -302,6 +302,7 @@ fn scratch() -> rusqlite::Result<Connection> {
     state::wait_for_locks(&mut conn)?;
     // The state database is attached to it.
     state::leave_the_wal(&conn)?;
+    state::one_plan_each(&conn)?;
     // A throwaway: no journal, no syncs; a cache of 512 KiB (it is read in order, and a
     // larger one only made the peak grow with the tree), then its file (temporary tables
     // too), never memory only.

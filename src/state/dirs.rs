@@ -1000,4 +1000,31 @@ mod tests {
         assert_eq!(rewritten("/t/d598").archived, None);
         assert_eq!(rewritten("/t/d598").archived_in, Some(0));
     }
+
+    #[test]
+    fn a_directory_looked_up_again_is_not_planned_again() {
+        let tmp = tempfile::tempdir().unwrap();
+        let conn = crate::state::connect(&tmp.path().join("state.db")).unwrap();
+        conn.execute_batch(&crate::state::schema("")).unwrap();
+        for d in [&b"/t/a"[..], b"/t/b"] {
+            let e = Entry {
+                name: b"f".to_vec(),
+                ..Entry::default()
+            };
+            store(&conn, "", d, &[e]).unwrap();
+        }
+        for i in 0..10 {
+            let dir = [&b"/t/a"[..], b"/t/b"][i % 2];
+            assert_eq!(load(&conn, "", dir).unwrap().len(), 1);
+        }
+        // The statement `load` runs, from the cache it left it in.
+        let stmt = conn
+            .prepare_cached(
+                "SELECT d.entries, p.run, p.at FROM dirs d LEFT JOIN proven p \
+                 ON p.path = d.path WHERE d.path = ?1",
+            )
+            .unwrap();
+        assert_eq!(stmt.get_status(rusqlite::StatementStatus::Run), 10);
+        assert_eq!(stmt.get_status(rusqlite::StatementStatus::RePrepare), 0);
+    }
 }

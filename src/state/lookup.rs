@@ -67,6 +67,7 @@ impl Lookup {
         };
         let opened =
             Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY).and_then(|conn| {
+                super::one_plan_each(&conn)?;
                 conn.execute_batch("PRAGMA cache_size = -512")?;
                 let mut stmt = conn.prepare("SELECT fs, ino, digest, found, status FROM damage")?;
                 let mut rows = stmt.query([])?;
