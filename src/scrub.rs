@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
 use crate::core::classify::Status;
 use crate::engine::{self, Config, FileReport, Progress, Work};
@@ -298,11 +298,10 @@ pub struct Plan {
 /// The plan's own database: a private temporary one, on disk, with the state database's
 /// locks waited for as the state's are (it is attached to it), and its tables made.
 fn scratch() -> rusqlite::Result<Connection> {
-    let mut conn = Connection::open("")?;
+    let mut conn = state::sqlite::open(Path::new(""), OpenFlags::default())?;
     state::wait_for_locks(&mut conn)?;
     // The state database is attached to it.
     state::leave_the_wal(&conn)?;
-    state::one_plan_each(&conn)?;
     // A throwaway: no journal, no syncs; a cache of 512 KiB (it is read in order, and a
     // larger one only made the peak grow with the tree), then its file (temporary tables
     // too), never memory only.

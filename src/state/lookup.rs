@@ -65,25 +65,23 @@ impl Lookup {
         let Some(db) = db.filter(|db| db.exists()) else {
             return lookup;
         };
-        let opened =
-            Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY).and_then(|conn| {
-                super::one_plan_each(&conn)?;
-                conn.execute_batch("PRAGMA cache_size = -512")?;
-                let mut stmt = conn.prepare("SELECT fs, ino, digest, found, status FROM damage")?;
-                let mut rows = stmt.query([])?;
-                while let Some(r) = rows.next()? {
-                    let (fs, ino) = (r.get(0)?, r.get(1)?);
-                    let found = Found {
-                        at: r.get(3)?,
-                        status: r.get(4)?,
-                    };
-                    lookup.by_inode.insert((fs, ino), found.clone());
-                    lookup.damage.insert((fs, ino, r.get(2)?), found);
-                }
-                drop(rows);
-                drop(stmt);
-                Ok(conn)
-            });
+        let opened = super::sqlite::open(db, OpenFlags::SQLITE_OPEN_READ_ONLY).and_then(|conn| {
+            conn.execute_batch("PRAGMA cache_size = -512")?;
+            let mut stmt = conn.prepare("SELECT fs, ino, digest, found, status FROM damage")?;
+            let mut rows = stmt.query([])?;
+            while let Some(r) = rows.next()? {
+                let (fs, ino) = (r.get(0)?, r.get(1)?);
+                let found = Found {
+                    at: r.get(3)?,
+                    status: r.get(4)?,
+                };
+                lookup.by_inode.insert((fs, ino), found.clone());
+                lookup.damage.insert((fs, ino, r.get(2)?), found);
+            }
+            drop(rows);
+            drop(stmt);
+            Ok(conn)
+        });
         match opened {
             Ok(conn) => lookup.conn = Some(conn),
             Err(e) => lookup.error = Some(e),

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::TryRecvError;
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
 mod damage;
 mod dirs;
@@ -40,6 +40,7 @@ mod paths;
 mod recover;
 mod rows;
 mod schema;
+pub(crate) mod sqlite;
 mod writer;
 mod written;
 
@@ -143,27 +144,12 @@ pub enum StateError {
 /// [`WAL_KEPT`] (it would otherwise stay as large as the largest run made it: the first
 /// check of a tree writes the whole database there).
 fn connect(path: &Path) -> rusqlite::Result<Connection> {
-    let mut conn = Connection::open(path)?;
+    let mut conn = sqlite::open(path, OpenFlags::default())?;
     wait_for_locks(&mut conn)?;
     leave_the_wal(&conn)?;
-    one_plan_each(&conn)?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "journal_size_limit", WAL_KEPT)?;
     Ok(conn)
-}
-
-/// Has SQLite plan each statement of `conn` once, whatever the values bound to it. Without
-/// this, a statement whose plan looked at a bound value (the join that loads a directory's
-/// entries does) is planned again whenever its bindings change, and rusqlite clears them
-/// each time a cached statement goes back to its cache: every directory loaded was parsed
-/// and planned anew, a fifth of the writer's CPU at 20 files a folder. intact's statements
-/// look rows up by key: no value can make another plan better.
-pub(crate) fn one_plan_each(conn: &Connection) -> rusqlite::Result<()> {
-    conn.set_db_config(
-        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
-        true,
-    )
-    .map(drop)
 }
 
 /// Leaves the WAL of the databases `conn` has open (attached ones too) as it is when it
