@@ -364,6 +364,8 @@ pub fn plan(
     let tx = conn.unchecked_transaction()?;
     let mut complete = true;
     let mut per_root = vec![(0u64, 0u64); roots.len()];
+    // Files and bytes of the plan's rows, tagged and not, counted as they go in.
+    let (mut tagged, mut untagged) = ((0u64, 0u64), (0u64, 0u64));
     let walked = {
         let mut insert = tx.prepare(
             "INSERT INTO plan (fs, ino, digest, tagged, path, size, root, changed, marked, abs, \
@@ -449,8 +451,18 @@ pub fn plan(
                 known.damaged.as_ref().map(|d| d.at),
                 e.map(|e| e.was.clone()).filter(|w| !w.is_empty()),
             ]);
-            if let Err(e) = inserted {
-                failed.get_or_insert(e);
+            match inserted {
+                Ok(_) => {
+                    let count = if digest.is_some() {
+                        &mut tagged
+                    } else {
+                        &mut untagged
+                    };
+                    *count = (count.0 + 1, count.1 + size);
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
             }
         });
         lookup.finish(&ranges, &mut unmet);
@@ -461,13 +473,6 @@ pub fn plan(
     }
     complete &= walked.is_ok() && !cancel.load(std::sync::atomic::Ordering::Relaxed);
     tx.commit()?;
-    let count = |sql: &str| -> rusqlite::Result<(u64, u64)> {
-        conn.query_row(sql, [], |r| {
-            Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64))
-        })
-    };
-    let tagged = count("SELECT count(*), coalesce(sum(size), 0) FROM plan WHERE tagged")?;
-    let untagged = count("SELECT count(*), coalesce(sum(size), 0) FROM plan WHERE NOT tagged")?;
     Ok(Plan {
         conn: Arc::new(Mutex::new(conn)),
         cycle_key: state::roots_key(roots),
