@@ -59,7 +59,7 @@ pub fn known_damage_at(db: &Path) -> Option<KnownDamage> {
     let entries = journal::read(&journal::path_of(db)).unwrap_or_default();
     let conn = db
         .exists()
-        .then(|| Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).ok())
+        .then(|| super::sqlite::open(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).ok())
         .flatten();
     if conn.is_none() && entries.is_empty() && !journal::path_of(db).exists() {
         return None;
