@@ -77,6 +77,27 @@ fn budgeted_scrubs_verify_every_file_once_per_cycle() {
 }
 
 #[test]
+fn a_budget_of_small_files_is_spent_whole_beside_a_large_file() {
+    // 199 files of 100 bytes, then (last in walk order) one of 1 MB: the tree's mean size,
+    // about 5 KB, makes a budget of 15,000 bytes look like three files. The queue is sorted
+    // only as far as the budget reaches, starting from a guess at the mean: that guess must
+    // not cut it short.
+    let t = Tree::new();
+    for i in 0..199 {
+        t.write(format!("tree/f{i:03}"), data(100, i));
+    }
+    t.write("tree/zz", data(1_000_000, 999));
+    intact!("tag", "-q", t.path("tree")).expect_code(0);
+    let (tree, db) = (t.path("tree"), t.path("state.db"));
+    let r = scrub(&tree, &db, &["--max-bytes", "15000"]);
+    let got = verified(&r);
+    // The 150th starts at 14,900 bytes, before the budget is spent; the 151st would not.
+    assert_eq!(got.len(), 150, "{got:?}");
+    assert!(got.iter().all(|p| !p.ends_with("zz")));
+    assert_eq!(r.summary["cycle"]["files_checked"], 150);
+}
+
+#[test]
 fn percent_older_than_and_time_budgets() {
     let t = Tree::new();
     let (tree, db) = tagged_tree(&t, 10, 10_000);
