@@ -584,7 +584,7 @@ impl Plan {
         let conn = self.conn();
         let mut stmt = conn.prepare("SELECT abs, fs, ino, tagged, size FROM plan ORDER BY seq")?;
         let mut rows = stmt.query([])?;
-        let (mut dir, mut entries) = (Vec::new(), Vec::new());
+        let (mut dir, mut entries, mut next) = (Vec::new(), Vec::new(), 0);
         while let Some(r) = rows.next()? {
             let file = PlanFile {
                 fs: r.get(1)?,
@@ -592,17 +592,26 @@ impl Plan {
                 tagged: r.get(3)?,
                 size: r.get::<_, i64>(4)?.max(0) as u64,
             };
-            let abs: Vec<u8> = r.get(0)?;
-            let (d, name) = split(&abs);
+            let (d, name) = split(r.get_ref(0)?.as_blob()?);
             if d != dir.as_slice() {
                 dir = d.to_vec();
                 entries = state::load(&conn, "state.", &dir)?;
+                next = 0;
             }
-            let entry = find(&entries, name)
-                .ok()
-                .map(|at| &entries[at])
-                .filter(|e| (e.fs, e.ino) == (file.fs, file.ino));
-            each(&file, entry);
+            // A directory's files come in the walk's order, which is its entries' order
+            // too: the entry after the last one found is looked at first.
+            let at = match entries.get(next) {
+                Some(e) if e.name == name => Ok(next),
+                _ => find(&entries, name),
+            };
+            let entry = at.ok().map(|at| {
+                next = at + 1;
+                &entries[at]
+            });
+            each(
+                &file,
+                entry.filter(|e| (e.fs, e.ino) == (file.fs, file.ino)),
+            );
         }
         Ok(())
     }
