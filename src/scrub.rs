@@ -425,7 +425,7 @@ pub fn plan(
             let abs = state::absolute_from(&cwd, &report.path);
             let abs = abs.as_os_str().as_bytes();
             let known = lookup.file(abs, (fs, ino as i64, &key), &mut unmet);
-            let e = known.entry.as_ref();
+            let e = known.entry;
             let inserted = insert.execute(params![
                 fs,
                 ino as i64,
@@ -443,13 +443,13 @@ pub fn plan(
                 known
                     .damaged
                     .as_ref()
-                    .and_then(|d| d.status.clone())
-                    .or_else(|| e.map(|e| e.status.clone())),
+                    .and_then(|d| d.status.as_deref())
+                    .or_else(|| e.map(|e| e.status.as_str())),
                 e.and_then(|e| e.protected),
                 e.and_then(|e| e.archived),
                 e.and_then(|e| e.archived_in),
                 known.damaged.as_ref().map(|d| d.at),
-                e.map(|e| e.was.clone()).filter(|w| !w.is_empty()),
+                e.map(|e| e.was.as_slice()).filter(|w| !w.is_empty()),
             ]);
             match inserted {
                 Ok(_) => {

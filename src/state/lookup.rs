@@ -26,9 +26,9 @@ pub struct Found {
 
 /// What the database knows of one file the walk met.
 #[derive(Default)]
-pub struct Known {
+pub struct Known<'a> {
     /// Its entry: the file under the name, inode and tag the walk met.
-    pub entry: Option<Entry>,
+    pub entry: Option<&'a Entry>,
     /// Damage found in it and not dealt with.
     pub damaged: Option<Found>,
 }
@@ -97,13 +97,15 @@ impl Lookup {
         path: &[u8],
         (fs, ino, key): (i64, i64, &[u8]),
         unmet: &mut impl FnMut(Vec<u8>, Entry, Option<Found>),
-    ) -> Known {
+    ) -> Known<'_> {
         let (dir, name) = split(path);
         if dir != self.dir.as_slice() {
             self.leave(unmet);
             self.enter(dir);
         }
+        // (Most trees have no damage: no key is copied to look for it.)
         let damaged = match key.is_empty() {
+            _ if self.damage.is_empty() && self.by_inode.is_empty() => None,
             true => self.by_inode.get(&(fs, ino)).cloned(),
             false => self.damage.get(&(fs, ino, key.to_vec())).cloned(),
         };
@@ -112,7 +114,7 @@ impl Lookup {
                 let e = &self.entries[at];
                 let same = (e.fs, e.ino, e.key.as_slice()) == (fs, ino, key);
                 self.met[at] |= same;
-                same.then(|| e.clone())
+                same.then_some(&self.entries[at])
             }
             Err(_) => None,
         };
