@@ -177,6 +177,57 @@ fn a_renamed_file_keeps_its_history_a_replaced_one_starts_afresh() {
 }
 
 #[test]
+fn status_charts_files_by_when_they_were_last_proven_good() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 7, 1_000);
+    scrub(&tree, &db, &[]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let (hour, day) = (3_600_000, 86_400_000);
+    // f000 never proven good, then one file in each later bucket of the chart.
+    let ago = [
+        None,
+        Some(hour),
+        Some(2 * day),
+        Some(10 * day),
+        Some(40 * day),
+        Some(100 * day),
+        Some(400 * day),
+    ];
+    db_change_entries(&db, |e| {
+        let i: usize = std::str::from_utf8(&e.name[1..]).unwrap().parse().unwrap();
+        e.verified = ago[i].map(|a| now - a);
+    });
+    let out = intact!("status", "--json", "--state", db, tree).stdout;
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let ages = v["overview"]["ages"].as_array().unwrap();
+    let chart: Vec<(&str, u64, u64)> = ages
+        .iter()
+        .map(|a| {
+            let n = |k: &str| a[k].as_u64().unwrap();
+            (a["label"].as_str().unwrap(), n("files"), n("bytes"))
+        })
+        .collect();
+    assert_eq!(
+        chart,
+        [
+            ("never", 1, 1_000),
+            ("< 1 day", 1, 1_000),
+            ("< 1 week", 1, 1_000),
+            ("< 1 month", 1, 1_000),
+            ("< 3 months", 1, 1_000),
+            ("< 1 year", 1, 1_000),
+            ("older", 1, 1_000)
+        ],
+        "{v}"
+    );
+    assert_eq!(v["overview"]["oldest"], now - 400 * day, "{v}");
+    assert_eq!(v["overview"]["tagged"]["files"], 7, "{v}");
+}
+
+#[test]
 fn damage_found_by_a_scrub_stays_in_status_until_repaired_or_accepted() {
     let t = Tree::new();
     // Large enough for a parity set each (small files share one).
