@@ -857,7 +857,8 @@ impl Plan {
         // asked for again, with more, if they fall short of it. -1: no limit.
         let mut rows = limit.map_or(-1, |bytes| {
             let mean = (self.tagged.1 / self.tagged.0.max(1)).max(1);
-            (2 * bytes.div_ceil(mean) + 64).min(i64::MAX as u64 / 4) as i64
+            let files = bytes.div_ceil(mean).saturating_mul(2).saturating_add(64);
+            files.min(i64::MAX as u64 / 4) as i64
         });
         loop {
             conn.execute_batch(

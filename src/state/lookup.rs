@@ -114,7 +114,7 @@ impl Lookup {
                 let e = &self.entries[at];
                 let same = (e.fs, e.ino, e.key.as_slice()) == (fs, ino, key);
                 self.met[at] |= same;
-                same.then_some(&self.entries[at])
+                same.then_some(e)
             }
             Err(_) => None,
         };
