@@ -224,6 +224,12 @@ const BATCH_FILES: usize = 64;
 const BATCH_BYTES: u64 = 1 << 20;
 /// How many batches the walker may run ahead of the oldest one not yet reported.
 const WINDOW: usize = 64;
+
+/// The first batches are smaller (8, 16, 32 entries): every worker then has files to read
+/// sooner, while the walker is still listing the first directories.
+fn batch_files(sent: u64) -> usize {
+    BATCH_FILES.min(8 << sent.min(3))
+}
 /// Batches queued for the workers, per worker. The walker shares the cores with them, the
 /// main thread and the state's writer, and the scheduler takes it off its core for
 /// milliseconds at a time: the queue must feed the workers meanwhile. Two a worker (64 small
@@ -558,6 +564,7 @@ fn walk_in_batches(
     let mut seq = 0u64;
     let mut batch = Vec::with_capacity(BATCH_FILES);
     let mut bytes = 0;
+    let mut sent = 0;
     let mut send = |batch: &mut Vec<Entry>| {
         if cancel.load(Ordering::Relaxed) || config.past_deadline() || token_tx.send(()).is_err() {
             return ControlFlow::Break(());
@@ -574,10 +581,11 @@ fn walk_in_batches(
             bytes += size;
         }
         batch.push(entry);
-        if batch.len() < BATCH_FILES && bytes < BATCH_BYTES {
+        if batch.len() < batch_files(sent) && bytes < BATCH_BYTES {
             return ControlFlow::Continue(());
         }
         bytes = 0;
+        sent += 1;
         send(&mut batch)
     };
     // import visits what its manifest lists, beneath its one root; the others walk.
