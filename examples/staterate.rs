@@ -51,7 +51,7 @@ fn main() {
         let (mut state, _) = State::open(&db).expect("the database");
         state.begin_run("check", &[PathBuf::from("/bench")]);
         for i in 0..files {
-            state.record(&report(i, per_dir, touched));
+            state.record(report(i, per_dir, touched));
         }
         state.end_run(files as u64, 0, 1.0, 0);
         drop(state);

@@ -647,22 +647,22 @@ impl Ledger<'_> {
 impl Out for Ledger<'_> {
     fn send(&mut self, report: FileReport) {
         self.count(&report);
-        if let Some(state) = &mut self.state {
-            state.record(&report);
-        }
         let prints = self.reporter.prints(&report)
             && (self.lines_on_terminal || !report.malformed.is_empty());
         self.print(prints, |f| f.reporter.file(&report));
+        if let Some(state) = &mut self.state {
+            state.record(report);
+        }
     }
 
     fn hold(&mut self, report: FileReport, fallback: Option<Action>) {
         self.count(&report);
-        // The state database records the copy now; it counts once `settle` says durable.
-        if let Some(state) = &mut self.state {
-            state.record(&report);
-        }
         let prints = !report.malformed.is_empty();
         self.print(prints, |f| f.reporter.hold(&report, fallback));
+        // The state database records the copy now; it counts once `settle` says durable.
+        if let Some(state) = &mut self.state {
+            state.record(report);
+        }
     }
 
     fn settle(&mut self, durable: bool) {

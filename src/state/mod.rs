@@ -51,6 +51,7 @@ pub(crate) use locks::wait_for_locks;
 pub use locks::{LOCK_WAIT, on_lock_waits};
 pub use lookup::{Found, Lookup};
 pub(crate) use paths::absolute_from;
+use paths::absolute_owned;
 pub(crate) use paths::under;
 pub use paths::{FsIds, absolute, roots_key};
 pub use recover::{Rebuilt, is_damage, why};
@@ -580,12 +581,22 @@ impl State {
     /// none of these (new, skipped files) are not recorded. Rows are written in batches by
     /// the writer thread and committed at least every second: other runs never wait longer
     /// for this one, and a run killed loses at most its last second.
-    pub fn record(&mut self, report: &FileReport) {
+    ///
+    /// It takes the report: its path becomes the row's, not copied (a copy a file was a
+    /// seventh of the reporting thread's work on small files).
+    pub fn record(&mut self, mut report: FileReport) {
         // One reading of the clock a file: its rows' time, and whether they are due.
         let t = now();
-        for (fact, digest) in facts(report) {
+        let mut path = Some(absolute_owned(&self.cwd, std::mem::take(&mut report.path)));
+        let mut facts = facts(&report).peekable();
+        while let Some((fact, digest)) = facts.next() {
+            let path = match facts.peek() {
+                Some(_) => path.clone(),
+                None => path.take(),
+            };
             self.add(
-                report,
+                &report,
+                path.unwrap_or_default(),
                 fact,
                 digest.as_ref().map_or_else(Vec::new, digest_key),
                 t,
@@ -624,14 +635,14 @@ impl State {
         }
     }
 
-    /// Queues the row for `fact` about the file of `report`.
-    fn add(&mut self, report: &FileReport, fact: Fact, key: Vec<u8>, t: i64) {
+    /// Queues the row for `fact` about the file of `report`, at `path` (absolute).
+    fn add(&mut self, report: &FileReport, path: PathBuf, fact: Fact, key: Vec<u8>, t: i64) {
         if self.failed.is_some() {
             return;
         }
         // A repaired file is a new inode under the old name.
         let id = match fact {
-            Fact::Repaired => std::fs::symlink_metadata(&report.path)
+            Fact::Repaired => std::fs::symlink_metadata(&path)
                 .ok()
                 .map(|m| (m.dev(), m.ino())),
             _ => report.inode,
@@ -639,7 +650,7 @@ impl State {
         let (Some((dev, ino)), Some(size)) = (id, report.size) else {
             return;
         };
-        let fs = self.fsids.of(dev, &report.path);
+        let fs = self.fsids.of(dev, &path);
         let damage = match (fact, report.digest) {
             (Fact::Damaged, Some(d)) => {
                 // Found before, these same bytes: since then.
@@ -653,7 +664,7 @@ impl State {
                         tag: key.clone(),
                         damaged: digest_key(&d),
                         status: report.status.name().into(),
-                        path: absolute_from(&self.cwd, &report.path),
+                        path: path.clone(),
                     });
                 }
                 Some((digest_key(&d), found))
@@ -670,7 +681,7 @@ impl State {
                         fs,
                         old_ino as i64,
                         digest_key(&tag.digest),
-                        absolute_from(&self.cwd, &report.path),
+                        path.clone(),
                     ));
                 }
                 None
@@ -688,9 +699,7 @@ impl State {
             fs,
             ino: ino as i64,
             key,
-            path: absolute_from(&self.cwd, &report.path)
-                .into_os_string()
-                .into_vec(),
+            path: path.into_os_string().into_vec(),
             size: size as i64,
             t,
             status: report.status.name(),
@@ -939,7 +948,7 @@ mod tests {
         for i in 0..files {
             let mut r = verified(&dir.join(format!("f{i}")), i + 1);
             r.action = Some(Action::Archived);
-            state.record(&r);
+            state.record(r);
             // Written as they come, not kept until the archive is durable (a tree of 200,000
             // files once kept 77 MiB of rows here).
             assert!(
@@ -992,7 +1001,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("state.db");
         let mut state = run(&db);
-        state.record(&verified(&dir.path().join("f"), 1));
+        state.record(verified(&dir.path().join("f"), 1));
         state.send();
         let other = Connection::open(&db).unwrap();
         let seen = || -> i64 {
@@ -1133,7 +1142,7 @@ mod tests {
             let (mut state, _) = State::open(&db).unwrap();
             state.begin_run("check", std::slice::from_ref(&files));
             for i in 0..n {
-                state.record(&verified(&files.join(format!("f{i}")), i + 1));
+                state.record(verified(&files.join(format!("f{i}")), i + 1));
             }
             state.commit();
             state
@@ -1195,7 +1204,7 @@ mod tests {
             if i == 1 {
                 r.size = Some(2);
             }
-            state.record(&r);
+            state.record(r);
         }
         state.commit();
         assert_ne!(value(&state), before);

@@ -13,21 +13,11 @@ pub fn absolute(path: &Path) -> PathBuf {
 
 /// As [`absolute`], relative to `cwd`.
 pub(crate) fn absolute_from(cwd: &Path, path: &Path) -> PathBuf {
-    // The walk's paths are most often already in the form that `components` gives, or are
-    // that under the working directory (`intact check photos`): building them again was
-    // most of recording a file (55 M of the 364 M instructions recording 20,000 cost).
     let b = path.as_os_str().as_bytes();
-    let formed = !b.is_empty()
-        && b != b"."
-        && !b.starts_with(b"./")
-        && !b.ends_with(b"/")
-        && !b.ends_with(b"/.")
-        && !b.windows(2).any(|w| w == b"//")
-        && !b.windows(3).any(|w| w == b"/./");
     let c = cwd.as_os_str().as_bytes();
     match b.first() {
-        Some(b'/') if formed => path.to_path_buf(),
-        Some(_) if formed && c.first() == Some(&b'/') => {
+        Some(b'/') if formed(b) => path.to_path_buf(),
+        Some(_) if formed(b) && c.first() == Some(&b'/') => {
             let mut joined = Vec::with_capacity(c.len() + 1 + b.len());
             joined.extend_from_slice(c);
             if !c.ends_with(b"/") {
@@ -38,6 +28,29 @@ pub(crate) fn absolute_from(cwd: &Path, path: &Path) -> PathBuf {
         }
         _ => cwd.join(path).components().collect(),
     }
+}
+
+/// As [`absolute_from`], taking `path`: one already absolute and formed (a walk's, from an
+/// absolute root) is kept, not copied.
+pub(crate) fn absolute_owned(cwd: &Path, path: PathBuf) -> PathBuf {
+    let b = path.as_os_str().as_bytes();
+    if b.first() == Some(&b'/') && formed(b) {
+        return path;
+    }
+    absolute_from(cwd, &path)
+}
+
+/// Whether `b` is already in the form that `components` gives. The walk's paths most often
+/// are, or are that under the working directory (`intact check photos`): building them again
+/// was most of recording a file (55 M of the 364 M instructions recording 20,000 cost).
+fn formed(b: &[u8]) -> bool {
+    !b.is_empty()
+        && b != b"."
+        && !b.starts_with(b"./")
+        && !b.ends_with(b"/")
+        && !b.ends_with(b"/.")
+        && !b.windows(2).any(|w| w == b"//")
+        && !b.windows(3).any(|w| w == b"/./")
 }
 
 /// File system ids by device number: stable across reboots and remounts, where device
