@@ -251,7 +251,7 @@ impl State {
                 })
             })?;
         }
-        let writer = Writer::open(path)?;
+        let writer = Writer::open(path);
         Ok(State::with(conn, writer, Some(path.to_path_buf())))
     }
 
