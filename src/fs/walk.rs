@@ -369,14 +369,7 @@ pub fn walk(
 /// What a directory entry is, from its `d_type` or, where that says nothing, an `fstatat`.
 enum Kind {
     Dir,
-    File {
-        nlink: u64,
-        stat: Stat,
-    },
-    /// A regular file by its `d_type`, its `fstatat` taken when it is visited: the first
-    /// files of a walk reach the workers before the rest of their directory is looked at,
-    /// and the `stat` that stands for the one before reading is taken closer to the read.
-    Unstated,
+    File { nlink: u64, stat: Stat },
     Symlink,
     Special,
     Error(std::io::Error),
@@ -386,8 +379,6 @@ enum Kind {
 /// the patterns of its ignore file.
 struct Level {
     path: PathBuf,
-    /// The directory itself, for its files' `fstatat`.
-    dir: OwnedFd,
     names: Vec<u8>,
     entries: std::vec::IntoIter<(std::ops::Range<usize>, Kind)>,
     ignore: Option<Gitignore>,
@@ -423,7 +414,7 @@ fn walk_root(
             }));
         }
         let kind = kind_of(Ok(meta));
-        return Ok(visit(entry(root.to_path_buf(), kind, None, index, links)));
+        return Ok(visit(entry(root.to_path_buf(), kind, index, links)));
     }
     let only = opts.only.as_deref().filter(|o| !o.whole(root));
     if only.is_some_and(|o| !o.leads_to(root)) {
@@ -457,14 +448,13 @@ fn walk_root(
             let keep = |name: &OsStr, is_dir: bool| {
                 name == IGNORE_FILE || part.is_none_or(|o| o.takes(&path, name, is_dir))
             };
-            list(&fd, keep).map(|listing| Some((fd, listing, id)))
+            list(fd, keep).map(|listing| Some((listing, id)))
         });
         match listed {
-            Ok(Some((dir, listing, id))) => {
+            Ok(Some((listing, id))) => {
                 let (ignore, bad) = ignore_file(&anchor, &path, &listing);
                 stack.push(Level {
                     path,
-                    dir,
                     names: listing.names,
                     entries: listing.entries.into_iter(),
                     ignore,
@@ -524,8 +514,7 @@ fn walk_root(
                 None => continue,
             }
         } else {
-            let dir = stack.last().map(|level| &level.dir);
-            entry(path, kind, dir, index, links)
+            entry(path, kind, index, links)
         };
         if visit(found).is_break() {
             return Ok(ControlFlow::Break(()));
@@ -534,20 +523,9 @@ fn walk_root(
     Ok(ControlFlow::Continue(()))
 }
 
-/// The entry for something that is not a directory, in `dir` if it was listed there. A file
-/// with several links is a file the first time its inode is met, a skipped hard link after.
-fn entry(
-    path: PathBuf,
-    kind: Kind,
-    dir: Option<&OwnedFd>,
-    root: usize,
-    links: &mut HashSet<Inode>,
-) -> Entry {
-    let kind = match (kind, dir, path.file_name()) {
-        (Kind::Unstated, Some(dir), Some(name)) => stat_kind(dir, name),
-        (Kind::Unstated, ..) => kind_of(fs::symlink_metadata(&path)),
-        (kind, ..) => kind,
-    };
+/// The entry for something that is not a directory. A file with several links is a file
+/// the first time its inode is met, a skipped hard link after.
+fn entry(path: PathBuf, kind: Kind, root: usize, links: &mut HashSet<Inode>) -> Entry {
     let skip = |path, reason, inode| Entry::Skip {
         path,
         root,
@@ -580,7 +558,7 @@ fn entry(
             stat: Some(stat),
         },
         Kind::Symlink => skip(path, SkipReason::Symlink, None),
-        Kind::Special | Kind::Dir | Kind::Unstated => skip(path, SkipReason::Special, None),
+        Kind::Special | Kind::Dir => skip(path, SkipReason::Special, None),
         Kind::Error(e) => Entry::error(path, root, e),
     }
 }
@@ -620,16 +598,15 @@ impl Listing {
     }
 }
 
-/// The entries of the open directory `fd`, sorted by name, each with its kind. Only entries
-/// whose type the file system does not say cost an `fstatat` here; a regular file's is taken
-/// when it is visited.
-fn list(fd: &OwnedFd, keep: impl Fn(&OsStr, bool) -> bool) -> std::io::Result<Listing> {
+/// The entries of the open directory `fd`, sorted by name, each with its kind. Only
+/// regular files (and entries whose type the file system does not say) cost an `fstatat`.
+fn list(fd: OwnedFd, keep: impl Fn(&OsStr, bool) -> bool) -> std::io::Result<Listing> {
     use rustix::fs::FileType;
     let mut listing = Listing {
         names: Vec::new(),
         entries: Vec::new(),
     };
-    each_entry(fd, |name, file_type| {
+    each_entry(&fd, |name, file_type| {
         let bytes = name.to_bytes();
         if bytes == b"." || bytes == b".." {
             return;
@@ -646,8 +623,7 @@ fn list(fd: &OwnedFd, keep: impl Fn(&OsStr, bool) -> bool) -> std::io::Result<Li
             | FileType::Socket
             | FileType::CharacterDevice
             | FileType::BlockDevice => Kind::Special,
-            FileType::RegularFile => Kind::Unstated,
-            _ => stat_kind(fd, name),
+            _ => stat_kind(&fd, name),
         };
         if file_type == FileType::Unknown && !keep(os, matches!(kind, Kind::Dir)) {
             return;
@@ -694,7 +670,7 @@ fn each_entry(
 
 // The stat fields' types differ between Linux and macOS.
 #[allow(clippy::unnecessary_cast)]
-fn stat_kind(dir: impl AsFd, name: impl rustix::path::Arg) -> Kind {
+fn stat_kind(dir: impl AsFd, name: &std::ffi::CStr) -> Kind {
     use rustix::fs::FileType;
     match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
         Err(e) => Kind::Error(e.into()),
@@ -720,7 +696,7 @@ fn ignore_file(
     let entries = &listing.entries;
     let has = entries
         .binary_search_by(|(n, _)| listing.name(n).cmp(OsStr::new(IGNORE_FILE)))
-        .is_ok_and(|i| matches!(entries[i].1, Kind::File { .. } | Kind::Unstated));
+        .is_ok_and(|i| matches!(entries[i].1, Kind::File { .. }));
     if !has {
         return (None, None);
     }
