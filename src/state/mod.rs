@@ -1088,6 +1088,9 @@ mod tests {
             // One form, byte for byte: what `components` makes of it.
             let plain: PathBuf = got.components().collect();
             assert_eq!(got.as_os_str(), plain.as_os_str(), "{path}");
+            // The record's way, which keeps a path already in that form.
+            let owned = absolute_owned(cwd, PathBuf::from(path));
+            assert_eq!(owned.as_os_str(), got.as_os_str(), "{path}");
         }
         let root = Path::new("/");
         assert_eq!(

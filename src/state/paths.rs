@@ -44,13 +44,19 @@ pub(crate) fn absolute_owned(cwd: &Path, path: PathBuf) -> PathBuf {
 /// are, or are that under the working directory (`intact check photos`): building them again
 /// was most of recording a file (55 M of the 364 M instructions recording 20,000 cost).
 fn formed(b: &[u8]) -> bool {
-    !b.is_empty()
-        && b != b"."
-        && !b.starts_with(b"./")
-        && !b.ends_with(b"/")
-        && !b.ends_with(b"/.")
-        && !b.windows(2).any(|w| w == b"//")
-        && !b.windows(3).any(|w| w == b"/./")
+    let ends = b.is_empty()
+        || b == b"."
+        || b.starts_with(b"./")
+        || b.ends_with(b"/")
+        || b.ends_with(b"/.");
+    // No `//` or `/./` within: only what follows a slash can make one, and one pass over the
+    // bytes looks (two scans of every window of two and three bytes were 8% of the
+    // reporting thread's samples on small files).
+    !ends
+        && !b
+            .iter()
+            .enumerate()
+            .any(|(i, &c)| c == b'/' && matches!(&b[i + 1..], [b'/', ..] | [b'.', b'/', ..]))
 }
 
 /// File system ids by device number: stable across reboots and remounts, where device
