@@ -230,6 +230,7 @@ const WINDOW: usize = 64;
 fn batch_files(sent: u64) -> usize {
     BATCH_FILES.min(8 << sent.min(3))
 }
+
 /// Batches queued for the workers, per worker. The walker shares the cores with them, the
 /// main thread and the state's writer, and the scheduler takes it off its core for
 /// milliseconds at a time: the queue must feed the workers meanwhile. Two a worker (64 small
