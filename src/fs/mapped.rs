@@ -26,12 +26,10 @@ use crate::fs::sys;
 /// How much of a file is mapped at a time, shared among the files spread over every core at
 /// once. A worker holds two windows in its RSS (one hashed, the one before until the helper
 /// unmaps it) and maps a third ahead. BLAKE3 spreads a window over every core, and each
-/// window costs a hand-over to the pool and an unmapping: on one 4 GiB file (AMD EPYC with
-/// AVX-512, medians of 15) x0.95 b3sum at 16 MiB and 42 MiB RSS, x0.86 at 8 MiB; 32 MiB
-/// gained 2% more for 75 MiB. On the Intel Xeon of issue 45 (21 rounds in turns), 16 MiB
-/// x0.993 b3sum's time, 24 MiB x0.973 at 49 MiB RSS, 32 MiB x0.967 at 73 MiB: 24 keeps
-/// within 64 MiB. Five 800 MiB files, two at a time: 57 MiB at 24 (41 at 16), as fast.
-pub const WINDOW: usize = 24 << 20;
+/// window costs a hand-over to the pool: on one 4 GiB file (AMD EPYC with AVX-512, medians of
+/// 15) x0.95 b3sum at 16 MiB and 42 MiB RSS, x0.86 at 8 MiB; 32 MiB gained 2% more for
+/// 75 MiB. Five 800 MiB files, two at a time: 42 MiB shared, 58-73 MiB not, as fast.
+pub const WINDOW: usize = 16 << 20;
 
 /// Maps being hashed, by address range; a slot is free while `start` is 0.
 struct Slot {
