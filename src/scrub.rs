@@ -1025,17 +1025,7 @@ impl Plan {
             }
             let copy = match (r.get::<_, Option<i64>>(3)?, r.get::<_, Option<i64>>(4)?) {
                 (Some(at), _) => Some(at),
-                (None, Some(run)) => match copied.get(&run) {
-                    Some(&c) => c,
-                    None => {
-                        let c = conn
-                            .prepare_cached("SELECT copied FROM state.runs WHERE id = ?1")?
-                            .query_row([run], |r| r.get::<_, Option<i64>>(0))
-                            .optional()?
-                            .flatten();
-                        *copied.entry(run).or_insert(c)
-                    }
-                },
+                (None, Some(run)) => state::copied(&conn, "state.", &mut copied, run)?,
                 (None, None) => None,
             };
             if copy.is_some() {

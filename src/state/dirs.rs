@@ -260,7 +260,7 @@ impl Held {
                 .or_insert_with(|| fresh(name, row)),
         };
         let archived = match (row.fact, e.archived_in) {
-            (Fact::Archived | Fact::VerifiedArchived, Some(run)) => copied(conn, copies, run)?,
+            (Fact::Archived | Fact::VerifiedArchived, Some(run)) => copied(conn, "", copies, run)?,
             _ => None,
         };
         apply(e, row, seen, archived);
@@ -471,9 +471,11 @@ impl Held {
     }
 }
 
-/// When the archive of `run` became durable, if it did.
-fn copied(
+/// When the archive of `run` became durable, if it did: asked of the database once a run,
+/// in the schema `from` (`"state."` where it is attached).
+pub(crate) fn copied(
     conn: &Connection,
+    from: &str,
     cache: &mut HashMap<i64, Option<i64>>,
     run: i64,
 ) -> rusqlite::Result<Option<i64>> {
@@ -481,7 +483,7 @@ fn copied(
         return Ok(c);
     }
     let c: Option<i64> = conn
-        .prepare_cached("SELECT copied FROM runs WHERE id = ?1")?
+        .prepare_cached(&format!("SELECT copied FROM {from}runs WHERE id = ?1"))?
         .query_row([run], |r| r.get(0))
         .optional()?
         .flatten();

@@ -46,7 +46,7 @@ mod written;
 
 pub use damage::known_damage_at;
 use damage::{JOURNAL_COMPACT_AT, load_damage, replay};
-pub(crate) use dirs::{entry_at, forget, lay_out, load, settle_moved};
+pub(crate) use dirs::{copied, entry_at, forget, lay_out, load, settle_moved};
 pub(crate) use locks::wait_for_locks;
 pub use locks::{LOCK_WAIT, on_lock_waits};
 pub use lookup::{Found, Lookup};
