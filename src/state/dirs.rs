@@ -8,29 +8,32 @@ use std::path::PathBuf;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::entries::{Entry, bytes, decode, encode, find, join, proven, split};
+use super::entries::{Copied, Entry, Proof, bytes, decode, encode, find, join, split};
 use super::paths::{absolute, under};
 use super::rows::{Fact, Row};
 
 /// The entries of the directory `dir` (none if it has no value, or one that does not decode:
 /// a cache loses only its schedule), with what a run that proved them all good since says.
 pub(crate) fn load(conn: &Connection, from: &str, dir: &[u8]) -> rusqlite::Result<Vec<Entry>> {
-    let value: Option<(Vec<u8>, Option<i64>, Option<i64>)> = conn
+    let value: Option<(Vec<u8>, Option<Proof>)> = conn
         .prepare_cached(&format!(
-            "SELECT d.entries, p.run, p.at FROM {from}dirs d LEFT JOIN {from}proven p \
+            "SELECT d.entries, {PROOF} FROM {from}dirs d LEFT JOIN {from}proven p \
              ON p.path = d.path WHERE d.path = ?1"
         ))?
-        .query_row([dir], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .query_row([dir], |r| Ok((r.get(0)?, Proof::read(r, 1)?)))
         .optional()?;
-    let Some((value, run, at)) = value else {
+    let Some((value, proof)) = value else {
         return Ok(Vec::new());
     };
     let mut entries = decode(&value).unwrap_or_default();
-    if let Some(at) = at {
-        proven(&mut entries, run, at);
+    if let Some(proof) = proof {
+        proof.apply(&mut entries);
     }
     Ok(entries)
 }
+
+/// The columns of `proven` (as `p`) that [`Proof::read`] reads.
+const PROOF: &str = "p.run, p.at, p.archived_in, p.archived";
 
 /// Writes the entries of `dir` (removes its value if there are none): what they say stands
 /// alone, so a run that proved them good before is forgotten.
@@ -152,7 +155,7 @@ impl Open {
                 }
             };
             held.at = held.at.max(row.t);
-            let proof = row.fact == Fact::Verified && row.status == "ok" && row.was.is_none();
+            let proof = held.proves(&row);
             // A directory whose entries are known by their print is not read while every row
             // is a proof: the prints of the proofs are summed, and compared at the end.
             if let Some(proofs) = &mut held.proofs {
@@ -188,11 +191,20 @@ impl Held {
     /// The directory `dir`, as the database has it: its print if a run proved it good (its
     /// entries are read only if need be), else its entries.
     fn open(conn: &Connection, dir: &[u8], run: Option<i64>, at: i64) -> rusqlite::Result<Held> {
-        let print: Option<Vec<u8>> = conn
-            .prepare_cached("SELECT print FROM proven WHERE path = ?1")?
-            .query_row([dir], |r| r.get(0))
+        let (print, marked): (Option<Vec<u8>>, Option<Copied>) = conn
+            .prepare_cached("SELECT print, archived_in, archived FROM proven WHERE path = ?1")?
+            .query_row([dir], |r| {
+                let mark = match r.get::<_, Option<i64>>(1)? {
+                    Some(run) => Some(Copied {
+                        run,
+                        kept: r.get(2)?,
+                    }),
+                    None => None,
+                };
+                Ok((r.get(0)?, mark))
+            })
             .optional()?
-            .flatten();
+            .unwrap_or_default();
         let mut held = Held {
             entries: Vec::new(),
             proven: Vec::new(),
@@ -201,6 +213,8 @@ impl Held {
             run,
             at,
             stored: print.as_deref().and_then(Print::from_bytes),
+            marked,
+            archiving: None,
             proofs: None,
             proofs_read: None,
             sum: 0,
@@ -229,25 +243,18 @@ impl Held {
         conn: &Connection,
         copies: &mut HashMap<i64, Option<i64>>,
     ) -> rusqlite::Result<()> {
-        let entries = &mut self.entries;
-        let found = find(entries, name);
+        let found = find(&self.entries, name);
         // Proven good, the same file under the same tag and size as its entry says.
         let same =
             |e: &Entry| (e.fs, e.ino, &e.key, e.size) == (row.fs, row.ino, &row.key, row.size);
         match found {
             // Marked only, while every row of the directory is such a proof (the common
             // case, and what costs a check of many small files).
-            Ok(at)
-                if self.only_proven
-                    && row.fact == Fact::Verified
-                    && row.status == "ok"
-                    && row.was.is_none()
-                    && same(&entries[at]) =>
-            {
+            Ok(at) if self.only_proven && same(&self.entries[at]) && self.proves(row) => {
                 self.proven[at] = Some(row.t);
                 return Ok(());
             }
-            _ => self.settle(seen),
+            _ => self.settle(seen, conn, copies)?,
         }
         // A name new to the directory waits beside its entries, which stay sorted for
         // the lookups (inserting each in place moved the others: a first tag of folders
@@ -265,6 +272,68 @@ impl Held {
         };
         apply(e, row, seen, archived);
         Ok(())
+    }
+
+    /// Whether `row` proves its file good, unchanged, as the directory's other proofs do: all
+    /// verifications, or all verifications of files archived too (what one run records).
+    fn proves(&mut self, row: &Row) -> bool {
+        let archived = match row.fact {
+            Fact::Verified => false,
+            Fact::VerifiedArchived => true,
+            _ => return false,
+        };
+        row.status == "ok"
+            && row.was.is_none()
+            && *self.archiving.get_or_insert(archived) == archived
+    }
+
+    /// What the row in `proven` is to say of the archive every entry was last copied into:
+    /// as it said, unless this run archived them all; `None` if that cannot be one mark.
+    fn remark(
+        &self,
+        conn: &Connection,
+        copies: &mut HashMap<i64, Option<i64>>,
+    ) -> rusqlite::Result<Option<Option<Copied>>> {
+        Ok(match (self.archiving, self.run) {
+            (Some(true), Some(run)) => self.mark(run, conn, copies)?.map(Some),
+            (Some(true), None) => None,
+            _ => Some(self.marked),
+        })
+    }
+
+    /// The mark that says every entry was copied into the archive of `run` (in place of
+    /// each entry rewritten), from the mark before or else from the entries: none if they
+    /// differ in what they keep of the archive they were in before.
+    fn mark(
+        &self,
+        run: i64,
+        conn: &Connection,
+        copies: &mut HashMap<i64, Option<i64>>,
+    ) -> rusqlite::Result<Option<Copied>> {
+        if let Some(m) = self.marked {
+            let kept = copied(conn, "", copies, m.run)?.or(m.kept);
+            return Ok(Some(Copied { run, kept }));
+        }
+        // What each entry will keep (as `apply` makes it): a mark keeps none where each
+        // keeps its own, or one where all keep the same.
+        let (mut own, mut first, mut same) = (true, None, true);
+        for e in &self.entries {
+            let before = match e.archived_in {
+                Some(r) => copied(conn, "", copies, r)?,
+                None => None,
+            };
+            let kept = before.or(e.archived);
+            own &= kept == e.archived;
+            same &= *first.get_or_insert(kept) == kept;
+        }
+        Ok(match first {
+            _ if own => Some(Copied { run, kept: None }),
+            Some(Some(kept)) if same => Some(Copied {
+                run,
+                kept: Some(kept),
+            }),
+            _ => None,
+        })
     }
 }
 
@@ -351,6 +420,11 @@ struct Held {
     at: i64,
     /// The print of the entries a run proved good, if one did.
     stored: Option<(u128, i64)>,
+    /// The archive its row in `proven` says every entry was last copied into.
+    marked: Option<Copied>,
+    /// Whether the proofs so far were of files archived too (a run's proofs are all one or
+    /// all the other): none before the first.
+    archiving: Option<bool>,
     /// While the entries are not read: the proofs so far, and the sum of their prints.
     proofs: Option<Vec<Row>>,
     proofs_read: Option<Vec<Row>>,
@@ -420,19 +494,33 @@ impl Print {
 
 impl Held {
     /// Puts the proofs marked so far into the entries: they are to be written.
-    fn settle(&mut self, seen: Option<i64>) {
+    fn settle(
+        &mut self,
+        seen: Option<i64>,
+        conn: &Connection,
+        copies: &mut HashMap<i64, Option<i64>>,
+    ) -> rusqlite::Result<()> {
         if !self.only_proven {
-            return;
+            return Ok(());
         }
         self.only_proven = false;
+        let archived = self.archiving == Some(true);
         for (e, t) in self.entries.iter_mut().zip(&self.proven) {
             if let Some(t) = *t {
                 (e.verified, e.checked, e.seen) = (Some(t), Some(t), seen);
                 if e.status != "ok" {
                     e.status = "ok".into();
                 }
+                if archived {
+                    let before = match e.archived_in {
+                        Some(run) => copied(conn, "", copies, run)?,
+                        None => None,
+                    };
+                    archive(e, seen, before);
+                }
             }
         }
+        Ok(())
     }
 
     fn write(
@@ -442,10 +530,23 @@ impl Held {
         copies: &mut HashMap<i64, Option<i64>>,
     ) -> rusqlite::Result<()> {
         if let Some(proofs) = &self.proofs {
-            // Every entry proved good, unchanged, and nothing else: the proof row only.
-            if self.stored == Some((self.sum, proofs.len() as i64)) {
-                conn.prepare_cached("UPDATE proven SET run = ?2, at = ?3 WHERE path = ?1")?
-                    .execute(params![dir, self.run, self.at])?;
+            // Every entry proved good, unchanged, and nothing else: the proof row only (an
+            // archive's mark made from the one before: without one, from the entries).
+            if self.stored == Some((self.sum, proofs.len() as i64))
+                && (self.archiving != Some(true) || self.marked.is_some())
+                && let Some(mark) = self.remark(conn, copies)?
+            {
+                conn.prepare_cached(
+                    "UPDATE proven SET run = ?2, at = ?3, archived_in = ?4, archived = ?5 \
+                     WHERE path = ?1",
+                )?
+                .execute(params![
+                    dir,
+                    self.run,
+                    self.at,
+                    mark.map(|m| m.run),
+                    mark.and_then(|m| m.kept)
+                ])?;
                 return Ok(());
             }
             self.read(conn, dir)?;
@@ -453,15 +554,26 @@ impl Held {
                 self.take(&p, split(&p.path).1, self.run, conn, copies)?;
             }
         }
-        if self.only_proven && self.proven.iter().all(Option::is_some) {
+        if self.only_proven
+            && self.proven.iter().all(Option::is_some)
+            && let Some(mark) = self.remark(conn, copies)?
+        {
             let print = Print::to_bytes(Print::of_entries(&self.entries));
             conn.prepare_cached(
-                "INSERT OR REPLACE INTO proven (path, run, at, print) VALUES (?1, ?2, ?3, ?4)",
+                "INSERT OR REPLACE INTO proven (path, run, at, print, archived_in, archived) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )?
-            .execute(params![dir, self.run, self.at, print])?;
+            .execute(params![
+                dir,
+                self.run,
+                self.at,
+                print,
+                mark.map(|m| m.run),
+                mark.and_then(|m| m.kept)
+            ])?;
             return Ok(());
         }
-        self.settle(self.run);
+        self.settle(self.run, conn, copies)?;
         if !self.added.is_empty() {
             self.entries
                 .extend(std::mem::take(&mut self.added).into_values());
@@ -540,11 +652,16 @@ pub(super) fn apply(e: &mut Entry, row: &Row, seen: Option<i64>, copied: Option<
         Fact::Archived => {}
     }
     if matches!(row.fact, Fact::Archived | Fact::VerifiedArchived) {
-        // This run's archive stands once its copies are durable; the one the file was last
-        // archived in before, if that one's are, is its latest copy till then.
-        e.archived = copied.or(e.archived);
-        e.archived_in = seen;
+        archive(e, seen, copied);
     }
+}
+
+/// Records the entry `e` copied into the archive of the run `seen`; `copied`: when the
+/// archive it was last in before became durable. This run's archive stands once its copies
+/// are durable; the one before, if its copies are, is the file's latest copy till then.
+fn archive(e: &mut Entry, seen: Option<i64>, copied: Option<i64>) {
+    e.archived = copied.or(e.archived);
+    e.archived_in = seen;
 }
 
 fn fresh(name: &[u8], row: &Row) -> Entry {
@@ -676,7 +793,7 @@ pub(crate) fn lay_out(
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
         ))?;
         let mut dirs = tx.prepare(&format!(
-            "SELECT d.path, d.entries, p.run, p.at FROM {from}dirs d \
+            "SELECT d.path, d.entries, {PROOF} FROM {from}dirs d \
              LEFT JOIN {from}proven p ON p.path = d.path \
              WHERE (d.path >= ?1 AND d.path < ?2) OR d.path = ?3 OR d.path = ?4"
         ))?;
@@ -699,8 +816,8 @@ pub(crate) fn lay_out(
                 let dir: Vec<u8> = r.get(0)?;
                 let value: Vec<u8> = r.get(1)?;
                 let mut entries = decode(&value).unwrap_or_default();
-                if let Some(at) = r.get::<_, Option<i64>>(3)? {
-                    proven(&mut entries, r.get(2)?, at);
+                if let Some(proof) = Proof::read(r, 2)? {
+                    proof.apply(&mut entries);
                 }
                 for e in entries {
                     let path = join(&dir, &e.name);
@@ -895,17 +1012,17 @@ pub(super) fn rewrite_all(
     loop {
         let mut page: Vec<(Vec<u8>, Vec<Entry>)> = Vec::new();
         {
-            let mut stmt = conn.prepare_cached(
-                "SELECT d.path, d.entries, p.run, p.at FROM dirs d \
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT d.path, d.entries, {PROOF} FROM dirs d \
                  LEFT JOIN proven p ON p.path = d.path WHERE d.path > ?1 \
-                 ORDER BY d.path LIMIT ?2",
-            )?;
+                 ORDER BY d.path LIMIT ?2"
+            ))?;
             let mut rows = stmt.query(params![after, PAGE])?;
             while let Some(r) = rows.next()? {
                 let dir: Vec<u8> = r.get(0)?;
                 let mut entries = decode(&r.get::<_, Vec<u8>>(1)?).unwrap_or_default();
-                if let Some(at) = r.get::<_, Option<i64>>(3)? {
-                    proven(&mut entries, r.get(2)?, at);
+                if let Some(proof) = Proof::read(r, 2)? {
+                    proof.apply(&mut entries);
                 }
                 page.push((dir, entries));
             }
@@ -1021,10 +1138,10 @@ mod tests {
         }
         // The statement `load` runs, from the cache it left it in.
         let stmt = conn
-            .prepare_cached(
-                "SELECT d.entries, p.run, p.at FROM dirs d LEFT JOIN proven p \
-                 ON p.path = d.path WHERE d.path = ?1",
-            )
+            .prepare_cached(&format!(
+                "SELECT d.entries, {PROOF} FROM dirs d LEFT JOIN proven p \
+                 ON p.path = d.path WHERE d.path = ?1"
+            ))
             .unwrap();
         assert_eq!(stmt.get_status(rusqlite::StatementStatus::Run), 10);
         assert_eq!(stmt.get_status(rusqlite::StatementStatus::RePrepare), 0);

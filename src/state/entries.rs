@@ -151,15 +151,67 @@ pub fn decode(mut v: &[u8]) -> Option<Vec<Entry>> {
     Some(entries)
 }
 
-/// What a run (`run`, at `at`) that proved every file of a directory good says of its
-/// `entries` (the table `proven`): those last judged no later were proven good then.
-pub fn proven(entries: &mut [Entry], run: Option<i64>, at: i64) {
-    for e in entries {
-        if e.checked.is_none_or(|c| c <= at) {
-            e.verified = Some(at);
-            e.checked = Some(at);
-            e.seen = run;
-            e.status = "ok".into();
+/// A row of the table `proven`: a run (`run`, at `at`) proved every file of a directory
+/// good, unchanged; if it also copied them all into its archive (`archive`: an archive run
+/// records a directory so, rather than rewriting each entry), the archive each entry was
+/// last copied into is that run's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Proof {
+    /// The run.
+    pub run: Option<i64>,
+    /// When.
+    pub at: i64,
+    /// The archive all the entries were last copied into, if a run's mark says so.
+    pub archive: Option<Copied>,
+}
+
+/// Every entry of a directory copied into the archive of run `run`; `kept`, if some, is when
+/// the archive each had been in before became durable (as [`Entry::archived`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Copied {
+    /// The run whose archive holds them.
+    pub run: i64,
+    /// When their archive before that one became durable, if it did.
+    pub kept: Option<i64>,
+}
+
+impl Proof {
+    /// The proof the columns `run, at, archived_in, archived` from `first` on say (`at` is
+    /// null where the directory has no proof).
+    pub fn read(r: &rusqlite::Row, first: usize) -> rusqlite::Result<Option<Proof>> {
+        let Some(at) = r.get::<_, Option<i64>>(first + 1)? else {
+            return Ok(None);
+        };
+        let archive = r
+            .get::<_, Option<i64>>(first + 2)?
+            .map(|run| -> rusqlite::Result<Copied> {
+                Ok(Copied {
+                    run,
+                    kept: r.get(first + 3)?,
+                })
+            })
+            .transpose()?;
+        Ok(Some(Proof {
+            run: r.get(first)?,
+            at,
+            archive,
+        }))
+    }
+
+    /// What the proof says of the directory's `entries`: those last judged no later were
+    /// proven good then; all of them were copied into the archive it names.
+    pub fn apply(&self, entries: &mut [Entry]) {
+        for e in entries {
+            if e.checked.is_none_or(|c| c <= self.at) {
+                e.verified = Some(self.at);
+                e.checked = Some(self.at);
+                e.seen = self.run;
+                e.status = "ok".into();
+            }
+            if let Some(copied) = self.archive {
+                e.archived = copied.kept.or(e.archived);
+                e.archived_in = Some(copied.run);
+            }
         }
     }
 }

@@ -210,15 +210,31 @@ impl State {
         // Reading every table proves the file is a database and its schema is whole.
         conn.execute_batch(&tables(""))?;
         conn.query_row("SELECT count(*) FROM runs", [], |_| Ok(()))?;
-        // Schema 4 as first built had no prints of proven directories (never released).
-        let printed: i64 = conn.query_row(
-            "SELECT count(*) FROM pragma_table_info('proven') WHERE name = 'print'",
-            [],
-            |r| r.get(0),
-        )?;
-        if printed == 0 {
+        // Schema 4 as first built had no prints of proven directories, nor archives marked
+        // there (never released). Asked again in the write transaction that adds them:
+        // another run may have added them meanwhile.
+        const ADDED: [(&str, &str); 3] = [
+            ("print", "BLOB"),
+            ("archived_in", "INTEGER"),
+            ("archived", "INTEGER"),
+        ];
+        let has = |conn: &Connection, column: &str| {
+            conn.query_row(
+                "SELECT count(*) FROM pragma_table_info('proven') WHERE name = ?1",
+                [column],
+                |r| r.get::<_, i64>(0).map(|n| n > 0),
+            )
+        };
+        if !has(&conn, ADDED[ADDED.len() - 1].0)? {
             transaction(&conn, |conn| {
-                conn.execute_batch("ALTER TABLE proven ADD COLUMN print BLOB")
+                for (column, kind) in ADDED {
+                    if !has(conn, column)? {
+                        conn.execute_batch(&format!(
+                            "ALTER TABLE proven ADD COLUMN {column} {kind}"
+                        ))?;
+                    }
+                }
+                Ok(())
             })?;
         }
         if version < VERSION {
@@ -1221,6 +1237,104 @@ mod tests {
         assert_ne!(value(&more), before);
         assert_eq!(count(&more, "SELECT count(*) FROM proven"), 0);
         assert_eq!(seen(&more), 4);
+    }
+
+    /// An archive of every file of a directory, unchanged, marks the directory's row in
+    /// `proven` instead of rewriting each entry; each file's copies are what entries
+    /// written one by one would say: a copy counts once its archive is durable, a failed or
+    /// killed archive leaves the copy before it, a check after keeps them, and an edit
+    /// writes them into the entries. A database whose `proven` lacks the mark's columns
+    /// gains them.
+    #[test]
+    fn an_archive_of_a_whole_directory_is_a_mark() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let files = dir.path().join("photos");
+        let value = |state: &State| -> Vec<u8> {
+            let dir = files.as_os_str().as_encoded_bytes();
+            state
+                .conn
+                .query_row("SELECT entries FROM dirs WHERE path = ?1", [dir], |r| {
+                    r.get(0)
+                })
+                .unwrap()
+        };
+        let marked = "SELECT count(*) FROM proven WHERE archived_in IS NOT NULL";
+        // The files whose latest durable copy is the archive of the run `n`-th of all.
+        let copy_of = |state: &State, n: u32| {
+            count(
+                state,
+                &format!(
+                    "SELECT count(*) FROM files AS f WHERE coalesce((SELECT copied FROM runs \
+                     WHERE id = f.archived_in), f.archived) = \
+                     (SELECT copied FROM runs ORDER BY id LIMIT 1 OFFSET {})",
+                    n - 1
+                ),
+            )
+        };
+        let archive = |durable: Option<bool>| {
+            let (mut state, _) = State::open(&db).unwrap();
+            state.begin_run("archive", std::slice::from_ref(&files));
+            archived(&mut state, &files, 10);
+            if let Some(durable) = durable {
+                state.settle(durable);
+            }
+            state
+        };
+        // The first writes the entries; the second finds them all and makes the mark.
+        let first = archive(Some(true));
+        assert_eq!(copy_of(&first, 1), 10);
+        let before = value(&first);
+        drop(first);
+        let second = archive(Some(true));
+        assert_eq!(value(&second), before, "the entries were rewritten");
+        assert_eq!(count(&second, marked), 1);
+        assert_eq!(copy_of(&second, 2), 10);
+        drop(second);
+        // Failed, then killed: the mark moves on, the copy stays the second's.
+        for durable in [Some(false), None] {
+            let failed = archive(durable);
+            assert_eq!(value(&failed), before);
+            assert_eq!(count(&failed, marked), 1);
+            assert_eq!(copy_of(&failed, 2), 10, "durable: {durable:?}");
+            assert_eq!(count(&failed, ARCHIVED), 10);
+        }
+        let fifth = archive(Some(true));
+        assert_eq!(copy_of(&fifth, 5), 10);
+        drop(fifth);
+        // A check keeps the mark.
+        let (mut check, _) = State::open(&db).unwrap();
+        check.begin_run("check", std::slice::from_ref(&files));
+        for i in 0..10 {
+            check.record(verified(&files.join(format!("f{i}")), i + 1));
+        }
+        check.commit();
+        assert_eq!(value(&check), before);
+        assert_eq!(count(&check, marked), 1);
+        assert_eq!(copy_of(&check, 5), 10);
+        drop(check);
+        // An edit (another inode): the entries are written, the mark goes into them.
+        let (mut edit, _) = State::open(&db).unwrap();
+        edit.begin_run("check", std::slice::from_ref(&files));
+        edit.record(verified(&files.join("f0"), 99));
+        edit.commit();
+        assert_ne!(value(&edit), before);
+        assert_eq!(count(&edit, "SELECT count(*) FROM proven"), 0);
+        assert_eq!(copy_of(&edit, 5), 9);
+        assert_eq!(count(&edit, ARCHIVED), 9);
+        // A database of schema 4 as first built: the columns are added on opening.
+        edit.conn
+            .execute_batch(
+                "ALTER TABLE proven DROP COLUMN archived; \
+                 ALTER TABLE proven DROP COLUMN archived_in; ALTER TABLE proven DROP COLUMN print",
+            )
+            .unwrap();
+        drop(edit);
+        let again = archive(Some(true));
+        assert_eq!(count(&again, ARCHIVED), 10);
+        let again = archive(Some(true));
+        assert_eq!(count(&again, marked), 1);
+        assert_eq!(count(&again, ARCHIVED), 10);
     }
 
     /// A database of schema 3 (a row a file) is brought to schema 4 in one step: what it

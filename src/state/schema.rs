@@ -23,12 +23,16 @@ CREATE TABLE IF NOT EXISTS {s}dirs (
 );
 -- A run that proved every file of a directory good, unchanged: all a check of a tree that
 -- is well writes (a directory's entries are rewritten only when one of them changes). An
--- entry last judged no later than `at` was proven good by that run, at that time.
+-- entry last judged no later than `at` was proven good by that run, at that time. An
+-- archive of the whole directory says so here too, rather than in each entry: each entry's
+-- `archived_in` is then this row's, and its `archived` this row's where that is set.
 CREATE TABLE IF NOT EXISTS {s}proven (
     path BLOB PRIMARY KEY,      -- the directory
     run INTEGER,
     at INTEGER NOT NULL,
-    print BLOB                  -- what its entries are (see src/state/dirs.rs, `Print`)
+    print BLOB,                 -- what its entries are (see src/state/dirs.rs, `Print`)
+    archived_in INTEGER,        -- the run whose archive last copied every entry
+    archived INTEGER            -- when the archive they were in before became durable
 ) WITHOUT ROWID;
 -- Damage found and not yet dealt with (repaired, accepted, edited): few rows, read whole
 -- by every run; the journal beside the database mirrors it line for line.

@@ -533,7 +533,7 @@ pub fn db_entries(db: &Path) -> Vec<(Vec<u8>, intact::state::entries::Entry)> {
     let conn = rusqlite::Connection::open(db).unwrap();
     let mut stmt = conn
         .prepare(
-            "SELECT d.path, d.entries, p.run, p.at FROM dirs d \
+            "SELECT d.path, d.entries, p.run, p.at, p.archived_in, p.archived FROM dirs d \
              LEFT JOIN proven p ON p.path = d.path",
         )
         .unwrap();
@@ -542,17 +542,16 @@ pub fn db_entries(db: &Path) -> Vec<(Vec<u8>, intact::state::entries::Entry)> {
             Ok((
                 r.get::<_, Vec<u8>>(0)?,
                 r.get::<_, Vec<u8>>(1)?,
-                r.get::<_, Option<i64>>(2)?,
-                r.get::<_, Option<i64>>(3)?,
+                intact::state::entries::Proof::read(r, 2)?,
             ))
         })
         .unwrap();
     let mut all = Vec::new();
     for row in rows {
-        let (dir, value, run, at) = row.unwrap();
+        let (dir, value, proof) = row.unwrap();
         let mut entries = intact::state::entries::decode(&value).expect("entries that decode");
-        if let Some(at) = at {
-            intact::state::entries::proven(&mut entries, run, at);
+        if let Some(proof) = proof {
+            proof.apply(&mut entries);
         }
         for e in entries {
             all.push((intact::state::entries::join(&dir, &e.name), e));
