@@ -37,7 +37,7 @@ use crate::sink::{Failure, Out, Sink};
 pub struct Writer {
     /// Small writes (headers, small files) are gathered before they reach zstd, whose
     /// multi-threaded streaming takes locks on every call.
-    out: Option<BufWriter<FrameEncoder<Spool>>>,
+    out: Option<BufWriter<FrameEncoder>>,
     temp: Option<Temp>,
     dest: PathBuf,
     roots: Vec<(PathBuf, Vec<u8>)>,

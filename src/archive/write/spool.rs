@@ -98,7 +98,24 @@ impl Spool {
         self.send(Piece::Bytes(full))
     }
 
-    /// The archive file; everything written so far is in it once [`Write::flush`] returned.
+    /// The piece being filled, with room in it (a full one is handed over first): to be
+    /// written into past its length.
+    pub(super) fn room(&mut self) -> io::Result<&mut Vec<u8>> {
+        if self.buf.len() >= SPOOL_PIECE {
+            self.hand_over()?;
+        }
+        Ok(&mut self.buf)
+    }
+
+    /// Returns once the thread has written everything, with its first error since the last
+    /// flush, if any.
+    pub(super) fn flush(&mut self) -> io::Result<()> {
+        self.hand_over()?;
+        self.send(Piece::Flush)?;
+        self.flushed.recv().map_err(|_| spool_gone())?
+    }
+
+    /// The archive file; everything written so far is in it once [`Spool::flush`] returned.
     pub(super) fn file(&mut self) -> &mut File {
         &mut self.file
     }
@@ -111,25 +128,6 @@ impl Spool {
             let _ = t.join();
         }
         self.file.try_clone()
-    }
-}
-
-impl Write for Spool {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        let n = data.len().min(SPOOL_PIECE - self.buf.len());
-        self.buf.extend_from_slice(&data[..n]);
-        if self.buf.len() == SPOOL_PIECE {
-            self.hand_over()?;
-        }
-        Ok(n)
-    }
-
-    /// Returns once the thread has written everything, with its first error since the last
-    /// flush, if any.
-    fn flush(&mut self) -> io::Result<()> {
-        self.hand_over()?;
-        self.send(Piece::Flush)?;
-        self.flushed.recv().map_err(|_| spool_gone())?
     }
 }
 
