@@ -438,13 +438,27 @@ impl<'a> Making<'a> {
             spare_native,
         };
         let done = std::thread::scope(|s| -> Result<bool, Error> {
-            let mut running: Option<Running<'_>> = None;
-            let finish = |running: &mut Option<Running<'_>>,
+            // One thread works on the pass's batches, handed one at a time: a thread started
+            // for each (1,600 of them a set of 2,000 slices of 400 KiB) cost its start, its
+            // stack's mapping and the wake-ups between, with a core often idle meanwhile.
+            let (to_worker, batches) =
+                std::sync::mpsc::sync_channel::<(Vec<(gf::Buffer, u16)>, Vec<gf::Buffer>, usize)>(1);
+            let (worked, results) = std::sync::mpsc::sync_channel::<Done>(1);
+            let work = &work;
+            s.spawn(move || {
+                for (batch, rec, at) in batches {
+                    if worked.send(work.run(batch, rec, at)).is_err() {
+                        break;
+                    }
+                }
+            });
+            let mut running: Option<Running> = None;
+            let finish = |running: &mut Option<Running>,
                           describe: &mut Option<Description<'_>>,
                           pieces: &mut [u32]| {
                 running.take().map(|r| {
                     let (rec, at, sums, crcs) = match r {
-                        Running::Thread(h) => h.join().expect("no panic"),
+                        Running::Sent => results.recv().expect("no panic"),
                         Running::Done(done) => done,
                     };
                     if let Some((_, checksums)) = describe {
@@ -457,8 +471,7 @@ impl<'a> Making<'a> {
                     rec
                 })
             };
-            let work = &work;
-            // While a batch is worked on by another thread, the next is read; the last one
+            // While a batch is worked on by the other thread, the next is read; the last one
             // has nothing to overlap with, and is worked on here.
             let mut hand_over = |batch: Vec<(gf::Buffer, u16)>,
                                  at: usize,
@@ -470,7 +483,10 @@ impl<'a> Making<'a> {
                     .unwrap_or_else(|| std::mem::take(&mut recovery));
                 *running = Some(match last {
                     true => Running::Done(work.run(batch, rec, at)),
-                    false => Running::Thread(s.spawn(move || work.run(batch, rec, at))),
+                    false => {
+                        to_worker.send((batch, rec, at)).expect("the worker waits for batches");
+                        Running::Sent
+                    }
                 });
             };
             let mut batch_first = 0;
@@ -580,9 +596,9 @@ impl<'a> Making<'a> {
 /// core, which the products of every set leave to it.
 static DESCRIBING: AtomicUsize = AtomicUsize::new(0);
 
-/// A batch being worked on: on a thread of its own, or (the last) done already.
-enum Running<'s> {
-    Thread(std::thread::ScopedJoinHandle<'s, Done>),
+/// A batch being worked on: by the pass's worker, or (the last) done already.
+enum Running {
+    Sent,
     Done(Done),
 }
 
