@@ -438,20 +438,17 @@ impl<'a> Making<'a> {
             spare_native,
         };
         let done = std::thread::scope(|s| -> Result<bool, Error> {
-            // One thread works on the pass's batches, handed one at a time: a thread started
+            // One thread works on the pass's batches, handed one at a time, started with the
+            // first that is not the last (a set of one batch needs none): a thread started
             // for each (1,600 of them a set of 2,000 slices of 400 KiB) cost its start, its
             // stack's mapping and the wake-ups between, with a core often idle meanwhile.
             let (to_worker, batches) =
-                std::sync::mpsc::sync_channel::<(Vec<(gf::Buffer, u16)>, Vec<gf::Buffer>, usize)>(1);
+                std::sync::mpsc::sync_channel::<(Vec<(gf::Buffer, u16)>, Vec<gf::Buffer>, usize)>(
+                    1,
+                );
             let (worked, results) = std::sync::mpsc::sync_channel::<Done>(1);
+            let mut idle = Some((batches, worked));
             let work = &work;
-            s.spawn(move || {
-                for (batch, rec, at) in batches {
-                    if worked.send(work.run(batch, rec, at)).is_err() {
-                        break;
-                    }
-                }
-            });
             let mut running: Option<Running> = None;
             let finish = |running: &mut Option<Running>,
                           describe: &mut Option<Description<'_>>,
@@ -484,7 +481,18 @@ impl<'a> Making<'a> {
                 *running = Some(match last {
                     true => Running::Done(work.run(batch, rec, at)),
                     false => {
-                        to_worker.send((batch, rec, at)).expect("the worker waits for batches");
+                        if let Some((batches, worked)) = idle.take() {
+                            s.spawn(move || {
+                                for (batch, rec, at) in batches {
+                                    if worked.send(work.run(batch, rec, at)).is_err() {
+                                        break;
+                                    }
+                                }
+                            });
+                        }
+                        to_worker
+                            .send((batch, rec, at))
+                            .expect("the worker waits for batches");
                         Running::Sent
                     }
                 });
