@@ -438,65 +438,10 @@ impl<'a> Making<'a> {
             spare_native,
         };
         let done = std::thread::scope(|s| -> Result<bool, Error> {
-            // One thread works on the pass's batches, handed one at a time, started with the
-            // first that is not the last (a set of one batch needs none): a thread started
-            // for each (1,600 of them a set of 2,000 slices of 400 KiB) cost its start, its
-            // stack's mapping and the wake-ups between, with a core often idle meanwhile.
-            let (to_worker, batches) =
-                std::sync::mpsc::sync_channel::<(Vec<(gf::Buffer, u16)>, Vec<gf::Buffer>, usize)>(
-                    1,
-                );
-            let (worked, results) = std::sync::mpsc::sync_channel::<Done>(1);
-            let mut idle = Some((batches, worked));
+            // The batches are multiplied on a worker (started with the first batch that is
+            // not the last: a set of one batch needs none) while the next are read.
+            let mut worker: Option<Worker<'_>> = None;
             let work = &work;
-            let mut running: Option<Running> = None;
-            let finish = |running: &mut Option<Running>,
-                          describe: &mut Option<Description<'_>>,
-                          pieces: &mut [u32]| {
-                running.take().map(|r| {
-                    let (rec, at, sums, crcs) = match r {
-                        Running::Sent => results.recv().expect("no panic"),
-                        Running::Done(done) => done,
-                    };
-                    if let Some((_, checksums)) = describe {
-                        checksums[at..at + sums.len()].copy_from_slice(&sums);
-                        // Empty when there is one strip (and `pieces` too).
-                        if !crcs.is_empty() {
-                            pieces[at * strips..][..crcs.len()].copy_from_slice(&crcs);
-                        }
-                    }
-                    rec
-                })
-            };
-            // While a batch is worked on by the other thread, the next is read; the last one
-            // has nothing to overlap with, and is worked on here.
-            let mut hand_over = |batch: Vec<(gf::Buffer, u16)>,
-                                 at: usize,
-                                 last: bool,
-                                 running: &mut Option<_>,
-                                 describe: &mut Option<_>,
-                                 pieces: &mut [u32]| {
-                let rec = finish(running, describe, pieces)
-                    .unwrap_or_else(|| std::mem::take(&mut recovery));
-                *running = Some(match last {
-                    true => Running::Done(work.run(batch, rec, at)),
-                    false => {
-                        if let Some((batches, worked)) = idle.take() {
-                            s.spawn(move || {
-                                for (batch, rec, at) in batches {
-                                    if worked.send(work.run(batch, rec, at)).is_err() {
-                                        break;
-                                    }
-                                }
-                            });
-                        }
-                        to_worker
-                            .send((batch, rec, at))
-                            .expect("the worker waits for batches");
-                        Running::Sent
-                    }
-                });
-            };
             let mut batch_first = 0;
             for &(id, md5_16k, i) in self.ids {
                 let f = &self.inputs[i];
@@ -560,14 +505,12 @@ impl<'a> Making<'a> {
                     slice_index += 1;
                     offset += size as u64;
                     if batch.len() == batch_slices {
-                        hand_over(
-                            std::mem::take(&mut batch),
-                            batch_first,
-                            false,
-                            &mut running,
-                            &mut describe,
-                            pieces,
-                        );
+                        let worker = worker.get_or_insert_with(|| {
+                            Worker::start(s, work, std::mem::take(&mut recovery))
+                        });
+                        if let Some(sums) = worker.hand(std::mem::take(&mut batch), batch_first) {
+                            described(&mut describe, pieces, strips, sums);
+                        }
                         batch_first = slice_index;
                     }
                 }
@@ -585,15 +528,25 @@ impl<'a> Making<'a> {
                     ));
                 }
             }
-            hand_over(
-                std::mem::take(&mut batch),
-                batch_first,
-                true,
-                &mut running,
-                &mut describe,
-                pieces,
-            );
-            recovery = finish(&mut running, &mut describe, pieces).unwrap_or_default();
+            let last = std::mem::take(&mut batch);
+            recovery = match worker.take() {
+                None => {
+                    let (rec, at, sums, crcs) =
+                        work.run(last, std::mem::take(&mut recovery), batch_first);
+                    described(&mut describe, pieces, strips, (at, sums, crcs));
+                    rec
+                }
+                Some(mut worker) => {
+                    if let Some(sums) = worker.hand(last, batch_first) {
+                        described(&mut describe, pieces, strips, sums);
+                    }
+                    let (rec, rest) = worker.finish();
+                    for sums in rest {
+                        described(&mut describe, pieces, strips, sums);
+                    }
+                    rec
+                }
+            };
             Ok(true)
         })?;
         Ok(done.then_some(recovery))
@@ -604,10 +557,85 @@ impl<'a> Making<'a> {
 /// core, which the products of every set leave to it.
 static DESCRIBING: AtomicUsize = AtomicUsize::new(0);
 
-/// A batch being worked on: by the pass's worker, or (the last) done already.
-enum Running {
-    Sent,
-    Done(Done),
+/// A batch's checksums (first pass): its first slice's number, each slice's MD5 and CRC32,
+/// and each strip's CRC32.
+type Sums = (usize, Vec<(Id, u32)>, Vec<u32>);
+
+/// Takes a batch's checksums into the set's description, if the pass makes it.
+fn described(
+    describe: &mut Option<Description<'_>>,
+    pieces: &mut [u32],
+    strips: usize,
+    (at, sums, crcs): Sums,
+) {
+    if let Some((_, checksums)) = describe {
+        checksums[at..at + sums.len()].copy_from_slice(&sums);
+        // Empty when there is one strip (and `pieces` too).
+        if !crcs.is_empty() {
+            pieces[at * strips..][..crcs.len()].copy_from_slice(&crcs);
+        }
+    }
+}
+
+/// The thread that multiplies a pass's batches into the recovery data, which it holds till
+/// the pass ends. It is handed up to two batches (one worked on, one waiting), so that it
+/// goes on to the next without waiting for the reading thread: a thread started for each
+/// batch (1,600 a set of 2,000 slices of 400 KiB) cost its start, its stack's mapping and
+/// the wake-ups between, a core often idle meanwhile.
+struct Worker<'s> {
+    batches: std::sync::mpsc::SyncSender<(Vec<(gf::Buffer, u16)>, usize)>,
+    sums: std::sync::mpsc::Receiver<Sums>,
+    thread: std::thread::ScopedJoinHandle<'s, Vec<gf::Buffer>>,
+    /// Batches handed over whose checksums have not come back.
+    out: usize,
+}
+
+impl<'s> Worker<'s> {
+    fn start<'e: 's>(
+        s: &'s std::thread::Scope<'s, 'e>,
+        work: &'s Batching<'_>,
+        mut rec: Vec<gf::Buffer>,
+    ) -> Self {
+        let (batches, to_do) = std::sync::mpsc::sync_channel::<(Vec<(gf::Buffer, u16)>, usize)>(1);
+        let (done, sums) = std::sync::mpsc::channel();
+        let thread = s.spawn(move || {
+            for (batch, at) in to_do {
+                let (back, at, sums, crcs) = work.run(batch, rec, at);
+                rec = back;
+                if done.send((at, sums, crcs)).is_err() {
+                    break;
+                }
+            }
+            rec
+        });
+        Worker {
+            batches,
+            sums,
+            thread,
+            out: 0,
+        }
+    }
+
+    /// Hands over `batch` (whose first slice is number `at`), once at most one other is
+    /// out; the checksums of the one waited for, if it was.
+    fn hand(&mut self, batch: Vec<(gf::Buffer, u16)>, at: usize) -> Option<Sums> {
+        let back = (self.out == 2).then(|| {
+            self.out -= 1;
+            self.sums.recv().expect("no panic")
+        });
+        self.batches
+            .send((batch, at))
+            .expect("the worker waits for batches");
+        self.out += 1;
+        back
+    }
+
+    /// Waits for the batches out; the recovery data, and their checksums in order.
+    fn finish(self) -> (Vec<gf::Buffer>, Vec<Sums>) {
+        drop(self.batches);
+        let rest = self.sums.iter().collect();
+        (self.thread.join().expect("no panic"), rest)
+    }
 }
 
 /// What a pass does to each batch of slices it has read.
