@@ -186,7 +186,7 @@ impl Multiplier {
         #[cfg(target_arch = "x86_64")]
         let done = unsafe {
             match kernel {
-                Kernel::Gfni512 => x86::gfni512::<1>(dst, [src], [self.affine]),
+                Kernel::Gfni512 => x86::gfni512::<1>(dst, &[src], std::array::from_ref(self)),
                 Kernel::Gfni256 => x86::gfni256(dst, src, self.affine),
                 Kernel::Shuffle256 => x86::shuffle256(dst, src, &self.nibbles),
                 Kernel::Shuffle128 => x86::shuffle128(dst, src, &self.nibbles),
@@ -240,10 +240,12 @@ pub fn mul_add_native_many(dst: &mut [u8], srcs: &[&[u8]], mults: &[Multiplier])
 /// The first `N` of `srcs` multiplied into `dst` by the GFNI kernel; returns `N`.
 #[cfg(target_arch = "x86_64")]
 fn group<const N: usize>(dst: &mut [u8], srcs: &[&[u8]], mults: &[Multiplier]) -> usize {
-    let src: [&[u8]; N] = std::array::from_fn(|j| srcs[j]);
-    let matrices = std::array::from_fn(|j| mults[j].affine);
+    // References to the first N, not copies: arrays of sources and matrices passed by value
+    // were copied at every call (2% of a large set's CPU in `memcpy`).
+    let src: &[&[u8]; N] = srcs[..N].try_into().expect("N sources");
+    let mults: &[Multiplier; N] = mults[..N].try_into().expect("N constants");
     // SAFETY: the caller detected the features; every source is as long as dst.
-    let done = unsafe { x86::gfni512(dst, src, matrices) };
+    let done = unsafe { x86::gfni512(dst, src, mults) };
     if done < dst.len() {
         for j in 0..N {
             portable(&mut dst[done..], &src[j][done..], mults[j].c);
@@ -521,14 +523,15 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512bw,gfni")]
     pub unsafe fn gfni512<const N: usize>(
         dst: &mut [u8],
-        src: [&[u8]; N],
-        matrices: [[i64; 4]; N],
+        src: &[&[u8]; N],
+        mults: &[super::Multiplier; N],
     ) -> usize {
         let done = dst.len() / 128 * 128;
         // SAFETY: every load and store below is within dst/src[..done] (the caller gives
         // sources as long as dst); unaligned forms.
         unsafe {
-            let m: [[__m512i; 4]; N] = matrices.map(|m| m.map(|x| _mm512_set1_epi64(x)));
+            let m: [[__m512i; 4]; N] =
+                std::array::from_fn(|k| mults[k].affine.map(|x| _mm512_set1_epi64(x)));
             let mut i = 0;
             while i < done {
                 let dl = dst.as_mut_ptr().add(i);
@@ -838,7 +841,7 @@ mod tests {
                 type KernelFn = unsafe fn(&mut [u8], &[u8], u16) -> usize;
                 // SAFETY (all four): the caller's promise, passed on.
                 unsafe fn gfni512(dst: &mut [u8], src: &[u8], c: u16) -> usize {
-                    unsafe { x86::gfni512::<1>(dst, [src], [affine_matrices(c)]) }
+                    unsafe { x86::gfni512::<1>(dst, &[src], &[Multiplier::new(c)]) }
                 }
                 unsafe fn gfni256(dst: &mut [u8], src: &[u8], c: u16) -> usize {
                     unsafe { x86::gfni256(dst, src, affine_matrices(c)) }
