@@ -556,12 +556,15 @@ impl Store {
             // Each worker computes a set at a time.
             memory: PARITY_MEMORY / self.threads.max(1) as u64,
         };
-        let created =
-            par2::create(&inputs, &set_files, &plan, &mut temp.file()).map_err(|e| match e {
-                par2::Error::Io(e) => ProtectError::Io(e),
-                par2::Error::Changed(i) => ProtectError::Changed(vec![set_files.left(i)]),
-                other => ProtectError::Io(io::Error::other(other.to_string())),
-            })?;
+        let mut out = Flushing {
+            file: temp.file(),
+            since: 0,
+        };
+        let created = par2::create(&inputs, &set_files, &plan, &mut out).map_err(|e| match e {
+            par2::Error::Io(e) => ProtectError::Io(e),
+            par2::Error::Changed(i) => ProtectError::Changed(vec![set_files.left(i)]),
+            other => ProtectError::Io(io::Error::other(other.to_string())),
+        })?;
         let volume_len = temp.file().metadata()?.len();
         let seen = lock(&set_files.seen);
         let changed: Vec<usize> = (0..files.len())
@@ -688,6 +691,39 @@ pub struct Found {
     pub at: usize,
     /// Each of its files' digest, where the store knows it (a pack's members).
     pub members: Vec<Option<Digest>>,
+}
+
+/// A volume being written, its pages sent on their way to the disk every [`WRITEBACK`]
+/// bytes: the `syncfs` that makes a batch of sets durable then waits for little more than
+/// the last of them (a run's end waited ~150 ms for the last 84 MB volume of five 800 MiB
+/// files).
+struct Flushing<'a> {
+    file: &'a File,
+    since: u64,
+}
+
+const WRITEBACK: u64 = 8 << 20;
+
+impl Write for Flushing<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.since += n as u64;
+        if self.since >= WRITEBACK {
+            crate::fs::sys::start_writeback(self.file);
+            self.since = 0;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
+    }
+}
+
+impl io::Seek for Flushing<'_> {
+    fn seek(&mut self, pos: io::SeekFrom) -> io::Result<u64> {
+        self.file.seek(pos)
+    }
 }
 
 /// Set files are made durable and put in place at least this many at a time: after one
