@@ -998,6 +998,17 @@ mod tests {
         state.conn.query_row(sql, [], |row| row.get(0)).unwrap()
     }
 
+    /// The packed entries the database holds for the directory `dir`.
+    fn dir_value(state: &State, dir: &Path) -> Vec<u8> {
+        let dir = dir.as_os_str().as_encoded_bytes();
+        state
+            .conn
+            .query_row("SELECT entries FROM dirs WHERE path = ?1", [dir], |r| {
+                r.get(0)
+            })
+            .unwrap()
+    }
+
     /// What status counts as archived.
     const ARCHIVED: &str = "SELECT count(*) FROM files AS f WHERE coalesce(f.archived, \
          (SELECT copied FROM runs WHERE id = f.archived_in)) IS NOT NULL";
@@ -1166,15 +1177,7 @@ mod tests {
             state.commit();
             state
         };
-        let value = |state: &State| -> Vec<u8> {
-            let dir = files.as_os_str().as_encoded_bytes();
-            state
-                .conn
-                .query_row("SELECT entries FROM dirs WHERE path = ?1", [dir], |r| {
-                    r.get(0)
-                })
-                .unwrap()
-        };
+        let value = |state: &State| dir_value(state, &files);
         let seen = |state: &State| {
             let run = state.run.unwrap();
             count(
@@ -1250,15 +1253,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("state.db");
         let files = dir.path().join("photos");
-        let value = |state: &State| -> Vec<u8> {
-            let dir = files.as_os_str().as_encoded_bytes();
-            state
-                .conn
-                .query_row("SELECT entries FROM dirs WHERE path = ?1", [dir], |r| {
-                    r.get(0)
-                })
-                .unwrap()
-        };
+        let value = |state: &State| dir_value(state, &files);
         let marked = "SELECT count(*) FROM proven WHERE archived_in IS NOT NULL";
         // The files whose latest durable copy is the archive of the run `n`-th of all.
         let copy_of = |state: &State, n: u32| {
