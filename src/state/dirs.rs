@@ -193,16 +193,7 @@ impl Held {
     fn open(conn: &Connection, dir: &[u8], run: Option<i64>, at: i64) -> rusqlite::Result<Held> {
         let (print, marked): (Option<Vec<u8>>, Option<Copied>) = conn
             .prepare_cached("SELECT print, archived_in, archived FROM proven WHERE path = ?1")?
-            .query_row([dir], |r| {
-                let mark = match r.get::<_, Option<i64>>(1)? {
-                    Some(run) => Some(Copied {
-                        run,
-                        kept: r.get(2)?,
-                    }),
-                    None => None,
-                };
-                Ok((r.get(0)?, mark))
-            })
+            .query_row([dir], |r| Ok((r.get(0)?, Copied::read(r, 1)?)))
             .optional()?
             .unwrap_or_default();
         let mut held = Held {
@@ -266,8 +257,8 @@ impl Held {
                 .entry(name.to_vec())
                 .or_insert_with(|| fresh(name, row)),
         };
-        let archived = match (row.fact, e.archived_in) {
-            (Fact::Archived | Fact::VerifiedArchived, Some(run)) => copied(conn, "", copies, run)?,
+        let archived = match row.fact {
+            Fact::Archived | Fact::VerifiedArchived => before(e, conn, copies)?,
             _ => None,
         };
         apply(e, row, seen, archived);
@@ -318,11 +309,7 @@ impl Held {
         // keeps its own, or one where all keep the same.
         let (mut own, mut first, mut same) = (true, None, true);
         for e in &self.entries {
-            let before = match e.archived_in {
-                Some(r) => copied(conn, "", copies, r)?,
-                None => None,
-            };
-            let kept = before.or(e.archived);
+            let kept = before(e, conn, copies)?.or(e.archived);
             own &= kept == e.archived;
             same &= *first.get_or_insert(kept) == kept;
         }
@@ -512,10 +499,7 @@ impl Held {
                     e.status = "ok".into();
                 }
                 if archived {
-                    let before = match e.archived_in {
-                        Some(run) => copied(conn, "", copies, run)?,
-                        None => None,
-                    };
+                    let before = before(e, conn, copies)?;
                     archive(e, seen, before);
                 }
             }
@@ -601,6 +585,18 @@ pub(crate) fn copied(
         .flatten();
     cache.insert(run, c);
     Ok(c)
+}
+
+/// When the archive the entry `e` was last copied into became durable, if it did.
+fn before(
+    e: &Entry,
+    conn: &Connection,
+    copies: &mut HashMap<i64, Option<i64>>,
+) -> rusqlite::Result<Option<i64>> {
+    match e.archived_in {
+        Some(run) => copied(conn, "", copies, run),
+        None => Ok(None),
+    }
 }
 
 /// Records `row` in the entry of its file's name `e` (a fresh one if there was none), of the

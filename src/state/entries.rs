@@ -175,6 +175,19 @@ pub struct Copied {
     pub kept: Option<i64>,
 }
 
+impl Copied {
+    /// The mark the columns `archived_in, archived` from `first` on hold, if they hold one.
+    pub fn read(r: &rusqlite::Row, first: usize) -> rusqlite::Result<Option<Copied>> {
+        Ok(match r.get::<_, Option<i64>>(first)? {
+            Some(run) => Some(Copied {
+                run,
+                kept: r.get(first + 1)?,
+            }),
+            None => None,
+        })
+    }
+}
+
 impl Proof {
     /// The proof the columns `run, at, archived_in, archived` from `first` on say (`at` is
     /// null where the directory has no proof).
@@ -182,19 +195,10 @@ impl Proof {
         let Some(at) = r.get::<_, Option<i64>>(first + 1)? else {
             return Ok(None);
         };
-        let archive = r
-            .get::<_, Option<i64>>(first + 2)?
-            .map(|run| -> rusqlite::Result<Copied> {
-                Ok(Copied {
-                    run,
-                    kept: r.get(first + 3)?,
-                })
-            })
-            .transpose()?;
         Ok(Some(Proof {
             run: r.get(first)?,
             at,
-            archive,
+            archive: Copied::read(r, first + 2)?,
         }))
     }
 
