@@ -172,6 +172,73 @@ impl Hasher {
     }
 }
 
+/// BLAKE3 of an input of `len` bytes whose parts `part(offset, len)` hashes as subtrees
+/// (chaining values) where it can read them: BLAKE3's own tree (its specification, section
+/// 2.1) walked with `rayon::join` down to parts of at most `most` bytes (a power of two of
+/// chunks), so that each core of the pool hashes whole parts on its own and each part can
+/// be mapped, hashed and let go by the core that reaches it. Splitting one window at a time
+/// over the cores instead (the crate's `update_rayon` on each) hands every window over and
+/// waits for the slowest core (one 4 GiB file on an AMD EPYC Zen 5 VM, two cores, in turns:
+/// x1.000 b3sum's time walked in 16 MiB parts against x1.023 in windows of 16 MiB, with the
+/// page cache in 2 MiB folios; x0.947 against x0.975 in smaller ones). Needs at least two
+/// parts: the root is a merge. Every part is asked for even after one failed (a `part` that
+/// has failed answers the rest at once); an error is the answer.
+pub fn blake3_in_parts<E: Send>(
+    len: u64,
+    most: u64,
+    part: &(impl Fn(u64, usize) -> Result<Subtree, E> + Sync),
+) -> Result<Digest, E> {
+    use blake3::hazmat::{Mode, left_subtree_len, merge_subtrees_non_root, merge_subtrees_root};
+    fn node<E: Send>(
+        offset: u64,
+        len: u64,
+        most: u64,
+        part: &(impl Fn(u64, usize) -> Result<Subtree, E> + Sync),
+    ) -> Result<Subtree, E> {
+        if len <= most {
+            return part(offset, len as usize);
+        }
+        let (left, right) = halves(offset, len, most, part);
+        Ok(merge_subtrees_non_root(&left?, &right?, Mode::Hash))
+    }
+    // A node of more than `most` bytes: its left subtree is the largest power of two of
+    // chunks shorter than it, so every part starts at a multiple of `most`.
+    fn halves<E: Send>(
+        offset: u64,
+        len: u64,
+        most: u64,
+        part: &(impl Fn(u64, usize) -> Result<Subtree, E> + Sync),
+    ) -> (Result<Subtree, E>, Result<Subtree, E>) {
+        let left = left_subtree_len(len);
+        rayon_core::join(
+            || node(offset, left, most, part),
+            || node(offset + left, len - left, most, part),
+        )
+    }
+    assert!(
+        most.is_power_of_two() && most >= blake3::CHUNK_LEN as u64 && len > most,
+        "parts of a power of two of chunks, and at least two"
+    );
+    let (left, right) = halves(0, len, most, part);
+    Ok(Digest {
+        algo: Algo::Blake3,
+        bytes: *merge_subtrees_root(&left?, &right?, Mode::Hash).as_bytes(),
+    })
+}
+
+/// The chaining value of a BLAKE3 subtree: what a core that hashed part of a file hands on.
+pub type Subtree = blake3::hazmat::ChainingValue;
+
+/// The chaining value of `data`, the subtree at `offset` of a larger input: one part of
+/// [`blake3_in_parts`].
+pub fn subtree(offset: u64, data: &[u8]) -> Subtree {
+    use blake3::hazmat::HasherExt as _;
+    blake3::Hasher::new()
+        .set_input_offset(offset)
+        .update(data)
+        .finalize_non_root()
+}
+
 /// The digest of a byte slice (for tests and small inputs).
 pub fn digest_bytes(algo: Algo, data: &[u8]) -> Digest {
     let mut h = Hasher::new(algo);
@@ -198,6 +265,59 @@ mod tests {
             digest_bytes(Algo::Blake3, b"").hex(),
             "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
         );
+    }
+
+    #[test]
+    fn blake3_in_parts_is_blake3_of_the_whole() {
+        let data: Vec<u8> = (0..400_000u32).map(|i| (i * 31 + i / 1021) as u8).collect();
+        let chunk = blake3::CHUNK_LEN;
+        fn part(data: &[u8]) -> impl Fn(u64, usize) -> Result<Subtree, ()> + Sync + '_ {
+            move |offset, len| Ok(subtree(offset, &data[offset as usize..][..len]))
+        }
+        // Lengths at and around the tree's edges; parts of several sizes.
+        for len in [
+            2 * chunk,
+            2 * chunk + 1,
+            5 * chunk - 1,
+            64 * chunk,
+            64 * chunk + 7,
+            293 * chunk + 100,
+        ] {
+            for most in [chunk, 4 * chunk, 16 * chunk]
+                .into_iter()
+                .filter(|&m| m < len)
+            {
+                let data = &data[..len];
+                assert_eq!(
+                    blake3_in_parts(len as u64, most as u64, &part(data)).unwrap(),
+                    digest_bytes(Algo::Blake3, data),
+                    "{len} bytes in parts of {most}"
+                );
+            }
+        }
+        // Every part is asked for once, in parts of `most` bytes but the last, and the first
+        // error is the answer.
+        let asked = std::sync::Mutex::new(Vec::new());
+        let digest = blake3_in_parts(50 * chunk as u64 + 3, 8 * chunk as u64, &|offset, len| {
+            asked.lock().unwrap().push((offset, len));
+            if offset == 16 * chunk as u64 {
+                Err(offset)
+            } else {
+                Ok(subtree(offset, &data[..len]))
+            }
+        });
+        assert_eq!(digest, Err(16 * chunk as u64));
+        let mut asked = asked.into_inner().unwrap();
+        asked.sort();
+        let whole: Vec<_> = (0..7)
+            .map(|i| {
+                (
+                    (i * 8 * chunk) as u64,
+                    if i < 6 { 8 * chunk } else { 2 * chunk + 3 },
+                )
+            })
+            .collect();
+        assert_eq!(asked, whole);
     }
 
     #[test]

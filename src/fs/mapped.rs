@@ -25,10 +25,11 @@ use crate::fs::sys;
 
 /// How much of a file is mapped at a time, shared among the files spread over every core at
 /// once. A worker holds two windows in its RSS (one hashed, the one before until the helper
-/// unmaps it) and maps a third ahead. BLAKE3 spreads a window over every core, and each
-/// window costs a hand-over to the pool: on one 4 GiB file (AMD EPYC with AVX-512, medians of
-/// 15) x0.95 b3sum at 16 MiB and 42 MiB RSS, x0.86 at 8 MiB; 32 MiB gained 2% more for
-/// 75 MiB. Five 800 MiB files, two at a time: 42 MiB shared, 58-73 MiB not, as fast.
+/// unmaps it) and maps a third ahead. Spread over every core, each window costs a hand-over
+/// to the pool: on one 4 GiB file (AMD EPYC with AVX-512, medians of 15) x0.95 b3sum at
+/// 16 MiB and 42 MiB RSS, x0.86 at 8 MiB; 32 MiB gained 2% more for 75 MiB. Five 800 MiB
+/// files, two at a time: 42 MiB shared, 58-73 MiB not, as fast. Large BLAKE3 files are
+/// mapped in parts instead, one a thread of the pool, twice this in all (`fs::hash::in_parts`).
 pub const WINDOW: usize = 16 << 20;
 
 /// Maps being hashed, by address range; a slot is free while `start` is 0.
