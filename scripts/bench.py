@@ -6,8 +6,10 @@
 
 Corpora: (a) one 4 GiB file, (b) five 800 MiB files, (c) 2,000 x 256 KiB files,
 (d) 20,000 x 4 KiB files in 100 folders, (e) 200,000 x 100 B files in 1,000 folders
-(memory on a tree ten times (d)). The page cache is warmed before every timed run, runs are
-interleaved across tools, and the median is reported with peak RSS. Peers are used where
+(memory on a tree ten times (d)). Each table starts from its files read in afresh (their
+pages dropped, then read: how a file came into the page cache sets its folios' size, which
+moves large-file figures by a fifth), the page cache is warmed before every timed run, runs
+are interleaved across tools, and the median is reported with peak RSS. Peers are used where
 installed: openssl (the per-core SHA-256 limit), rhash, b3sum, sha256sum, hashdeep.
 `--interference` measures how much a CPU-bound foreground job slows down while intact
 scrubs in the background, against the default speed. `--archive --only bcd` times
@@ -92,6 +94,24 @@ def warm(dir):
                     pass
 
 
+def afresh(dir):
+    """Drop every file's pages from the cache, for warm() to read them in again. How a file
+    came into the page cache decides the size of its folios, and that moves every
+    large-file figure: read in by read() they sit in folios of up to 2 MiB, which maps take
+    whole; after the parity and archive tables (which damage and repair files), or after
+    reads through maps, they were seen in 4 KiB pages (SHA-256 of (b) x1.18 the time, 58,132
+    page faults a check instead of 4,581; AMD EPYC Zen 5, 2026-12-06). Each table starts
+    from files read in afresh."""
+    os.sync()
+    for base, _, names in os.walk(dir):
+        for name in names:
+            fd = os.open(os.path.join(base, name), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def timed(cmd, shell=False):
     """(seconds, peak RSS in MiB) of one run; output discarded.
 
@@ -164,6 +184,7 @@ def bench_corpus(name, desc, files, dir, intact, runs, limits, cores):
     # taken at the start would put into the ratio.
     limit_cores = 1 if len(files) == 1 else cores
     ratios = []
+    afresh(dir)
     for _ in range(runs):
         for tool, (setup, cmd) in table.items():
             if tool == "intact check sha256":
@@ -288,6 +309,7 @@ def bench_archive(name, desc, files, dir, intact, runs, level=3):
     # The tools take turns, so that a slow spell of this machine's disk falls on all of them.
     samples = {tool: [] for tool in cmds}
     size = {}
+    afresh(dir)
     for _ in range(runs):
         for tool, cmd in cmds.items():
             # The last run's archive goes first, untimed: intact writes a new file and renames
@@ -382,6 +404,7 @@ def bench_parity(name, desc, files, dir, intact, runs, base, cores):
     size = {}
     # The tools take turns, so that a slow spell of this machine falls on all of them (one
     # tool's runs one after the other measured it 15% faster or slower than by hand).
+    afresh(dir)
     for _ in range(runs):
         for tool, (clean, create, repair) in tools.items():
             clean()
@@ -431,6 +454,7 @@ def bench_scrub(name, desc, files, dir, intact, runs):
         "status": [intact, "status", "--state", db, dir],
     }
     samples = {k: [] for k in table}
+    afresh(dir)
     for _ in range(runs):
         for tool, cmd in table.items():
             warm(dir)
