@@ -217,6 +217,12 @@ pub struct Progress {
     pub current: Mutex<PathBuf>,
 }
 
+/// Why a file whose first read did not match its tag, and whose second read around the page
+/// cache did, is `unstable` rather than `corrupt`.
+pub(crate) const UNSTABLE: &str = "the first read did not match the tag, a second read around \
+    the page cache did: the disk holds good bytes, and memory, a cable or a controller changed \
+    them on the way (test the memory, check the cables and the disk's SMART log)";
+
 /// Work travels in batches, so that small files cost a few channel operations per batch
 /// rather than per file: a batch closes at this many entries ...
 const BATCH_FILES: usize = 64;

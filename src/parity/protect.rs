@@ -232,11 +232,14 @@ impl Protector {
                 already,
                 ..
             } = self.held.pop_front().expect("a head");
-            // Read for the first time by its set: what that read found is the verdict.
+            // Read for the first time by its set: what that read found is the verdict. A set
+            // that found other bytes than the tag claims says only that: the file is read
+            // again for a verdict of its own (the damaged bytes' digest is what the state
+            // database remembers damage by; without it, damage was forgotten by the next run).
             if report.unread().is_some() {
                 match outcome {
                     Some(Outcome::Durable) => verified(&mut report),
-                    Some(Outcome::Changed) => damaged_or_changed(&mut report),
+                    Some(Outcome::Changed) => self.verify(&mut report),
                     _ => {}
                 }
             }
@@ -273,14 +276,19 @@ impl Protector {
 }
 
 impl Protector {
-    /// Reads and hashes a file the engine left unread, and judges it against its tag.
+    /// Reads and hashes a file the engine left unread, and judges it against its tag. Before
+    /// it is called damaged it is read a second time around the page cache, as the engine
+    /// reads a file it finds damaged: a second read that matches the tag is `unstable`.
     fn verify(&self, report: &mut FileReport) {
         let Some(tag) = report.unread().cloned() else {
             return;
         };
         let anchor = crate::fs::anchor::Anchor::new(&self.roots[report.root]);
-        let read = || -> io::Result<(Stat, Digest, u64, Stat)> {
-            let file = anchor.open(&report.path, false)?;
+        let file = match anchor.open(&report.path, false) {
+            Ok(file) => file,
+            Err(e) => return report.fail(FileError::Read(e)),
+        };
+        let read = |opts: ReadOptions| -> io::Result<(Stat, Digest, u64, Stat)> {
             let (before, _) = Stat::of(&file)?;
             let mut bufs = [BUF_SIZE, BUF_SIZE].map(AlignedBuf::new);
             let (digests, n) = hash_file(
@@ -288,7 +296,7 @@ impl Protector {
                 &[tag.digest.algo],
                 &mut bufs,
                 before.size,
-                ReadOptions::default(),
+                opts,
                 self.cancel,
                 &AtomicU64::new(0),
             )
@@ -299,7 +307,7 @@ impl Protector {
             let (after, _) = Stat::of(&file)?;
             Ok((before, digests.of(tag.digest.algo), n, after))
         };
-        match read() {
+        match read(ReadOptions::default()) {
             // Stopped by Ctrl-C: left as it was, unverified.
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => report.fail(FileError::Read(e)),
@@ -309,6 +317,22 @@ impl Protector {
             }
             Ok((before, digest, _, _)) => {
                 report.judge(&tag, before.size, before.mtime, digest, self.window);
+                let known = report.known_damage.is_some_and(|k| k.digest == digest);
+                if !report.status.is_damage() || known {
+                    return;
+                }
+                crate::fs::sys::drop_pages(&file, 0, before.size);
+                let around = ReadOptions {
+                    drop_cache: true,
+                    ..ReadOptions::default()
+                };
+                if let Ok((_, second, n, after)) = read(around)
+                    && after.changes_since(&before, n).is_none()
+                    && second == tag.digest
+                {
+                    report.status = Status::Unstable;
+                    report.detail = Some(crate::engine::UNSTABLE.into());
+                }
             }
         }
     }
@@ -487,24 +511,6 @@ fn verified(report: &mut FileReport) {
     report.status = Status::Ok;
     report.digest = report.tag.as_ref().map(|t| t.digest);
     report.bytes_read = report.size.unwrap_or(0);
-}
-
-/// A file left unread whose set's first pass found other content than its tag claims:
-/// damage if it is still as the engine saw it (same size and mtime), else changed.
-fn damaged_or_changed(report: &mut FileReport) {
-    let now = std::fs::symlink_metadata(&report.path).ok().map(|m| {
-        use std::os::unix::fs::MetadataExt;
-        (m.len(), m.mtime(), m.mtime_nsec())
-    });
-    let then = report
-        .size
-        .zip(report.mtime)
-        .map(|(size, t)| (size, t.sec, i64::from(t.nsec)));
-    if now.is_some() && now == then {
-        report.status = Status::Corrupt;
-        report.action = Some(Action::Kept);
-        report.detail = Some("its data no longer matches its tag: no parity".into());
-    }
 }
 
 impl Sink for Protector {

@@ -189,6 +189,15 @@ impl Cmd {
         self
     }
 
+    /// Runs `days` days from now by the clock intact reads (libfaketime): what it tags now is
+    /// then days old, as rot comes, and no file is within its racy window. Monotonic time is
+    /// left real, so that timeouts still measure real time.
+    pub fn days_later(self, days: u32) -> Self {
+        self.env("LD_PRELOAD", faketime())
+            .env("FAKETIME", format!("+{days}d"))
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+    }
+
     pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
         self.env
             .push((key.as_ref().to_os_string(), value.as_ref().to_os_string()));
@@ -281,6 +290,18 @@ pub fn terminated_mid_run(cmd: impl Fn() -> Cmd, landed: impl Fn(&Run) -> bool) 
         }
     }
     panic!("no signal landed mid-run");
+}
+
+/// libfaketime's library for threaded programs (Debian's `faketime`); a test that needs it
+/// fails where it is missing (`.ci/run` installs it).
+pub fn faketime() -> PathBuf {
+    let found = fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("faketime/libfaketimeMT.so.1"))
+        .find(|p| p.exists());
+    found.expect("libfaketime is not installed (Debian's faketime package)")
 }
 
 /// Where runs keep their default state database: one per test and user, never the

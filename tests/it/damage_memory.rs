@@ -1,6 +1,7 @@
 //! No hole in the damage memory: known damage ends only by repair, acceptance, a real edit or
 //! deletion — never by excluding the file from a run, stripping its tag, or `tag --force`.
 
+use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
@@ -20,6 +21,54 @@ fn damaged_tree(t: &Tree) -> (PathBuf, PathBuf) {
     let a = root.join("a");
     flip_byte(&a, 100);
     (root, a)
+}
+
+/// Damage that a parity set's first read finds (a file without parity, left unread by the
+/// engine for its set to read) is remembered as any other: every later run says so. The rot
+/// comes a day after the tag, as it does: read at once, the file would be within its racy
+/// window and read by the engine itself.
+#[test]
+fn damage_found_by_protect_in_a_file_without_parity_is_remembered() {
+    let protects: [&[&str]; 2] = [&["scrub", "--update", "--protect"], &["protect"]];
+    for protect in protects {
+        let t = Tree::new();
+        for i in 0..20 {
+            t.write(format!("dq/d1/f{i:02}"), data(8192, i));
+        }
+        let root = t.path("dq");
+        let db = t.path("state.db");
+        intact!("tag", "-q", "--state", &db, &root).expect_code(0);
+        flip_byte(&root.join("d1/f05"), 100);
+        let r = cmd!()
+            .args(protect)
+            .args([OsStr::new("--state"), db.as_os_str(), root.as_os_str()])
+            .days_later(1)
+            .run()
+            .expect_code(1);
+        assert!(r.stdout.contains("corrupt  "), "{protect:?}: {}", r.stdout);
+        let r = cmd!("status", "-q", "--state", &db, &root)
+            .days_later(1)
+            .run()
+            .expect_code(1);
+        assert!(r.stdout.contains("d1/f05"), "{protect:?}: {}", r.stdout);
+        // The next night, with or without parity, still says so.
+        cmd!(
+            "scrub",
+            "-q",
+            "--update",
+            "--protect",
+            "--state",
+            &db,
+            &root
+        )
+        .days_later(2)
+        .run()
+        .expect_code(1);
+        cmd!("check", "-q", "--state", &db, &root)
+            .days_later(2)
+            .run()
+            .expect_code(1);
+    }
 }
 
 #[test]

@@ -102,12 +102,7 @@ impl<'a> Worker<'a> {
         }
         if second.get(tag.digest.algo) == Some(tag.digest) {
             report.status = Status::Unstable;
-            report.detail = Some(
-                "the first read did not match the tag, a second read around the page cache did: \
-                 the disk holds good bytes, and memory, a cable or a controller changed them on \
-                 the way (test the memory, check the cables and the disk's SMART log)"
-                    .into(),
-            );
+            report.detail = Some(crate::engine::UNSTABLE.into());
         }
     }
 
