@@ -113,6 +113,8 @@ struct Unmet {
     fs: i64,
     ino: i64,
     key: Vec<u8>,
+    /// Its size, as its entry says.
+    size: i64,
     /// Where the walk met its inode with its content (moved there).
     met: Option<Vec<u8>>,
     /// Whether the walk met its inode re-tagged from its content (moved, then edited).
@@ -172,7 +174,7 @@ fn unmet(conn: &Connection) -> rusqlite::Result<Vec<Unmet>> {
          (SELECT p.abs FROM plan p WHERE p.fs = u.fs AND p.ino = u.ino \
          AND p.digest = u.digest LIMIT 1), \
          EXISTS (SELECT 1 FROM plan p WHERE p.fs = u.fs AND p.ino = u.ino \
-         AND p.was = u.digest), root FROM unmet u ORDER BY path",
+         AND p.was = u.digest), root, size FROM unmet u ORDER BY path",
     )?;
     let rows = stmt.query_map([], |r| {
         Ok(Unmet {
@@ -181,6 +183,7 @@ fn unmet(conn: &Connection) -> rusqlite::Result<Vec<Unmet>> {
             fs: r.get(4)?,
             ino: r.get(5)?,
             key: r.get(6)?,
+            size: r.get(10)?,
             met: r.get(7)?,
             retagged: r.get(8)?,
         })
@@ -194,8 +197,8 @@ fn fate(conn: &Connection, u: &Unmet, alarms: bool) -> Fate {
     let now = std::fs::symlink_metadata(&u.gone.path);
     if now.as_ref().is_ok_and(|m| m.ino() as i64 == u.ino) {
         let met = conn
-            .prepare_cached("SELECT 1 FROM plan WHERE fs = ?1 AND ino = ?2")
-            .and_then(|mut s| s.exists(params![u.fs, u.ino]));
+            .prepare_cached("SELECT 1 FROM plan WHERE fs = ?1 AND ino = ?2 AND digest != ?3")
+            .and_then(|mut s| s.exists(params![u.fs, u.ino, u.key]));
         return Fate::Stays {
             outdated: met.unwrap_or(false),
         };
@@ -757,9 +760,8 @@ impl Plan {
                 continue;
             }
             if mark {
-                let entry = state::forget(&conn, "state.", &u.path(), u.id())?;
+                state::forget(&conn, "state.", &u.path(), u.id())?;
                 if !replaced {
-                    let size = entry.as_ref().map_or(0, |e| e.size);
                     let g = &u.gone;
                     conn.execute(
                         "INSERT OR REPLACE INTO state.gone (path, fs, ino, digest, size, \
@@ -769,7 +771,7 @@ impl Plan {
                             u.fs,
                             u.ino,
                             u.key,
-                            size,
+                            u.size,
                             g.verified,
                             g.damaged,
                             now

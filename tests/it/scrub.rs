@@ -842,3 +842,72 @@ fn a_moved_file_keeps_its_history() {
     assert!(moved[0].1.verified.is_some());
     assert!(!entries.iter().any(|(p, _)| p.ends_with(b"d0/f000")));
 }
+
+/// A folder that holds files and subfolders (walked `a`, `b/x`, `c`: the walk comes back to
+/// it after each subfolder) keeps every file's history through a night that reads none of
+/// them: untouched files are never "never verified", and their entries stay in the database.
+#[test]
+fn files_beside_subfolders_keep_their_history_on_a_night_that_reads_nothing() {
+    let t = Tree::new();
+    for rel in ["t/a", "t/b/x", "t/b/y/z", "t/b/k", "t/c", "t/d/e", "t/f"] {
+        t.write(rel, rel.as_bytes());
+    }
+    let (tree, db) = (t.path("t"), t.path("state.db"));
+    intact!("tag", "-q", "--state", &db, &tree).expect_code(0);
+    intact!("scrub", "-q", "--state", &db, &tree).expect_code(0);
+    let r = cmd!(
+        "scrub",
+        "--json",
+        "--state",
+        &db,
+        "--older-than",
+        "1d",
+        &tree
+    )
+    .run()
+    .expect_code(0)
+    .json();
+    assert_eq!(r.summary["files"], 0, "{}", r.summary);
+    let v = status_json(&db, &tree);
+    assert_eq!(v["never_verified"], 0, "{v}");
+    assert_eq!(db_entries(&db).len(), 7, "{:?}", db_entries(&db));
+    let out = intact!("status", "-v", "--json", "--state", &db, &tree).stdout;
+    for line in out.lines().filter(|l| l.contains(r#""type":"file""#)) {
+        let f: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert!(f["verified"].is_string(), "{line}");
+    }
+}
+
+/// A file deleted is remembered with the size it had, whatever folder it was in: `repair
+/// --missing` passes over a copy of another size.
+#[test]
+fn a_deleted_file_is_remembered_with_its_size() {
+    let t = Tree::new();
+    for rel in ["t/a", "t/b/x", "t/c", "t/d/e"] {
+        t.write(rel, rel.repeat(100));
+    }
+    let (tree, db) = (t.path("t"), t.path("state.db"));
+    intact!("tag", "-q", "--state", &db, &tree).expect_code(0);
+    intact!("scrub", "-q", "--state", &db, &tree).expect_code(0);
+    intact!("scrub", "-q", "--state", &db, "--older-than", "1d", &tree).expect_code(0);
+    for rel in ["t/c", "t/d/e", "t/a"] {
+        fs::remove_file(t.path(rel)).unwrap();
+    }
+    intact!("scrub", "-q", "--update", "--state", &db, &tree).expect_code(0);
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let gone: Vec<(String, i64)> = conn
+        .prepare("SELECT cast(path AS TEXT), size FROM gone ORDER BY path")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let names: Vec<&str> = gone
+        .iter()
+        .map(|(p, _)| &p[tree.as_os_str().len()..])
+        .collect();
+    assert_eq!(names, ["/a", "/c", "/d/e"], "{gone:?}");
+    for ((path, size), name) in gone.iter().zip(names) {
+        assert_eq!(*size as usize, name.len() * 100 + 100, "{path}");
+    }
+}
