@@ -24,6 +24,7 @@ mod notify;
 mod output;
 mod parity;
 mod progress;
+mod receiver;
 mod repair;
 mod scrub;
 mod sources;

@@ -1,0 +1,192 @@
+//! A night: the shipped unit's command run as systemd would run it (its `ExecStart=` from
+//! contrib/systemd, the owner's settings in its environment, days later by the fake clock),
+//! what a person then receives, and what `status` says.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::receiver::Receiver;
+
+/// What one run of intact did.
+pub struct Ran {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    /// Its peak resident memory (KiB).
+    pub max_rss_kib: i64,
+    pub seconds: f64,
+}
+
+/// Runs `intact ARGS` `days` days after the simulation's start (libfaketime), with `env`; its
+/// code, output, time and peak memory.
+pub fn intact(args: &[String], days: u32, env: &[(&str, String)]) -> Ran {
+    let mut c = Command::new(crate::common::bin());
+    c.args(args)
+        .env("LD_PRELOAD", crate::common::faketime())
+        .env("FAKETIME", format!("+{days}d"))
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .env_remove("INTACT_STATE")
+        .env_remove("INTACT_NOTIFY")
+        .env_remove("INTACT_NOTIFY_CONFIG")
+        .env_remove("INTACT_HEARTBEAT")
+        .env_remove("INTACT_REPAIR_FROM")
+        .env_remove("INTACT_REMIND_EVERY")
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let start = Instant::now();
+    // Reaped by `wait` (wait4, for its peak memory), not by `Child::wait`.
+    #[allow(clippy::zombie_processes)]
+    let mut child = c.spawn().unwrap();
+    let read = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = Vec::new();
+            let _ = r.read_to_end(&mut s);
+            String::from_utf8_lossy(&s).into_owned()
+        })
+    };
+    let out = read(Box::new(child.stdout.take().unwrap()));
+    let err = read(Box::new(child.stderr.take().unwrap()));
+    let (code, max_rss_kib) = wait(child.id());
+    Ran {
+        code,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+        max_rss_kib,
+        seconds: start.elapsed().as_secs_f64(),
+    }
+}
+
+/// Waits for the child `pid`: its exit code (or -signal) and peak RSS.
+fn wait(pid: u32) -> (i32, i64) {
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid value for wait4 to fill.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: wait4 on our own child, with valid pointers to a status and a rusage.
+    let r = unsafe { libc::wait4(pid as i32, &mut status, 0, &mut usage) };
+    assert_eq!(r, pid as i32, "wait4: {}", std::io::Error::last_os_error());
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        -libc::WTERMSIG(status)
+    };
+    (code, usage.ru_maxrss)
+}
+
+/// The nightly unit's command for `tree`, with `scrub_args` as the owner's
+/// `INTACT_SCRUB_ARGS`, the state database `db` and the metrics file `metrics`.
+pub fn unit_command(tree: &Path, scrub_args: &str, db: &Path, metrics: &Path) -> Vec<String> {
+    let unit = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/systemd/intact-scrub@.service"),
+    )
+    .unwrap();
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .expect("an ExecStart");
+    let mut args = Vec::new();
+    for word in exec.split_whitespace().skip(1) {
+        match word {
+            "$INTACT_SCRUB_ARGS" => args.extend(scrub_args.split_whitespace().map(String::from)),
+            "/var/lib/intact/state.db" => args.push(db.display().to_string()),
+            "%f" => args.push(tree.display().to_string()),
+            w if w.starts_with("${INTACT_METRICS_DIR}") => args.push(metrics.display().to_string()),
+            w => {
+                assert!(
+                    !w.contains(['$', '%']),
+                    "a word the simulator cannot expand: {w}"
+                );
+                args.push(w.to_string());
+            }
+        }
+    }
+    args
+}
+
+/// What reached the receiver during a night: messages (title, body, type) and heartbeats.
+#[derive(Default, Debug)]
+pub struct Heard {
+    pub messages: Vec<(String, String, String)>,
+    pub heartbeats: usize,
+}
+
+/// What the receiver got since it had `seen` requests; `seen` moves on. Deliveries end
+/// before intact does, so they are all there when it has exited.
+pub fn heard(receiver: &Receiver, seen: &mut usize) -> Heard {
+    // The receiver writes each request whole under its final name.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut all = receiver.messages();
+    while all.len() < *seen && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        all = receiver.messages();
+    }
+    let mut heard = Heard::default();
+    for request in &all[*seen..] {
+        let (line, body) = request.split_once('\n').unwrap_or((request, ""));
+        if line.starts_with("GET /heartbeat") {
+            heard.heartbeats += 1;
+        } else if line.starts_with("POST /notify") {
+            let v: Value = serde_json::from_str(body).unwrap();
+            let s = |k: &str| v[k].as_str().unwrap_or_default().to_string();
+            heard.messages.push((s("title"), s("message"), s("type")));
+        } else {
+            panic!("an unexpected request: {line}");
+        }
+    }
+    *seen = all.len();
+    heard
+}
+
+/// The files a message lists as damaged (its DAMAGED section), as written there.
+pub fn named_damaged(body: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut inside = false;
+    for line in body.lines() {
+        if line.starts_with("DAMAGED:") {
+            inside = true;
+            continue;
+        }
+        if !inside {
+            continue;
+        }
+        let Some(item) = line.strip_prefix("  ").or_else(|| line.strip_prefix("* ")) else {
+            break;
+        };
+        let item = item.rsplit_once(" (found ").map_or(item, |(path, _)| path);
+        names.push(item.to_string());
+    }
+    names
+}
+
+/// `status --json` of `tree`: its exit code and the damage it lists.
+pub struct Status {
+    pub code: i32,
+    pub damaged: Vec<PathBuf>,
+}
+
+pub fn status(tree: &Path, db: &Path, days: u32) -> Status {
+    let args: Vec<String> = ["status", "--json", "--state"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([db.display().to_string(), tree.display().to_string()])
+        .collect();
+    let ran = intact(&args, days, &[]);
+    let doc: Value = serde_json::from_str(ran.stdout.trim())
+        .unwrap_or_else(|e| panic!("status --json: {e}: {}{}", ran.stdout, ran.stderr));
+    let paths = |v: &Value| -> Vec<PathBuf> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|d| PathBuf::from(d["path"].as_str().unwrap()))
+            .collect()
+    };
+    Status {
+        code: ran.code,
+        damaged: paths(&doc["overview"]["damage"]),
+    }
+}

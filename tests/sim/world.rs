@@ -1,0 +1,500 @@
+//! The tree the simulator plays with, and its ground truth: every name, the inode behind it,
+//! the content it should hold (the bytes last written on purpose, regenerated from a seed
+//! whenever they are needed), and the damage it holds (made when, how, found when). Each day
+//! brings seeded churn: files added, edited, saved by rename, deleted, renamed, moved, folders
+//! moved, hard links made, and rot (a byte flipped below the file system or through it with
+//! the mtime put back, an edit that puts the old mtime back, a truncation under the mtime).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use sha2::Digest as _;
+
+use crate::disk::Disk;
+
+/// One day, in seconds.
+pub const DAY: i64 = 86_400;
+
+/// An inode the simulator made, as it knows it.
+pub type Id = u64;
+
+/// What a file should hold: its bytes are `bytes(seed, size)`.
+#[derive(Clone, Debug)]
+pub struct Content {
+    pub seed: u64,
+    pub size: u64,
+    /// SHA-256 of those bytes.
+    pub good: [u8; 32],
+    /// The mtime the simulator gave it (seconds, nanoseconds).
+    pub mtime: (i64, u32),
+    /// Damage it holds, if any.
+    pub damage: Option<Damage>,
+}
+
+/// Damage the simulator made in a file: what intact must find and keep saying.
+#[derive(Clone, Debug)]
+pub struct Damage {
+    /// The night it was made before.
+    pub made: u32,
+    pub rot: Rot,
+    /// SHA-256 of the damaged bytes.
+    pub bytes: [u8; 32],
+    /// The night intact first said so.
+    pub found: Option<u32>,
+}
+
+/// How the damage came.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rot {
+    /// A byte flipped in the disk image: the file system saw nothing.
+    Below,
+    /// A byte flipped through the file system, the mtime put back (the ctime moved).
+    Above,
+    /// New content written with the old mtime put back, no watch running: corrupt by design,
+    /// an alarm until the owner accepts it (then this is the content).
+    SilentEdit { seed: u64, size: u64 },
+    /// Cut short, the mtime put back.
+    Truncated,
+}
+
+/// The bytes of content `seed` of `size` bytes.
+pub fn bytes(seed: u64, size: u64) -> Vec<u8> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut v = vec![0u8; size as usize];
+    rng.fill(&mut v);
+    v
+}
+
+pub fn sha256(data: &[u8]) -> [u8; 32] {
+    sha2::Sha256::digest(data).into()
+}
+
+/// The tree and its truth.
+pub struct World {
+    pub root: PathBuf,
+    pub rng: fastrand::Rng,
+    /// Every file name (relative to the root), and the inode it names.
+    pub names: BTreeMap<PathBuf, Id>,
+    pub contents: BTreeMap<Id, Content>,
+    /// Every folder (relative; the root is the empty path).
+    pub dirs: BTreeSet<PathBuf>,
+    next_id: Id,
+    next_name: u64,
+    /// When the simulation's clock began (Unix seconds): night `n` is `n` days after.
+    pub start: i64,
+    /// What today did, for a failure's report.
+    pub log: Vec<String>,
+    /// Rot made so far.
+    pub rot_made: u32,
+}
+
+impl World {
+    pub fn new(root: PathBuf, seed: u64, start: i64) -> World {
+        fs::create_dir_all(&root).unwrap();
+        let mut dirs = BTreeSet::new();
+        dirs.insert(PathBuf::new());
+        World {
+            root,
+            rng: fastrand::Rng::with_seed(seed),
+            names: BTreeMap::new(),
+            contents: BTreeMap::new(),
+            dirs,
+            next_id: 1,
+            next_name: 1,
+            start,
+            log: Vec::new(),
+            rot_made: 0,
+        }
+    }
+
+    pub fn path(&self, rel: &Path) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    /// A time during the day before night `night`.
+    fn daytime(&mut self, night: u32) -> (i64, u32) {
+        let sec = self.start + (night as i64 - 1) * DAY + self.rng.i64(0..20 * 3600);
+        (sec, self.rng.u32(0..1_000_000_000))
+    }
+
+    /// A size as files come: mostly small, some larger.
+    fn size(&mut self) -> u64 {
+        match self.rng.u32(0..100) {
+            0..60 => self.rng.u64(1..16 << 10),
+            60..95 => self.rng.u64(16 << 10..256 << 10),
+            _ => self.rng.u64(256 << 10..2 << 20),
+        }
+    }
+
+    fn fresh_name(&mut self, prefix: &str) -> String {
+        self.next_name += 1;
+        format!("{prefix}{:05}", self.next_name)
+    }
+
+    /// Fills the tree with `files` files in nested folders (files beside subfolders).
+    pub fn populate(&mut self, files: usize) {
+        let folders = (files / 25).max(4);
+        for _ in 0..folders {
+            self.add_dir();
+        }
+        for _ in 0..files {
+            self.add(1);
+        }
+        self.log.clear();
+    }
+
+    fn add_dir(&mut self) -> PathBuf {
+        let parent = self.pick_dir();
+        // Not too deep: a few levels, as photo libraries are.
+        let parent = if parent.components().count() >= 4 {
+            PathBuf::new()
+        } else {
+            parent
+        };
+        let dir = parent.join(self.fresh_name("d"));
+        fs::create_dir(self.path(&dir)).unwrap();
+        self.dirs.insert(dir.clone());
+        dir
+    }
+
+    fn pick_dir(&mut self) -> PathBuf {
+        let n = self.rng.usize(..self.dirs.len());
+        self.dirs.iter().nth(n).unwrap().clone()
+    }
+
+    fn pick_name(&mut self) -> Option<PathBuf> {
+        if self.names.is_empty() {
+            return None;
+        }
+        let n = self.rng.usize(..self.names.len());
+        self.names.keys().nth(n).cloned()
+    }
+
+    /// Names of `id`.
+    pub fn names_of(&self, id: Id) -> Vec<&PathBuf> {
+        self.names
+            .iter()
+            .filter(|(_, i)| **i == id)
+            .map(|(p, _)| p)
+            .collect()
+    }
+
+    /// Writes content `c` at `rel` (truncating what is there, the same inode), with its mtime.
+    fn write(&self, rel: &Path, c: &Content) {
+        let path = self.path(rel);
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(&bytes(c.seed, c.size)).unwrap();
+        drop(f);
+        set_mtime(&path, c.mtime);
+    }
+
+    fn new_content(&mut self, night: u32) -> Content {
+        let (seed, size) = (self.rng.u64(..), self.size());
+        Content {
+            seed,
+            size,
+            good: sha256(&bytes(seed, size)),
+            mtime: self.daytime(night),
+            damage: None,
+        }
+    }
+
+    /// One day's churn before night `night`: `ops` operations drawn by the seed, and now and
+    /// then rot (`rot` in a hundred days bring one).
+    pub fn day(&mut self, night: u32, ops: usize, rot: u32, disk: &Disk) {
+        self.log.clear();
+        for _ in 0..ops {
+            match self.rng.u32(0..100) {
+                0..35 => self.add(night),
+                35..50 => self.edit(night),
+                50..57 => self.save_by_rename(night),
+                57..72 => self.delete(),
+                72..84 => self.rename(false),
+                84..94 => self.rename(true),
+                94..96 => self.move_folder(),
+                96..98 => self.link(),
+                _ => {
+                    self.add_dir();
+                }
+            }
+        }
+        if self.rng.u32(0..100) < rot {
+            let kind = match self.rng.u32(0..100) {
+                0..50 => Kind::Below,
+                50..80 => Kind::Above,
+                80..90 => Kind::SilentEdit,
+                _ => Kind::Truncated,
+            };
+            // A few tries for a file that rot can hit.
+            for _ in 0..20 {
+                if self.rot(night, disk, kind) {
+                    break;
+                }
+            }
+        }
+    }
+
+    fn add(&mut self, night: u32) {
+        let dir = if self.rng.u32(0..10) == 0 {
+            self.add_dir()
+        } else {
+            self.pick_dir()
+        };
+        let rel = dir.join(self.fresh_name("f"));
+        let c = self.new_content(night);
+        self.write(&rel, &c);
+        let id = self.next_id;
+        self.next_id += 1;
+        self.log.push(format!("add {}", rel.display()));
+        self.names.insert(rel, id);
+        self.contents.insert(id, c);
+    }
+
+    /// Rewrites a file in place under a new mtime: an edit (it ends any damage).
+    fn edit(&mut self, night: u32) {
+        let Some(rel) = self.pick_name() else { return };
+        let id = self.names[&rel];
+        let mut c = self.new_content(night);
+        c.mtime = c.mtime.max(later(self.contents[&id].mtime));
+        self.write(&rel, &c);
+        self.log.push(format!("edit {}", rel.display()));
+        self.contents.insert(id, c);
+    }
+
+    /// An editor's save: a new file written beside, renamed over the name (a new inode).
+    fn save_by_rename(&mut self, night: u32) {
+        let Some(rel) = self.pick_name() else { return };
+        let old = self.names[&rel];
+        let mut c = self.new_content(night);
+        c.mtime = c.mtime.max(later(self.contents[&old].mtime));
+        let temp = rel.with_file_name(".save.tmp");
+        self.write(&temp, &c);
+        fs::rename(self.path(&temp), self.path(&rel)).unwrap();
+        let id = self.next_id;
+        self.next_id += 1;
+        self.log.push(format!("save {}", rel.display()));
+        self.names.insert(rel, id);
+        self.contents.insert(id, c);
+        self.forget_if_unnamed(old);
+    }
+
+    fn delete(&mut self) {
+        let Some(rel) = self.pick_name() else { return };
+        fs::remove_file(self.path(&rel)).unwrap();
+        let id = self.names.remove(&rel).unwrap();
+        self.log.push(format!("delete {}", rel.display()));
+        self.forget_if_unnamed(id);
+    }
+
+    fn forget_if_unnamed(&mut self, id: Id) {
+        if !self.names.values().any(|i| *i == id) {
+            self.contents.remove(&id);
+        }
+    }
+
+    /// Renames a file in its folder, or moves it to another.
+    fn rename(&mut self, elsewhere: bool) {
+        let Some(rel) = self.pick_name() else { return };
+        let dir = if elsewhere {
+            self.pick_dir()
+        } else {
+            rel.parent().unwrap().to_path_buf()
+        };
+        let to = dir.join(self.fresh_name("m"));
+        fs::rename(self.path(&rel), self.path(&to)).unwrap();
+        self.log
+            .push(format!("move {} {}", rel.display(), to.display()));
+        let id = self.names.remove(&rel).unwrap();
+        self.names.insert(to, id);
+    }
+
+    /// Moves a whole folder into another (not beneath itself).
+    fn move_folder(&mut self) {
+        let from = self.pick_dir();
+        if from.as_os_str().is_empty() {
+            return;
+        }
+        let parent = self.pick_dir();
+        if parent.starts_with(&from) || parent.components().count() >= 4 {
+            return;
+        }
+        let to = parent.join(self.fresh_name("d"));
+        fs::rename(self.path(&from), self.path(&to)).unwrap();
+        self.log
+            .push(format!("move folder {} {}", from.display(), to.display()));
+        let moved = |p: &Path| p.strip_prefix(&from).ok().map(|rest| to.join(rest));
+        self.dirs = self
+            .dirs
+            .iter()
+            .map(|d| moved(d).unwrap_or_else(|| d.clone()))
+            .collect();
+        self.names = self
+            .names
+            .iter()
+            .map(|(p, id)| (moved(p).unwrap_or_else(|| p.clone()), *id))
+            .collect();
+    }
+
+    /// A second name for a file.
+    fn link(&mut self) {
+        let Some(rel) = self.pick_name() else { return };
+        let to = self.pick_dir().join(self.fresh_name("l"));
+        fs::hard_link(self.path(&rel), self.path(&to)).unwrap();
+        self.log
+            .push(format!("link {} {}", rel.display(), to.display()));
+        let id = self.names[&rel];
+        self.names.insert(to, id);
+    }
+
+    /// Whether the content `id` is a fit target for rot: one name, data, no damage yet, and
+    /// a tag on it that describes its good content (rot hits what intact protects).
+    fn rots(&self, id: Id) -> bool {
+        let c = &self.contents[&id];
+        let names = self.names_of(id);
+        names.len() == 1
+            && c.size > 0
+            && c.damage.is_none()
+            && tag_digest(&self.path(names[0])) == Some(c.good)
+    }
+
+    fn rot(&mut self, night: u32, disk: &Disk, kind: Kind) -> bool {
+        let Some(rel) = self.pick_name() else {
+            return false;
+        };
+        let id = self.names[&rel];
+        if !self.rots(id) {
+            return false;
+        }
+        let path = self.path(&rel);
+        let c = self.contents[&id].clone();
+        let mut data = bytes(c.seed, c.size);
+        let at = self.rng.u64(..c.size);
+        let rot = match kind {
+            Kind::Below => {
+                disk.flip_below(&path, at).unwrap();
+                data[at as usize] ^= 0x10;
+                Rot::Below
+            }
+            Kind::Above => {
+                data[at as usize] ^= 0x01;
+                let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+                std::os::unix::fs::FileExt::write_all_at(&f, &data[at as usize..=at as usize], at)
+                    .unwrap();
+                drop(f);
+                set_mtime(&path, c.mtime);
+                Rot::Above
+            }
+            Kind::SilentEdit => {
+                let (seed, size) = (self.rng.u64(..), self.size());
+                data = bytes(seed, size);
+                self.write(
+                    &rel,
+                    &Content {
+                        seed,
+                        size,
+                        ..c.clone()
+                    },
+                );
+                Rot::SilentEdit { seed, size }
+            }
+            Kind::Truncated => {
+                data.truncate(at as usize);
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .unwrap()
+                    .set_len(at)
+                    .unwrap();
+                set_mtime(&path, c.mtime);
+                Rot::Truncated
+            }
+        };
+        let on_disk = sha256(&fs::read(&path).unwrap());
+        assert_eq!(on_disk, sha256(&data), "{kind:?} of {}", rel.display());
+        self.log.push(format!("rot {kind:?} {}", rel.display()));
+        self.rot_made += 1;
+        self.contents.get_mut(&id).unwrap().damage = Some(Damage {
+            made: night,
+            rot,
+            bytes: sha256(&data),
+            found: None,
+        });
+        true
+    }
+
+    /// The owner puts a damaged file's good bytes back by hand (as from a backup: a new
+    /// mtime, as `cp` gives), or accepts a silent edit as meant; either ends the damage.
+    pub fn restore_by_hand(&mut self, id: Id, night: u32) {
+        let mut c = self.contents[&id].clone();
+        let rel = self.names_of(id)[0].clone();
+        if let Some(Damage {
+            rot: Rot::SilentEdit { seed, size },
+            ..
+        }) = c.damage
+        {
+            // Accepted (by `update --accept-corrupt`, run by the caller): it is the content now.
+            c.seed = seed;
+            c.size = size;
+            c.good = sha256(&bytes(seed, size));
+        } else {
+            c.mtime = later(self.daytime(night).max(c.mtime));
+            self.write(&rel, &c);
+        }
+        c.damage = None;
+        self.log.push(format!("restore {}", rel.display()));
+        self.contents.insert(id, c);
+    }
+
+    /// Contents with damage, and whether intact has said so.
+    pub fn damaged(&self) -> impl Iterator<Item = (Id, &Content, &Damage)> {
+        self.contents
+            .iter()
+            .filter_map(|(id, c)| c.damage.as_ref().map(|d| (*id, c, d)))
+    }
+}
+
+/// What rot to make.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Below,
+    Above,
+    SilentEdit,
+    Truncated,
+}
+
+/// A moment after `t`.
+fn later((sec, nsec): (i64, u32)) -> (i64, u32) {
+    (sec + 1, nsec)
+}
+
+pub fn set_mtime(path: &Path, (sec, nsec): (i64, u32)) {
+    let t = rustix::fs::Timestamps {
+        last_access: rustix::fs::Timespec {
+            tv_sec: sec,
+            tv_nsec: nsec as _,
+        },
+        last_modification: rustix::fs::Timespec {
+            tv_sec: sec,
+            tv_nsec: nsec as _,
+        },
+    };
+    rustix::fs::utimensat(rustix::fs::CWD, path, &t, rustix::fs::AtFlags::empty()).unwrap();
+    debug_assert_eq!(fs::metadata(path).unwrap().mtime(), sec);
+}
+
+/// The SHA-256 digest intact's tag on `path` holds, if it has one of SHA-256 (the layout of
+/// docs/tag-format.md, version 2).
+pub fn tag_digest(path: &Path) -> Option<[u8; 32]> {
+    let mut buf = [0u8; 256];
+    let n = rustix::fs::lgetxattr(path, "user.intact", &mut buf[..]).ok()?;
+    let raw = &buf[..n];
+    (raw.len() == 62 && raw[0] == 2 && raw[1] == 1).then(|| raw[2..34].try_into().unwrap())
+}
