@@ -707,8 +707,12 @@ impl Plan {
     /// [`MASS_REMOVAL_FILES`]) of whose files are gone at once, is returned as a [`Removal`]
     /// instead, and nothing under it is marked or returned as gone; `None` accepts every
     /// deletion (the owner said it was meant).
+    ///
+    /// The cycle's progress is counted again after: a file moved is known, with its history,
+    /// where it is now (counted as not yet checked in its cycle before, a move made the cycle
+    /// look unfinished, and the run that then found every file checked read nothing).
     pub fn gone(
-        &self,
+        &mut self,
         roots: &[PathBuf],
         now: i64,
         mark: bool,
@@ -797,6 +801,7 @@ impl Plan {
             )?;
         }
         drop(conn);
+        self.load_cycle()?;
         gone.sort_by(|a, b| a.path.cmp(&b.path));
         Ok((gone, alarms))
     }

@@ -73,8 +73,9 @@ pub(super) fn prepare(
     let now = state::now();
     let schedule = |plan: &mut Plan, db: Option<&std::path::Path>| -> rusqlite::Result<_> {
         plan.attach(db)?;
-        plan.start_cycle(now)?;
+        // Moves first: the cycle is judged with every file where it is now.
         let gone = plan.gone(&s.roots, now, db.is_some(), scrub.removal_alarm)?;
+        plan.start_cycle(now)?;
         if db.is_some() {
             plan.removed_kept = plan.removed_kept(&s.roots)?;
         }
