@@ -141,7 +141,7 @@ impl Summary {
     /// Counts one report.
     pub fn add(&mut self, r: &FileReport) {
         self.counts[r.status as usize] += 1;
-        if let Some(a) = r.action {
+        for a in [r.action, r.copy].into_iter().flatten() {
             self.actions[a as usize] += 1;
         }
         self.bytes += r.bytes_read;
@@ -262,13 +262,13 @@ pub enum Verbosity {
 /// (The owner's message, `notify`, is made of the summary's findings.)
 #[derive(Clone, Copy)]
 pub enum Message<'a> {
-    /// One file's report, with the action it is said to have had: its own, or, for a held
-    /// report whose work did not become durable, its fallback.
+    /// One file's report, with or without the copy it says was made (a held report whose
+    /// work did not become durable goes without).
     File {
         /// The report.
         report: &'a FileReport,
-        /// The action said.
-        action: Option<Action>,
+        /// Whether its copy is said.
+        copied: bool,
     },
     /// Damage an earlier run found that is still there and was not read by this run.
     Damage(&'a crate::state::Damaged),
@@ -290,7 +290,7 @@ impl<'a> Message<'a> {
     pub fn file(report: &'a FileReport) -> Self {
         Message::File {
             report,
-            action: report.action,
+            copied: true,
         }
     }
 }
@@ -308,7 +308,7 @@ impl Serialize for Message<'_> {
         }
         let time = |t: Option<i64>| t.map(crate::text::time_ms);
         match *self {
-            Message::File { report, action } => Line::File(JsonFile::new(report, action)),
+            Message::File { report, copied } => Line::File(JsonFile::new(report, copied)),
             Message::Damage(d) => Line::Damage(JsonDamage {
                 path: escape(&d.path),
                 status: d.status.as_deref(),
@@ -352,9 +352,9 @@ impl Printer {
             return writeln!(out);
         }
         match m {
-            Message::File { report, action } => {
+            Message::File { report, .. } => {
                 self.warn(report, err)?;
-                self.render(report, action, out)
+                self.render(report, out)
             }
             Message::Damage(d) => writeln!(
                 out,
@@ -446,17 +446,12 @@ impl Printer {
     }
 
     /// The report's line, if it gets one.
-    fn render(
-        &self,
-        r: &FileReport,
-        action: Option<Action>,
-        out: &mut impl Write,
-    ) -> io::Result<()> {
+    fn render(&self, r: &FileReport, out: &mut impl Write) -> io::Result<()> {
         if !self.shows(r) {
             return Ok(());
         }
         let path = escape(&r.path);
-        let status = match action {
+        let status = match r.action {
             Some(Action::Repaired) => "repaired",
             Some(Action::Accepted) => "accepted",
             _ => r.status.name(),
@@ -473,7 +468,7 @@ impl Printer {
         } else if let Some(why) = r.skip {
             writeln!(out, "{status:<8} {path}: {why}")
         } else if self.verb == Verb::Strip {
-            let done = if action.is_some() {
+            let done = if r.action.is_some() {
                 "removed"
             } else {
                 "no-tag"
@@ -568,27 +563,24 @@ impl<W: Write, E: Write> Reporter<W, E> {
             .print(Message::file(r), &mut self.out, &mut self.err)
     }
 
-    /// Counts and renders a file whose action stands only once its work is durable; with
-    /// `fallback` as its action otherwise. Let out, in order, by [`Reporter::settle`].
-    pub fn hold(&mut self, r: &FileReport, fallback: Option<Action>) -> io::Result<()> {
+    /// Counts and renders a file whose copy stands only once its work is durable, and goes
+    /// without it otherwise. Let out, in order, by [`Reporter::settle`].
+    pub fn hold(&mut self, r: &FileReport) -> io::Result<()> {
         let mut lines = [Vec::new(), Vec::new()];
         self.printer
             .print(Message::file(r), &mut lines[0], &mut self.err)?;
-        let fell_back = Message::File {
+        let without_copy = Message::File {
             report: r,
-            action: fallback,
+            copied: false,
         };
         // Its warnings were said once, above.
         self.printer
-            .print(fell_back, &mut lines[1], &mut io::sink())?;
+            .print(without_copy, &mut lines[1], &mut io::sink())?;
         self.held.counts[0].add(r);
         let mut without = Summary::default();
         without.add(r);
-        if let Some(a) = r.action {
+        if let Some(a) = r.copy {
             without.actions[a as usize] -= 1;
-        }
-        if let Some(a) = fallback {
-            without.actions[a as usize] += 1;
         }
         self.held.counts[1].merge(&without);
         self.held.push(&lines)
@@ -754,6 +746,8 @@ struct JsonFile<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     action: Option<Action>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    copy: Option<Action>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     size: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     format: Option<&'static str>,
@@ -780,11 +774,12 @@ struct JsonFile<'a> {
 }
 
 impl<'a> JsonFile<'a> {
-    fn new(r: &'a FileReport, action: Option<Action>) -> Self {
+    fn new(r: &'a FileReport, copied: bool) -> Self {
         JsonFile {
             path: escape(&r.path),
             status: r.status,
-            action,
+            action: r.action,
+            copy: r.copy.filter(|_| copied),
             size: r.size,
             format: r.tag.as_ref().map(|t| t.format.name()),
             algo: r
@@ -1007,13 +1002,14 @@ mod tests {
             let mut out = Vec::new();
             let mut r = Reporter::new(Verb::Archive, true, Verbosity::Normal, &mut out, io::sink());
             let mut first = FileReport::new("a".into(), Status::Ok);
-            first.action = Some(Action::Archived);
-            r.hold(&first, Some(Action::Tagged)).unwrap();
+            first.action = Some(Action::Tagged);
+            first.copy = Some(Action::Archived);
+            r.hold(&first).unwrap();
             // Past the memory bound, so the spool goes through its file.
             let mut big = FileReport::new("b".into(), Status::Ok);
             big.detail = Some("x".repeat(Spool::MEMORY));
-            big.action = Some(Action::Archived);
-            r.hold(&big, None).unwrap();
+            big.copy = Some(Action::Archived);
+            r.hold(&big).unwrap();
             r.settle(durable).unwrap();
             r.file(&FileReport::new("c".into(), Status::New)).unwrap();
             r.finish().unwrap();
@@ -1021,7 +1017,7 @@ mod tests {
                 r.summary.action(Action::Archived),
                 if durable { 2 } else { 0 }
             );
-            assert_eq!(r.summary.action(Action::Tagged), u64::from(!durable));
+            assert_eq!(r.summary.action(Action::Tagged), 1);
             drop(r);
             let text = String::from_utf8(out).unwrap();
             let lines: Vec<&str> = text.lines().collect();
@@ -1029,8 +1025,8 @@ mod tests {
             assert!(lines[0].contains("\"path\":\"a\""));
             assert!(lines[1].contains("\"path\":\"b\""));
             assert!(lines[2].contains("\"path\":\"c\""));
-            assert_eq!(lines[0].contains("archived"), durable);
-            assert_eq!(lines[0].contains("\"action\":\"tagged\""), !durable);
+            assert_eq!(lines[0].contains("\"copy\":\"archived\""), durable);
+            assert!(lines[0].contains("\"action\":\"tagged\""));
         }
     }
 }

@@ -16,17 +16,17 @@
 use std::fmt;
 use std::io;
 
-use crate::engine::{Action, FileReport};
+use crate::engine::FileReport;
 
 /// Where a sink's reports go: the reporter, behind the driver.
 pub trait Out {
     /// A report that is final.
     fn send(&mut self, report: FileReport);
-    /// A report whose action stands only once the work is durable, and that falls back to
-    /// `fallback` otherwise. Held reports go out, in order, at [`Out::settle`]; nothing may
-    /// be sent while reports are held.
-    fn hold(&mut self, report: FileReport, fallback: Option<Action>);
-    /// Lets the held reports out: with their action if the work is `durable`.
+    /// A report whose copy stands only once the work is durable, and goes without it
+    /// otherwise. Held reports go out, in order, at [`Out::settle`]; nothing may be sent while
+    /// reports are held.
+    fn hold(&mut self, report: FileReport);
+    /// Lets the held reports out: with their copy if the work is `durable`.
     fn settle(&mut self, durable: bool);
     /// A line for people, printed with the summary (e.g. what was written where).
     fn note(&mut self, line: String);

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cli::settings::Settings;
-use intact::engine::{self, Action, FileReport, Progress};
+use intact::engine::{self, FileReport, Progress};
 use intact::fs::walk::{self, Entry};
 use intact::metrics::Metrics;
 use intact::report::{Exit, Reporter, Summary};
@@ -655,10 +655,10 @@ impl Out for Ledger<'_> {
         }
     }
 
-    fn hold(&mut self, report: FileReport, fallback: Option<Action>) {
+    fn hold(&mut self, report: FileReport) {
         self.count(&report);
         let prints = !report.malformed.is_empty();
-        self.print(prints, |f| f.reporter.hold(&report, fallback));
+        self.print(prints, |f| f.reporter.hold(&report));
         // The state database records the copy now; it counts once `settle` says durable.
         if let Some(state) = &mut self.state {
             state.record(report);

@@ -211,8 +211,11 @@ pub struct FileReport {
     pub inode: Option<Inode>,
     /// What was found.
     pub status: Status,
-    /// What was done about it.
+    /// What was done about it (its tag, its data).
     pub action: Option<Action>,
+    /// A copy this run made of it, beside that: `Archived` or `Protected` (a file tagged the
+    /// night it is protected was both). It stands once the copy is durable.
+    pub copy: Option<Action>,
     /// The file's size now.
     pub size: Option<u64>,
     /// The file's mtime when it was looked at.
@@ -250,6 +253,7 @@ impl FileReport {
             inode: None,
             status,
             action: None,
+            copy: None,
             size: None,
             mtime: None,
             tag: None,

@@ -247,7 +247,7 @@ impl Protector {
                 None | Some(Outcome::Pending) => {}
                 Some(Outcome::Changed) if report.status.is_damage() => {}
                 Some(Outcome::Durable) => {
-                    report.action = Some(Action::Protected);
+                    report.copy = Some(Action::Protected);
                     if already {
                         report.detail = Some("its content already had parity".into());
                     }

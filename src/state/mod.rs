@@ -963,7 +963,7 @@ mod tests {
     fn archived(state: &mut State, dir: &Path, files: u64) {
         for i in 0..files {
             let mut r = verified(&dir.join(format!("f{i}")), i + 1);
-            r.action = Some(Action::Archived);
+            r.copy = Some(Action::Archived);
             state.record(r);
             // Written as they come, not kept until the archive is durable (a tree of 200,000
             // files once kept 77 MiB of rows here).

@@ -75,7 +75,7 @@ pub(super) fn facts(r: &FileReport) -> impl Iterator<Item = (Fact, Option<Digest
         }
         _ => None,
     };
-    let copy = match r.action {
+    let copy = match r.copy {
         Some(Action::Protected) => r.digest.or(tagged).map(|d| (Fact::Protected, d)),
         Some(Action::Archived) => r.digest.or(tagged).map(|d| (Fact::Archived, d)),
         _ => None,

@@ -486,7 +486,7 @@ fn archiving_is_a_verification_recorded_as_one() {
     .json();
     for name in ["small", "large"] {
         assert_eq!(j.status(name), "ok");
-        assert_eq!(j.file(name)["action"], "archived");
+        assert_eq!(j.file(name)["copy"], "archived");
     }
     assert_eq!(never(), 0);
 }

@@ -74,7 +74,7 @@ fn a_bad_sector_seen_through_fuse_is_an_error_on_every_read_path() {
             .expect_code(3)
             .json();
         io_errors(&j, bad, good, "archive create");
-        assert_eq!(j.file("good.bin")["action"], "archived");
+        assert_eq!(j.file("good.bin")["copy"], "archived");
         let listed = intact!("archive", "list", &archive).expect_code(0).stdout;
         assert!(
             listed.contains("good.bin") && !listed.contains("big.bin"),
@@ -126,7 +126,7 @@ fn a_bad_block_under_ext4_is_an_error_for_that_file_only() {
         .expect_code(3)
         .json();
     io_errors(&j, bad, good, "protect");
-    assert_eq!(j.file("good.bin")["action"], "protected");
+    assert_eq!(j.file("good.bin")["copy"], "protected");
     let j = cmd!("repair", "--json", "--from", &archive, root)
         .within(LIMIT)
         .run()

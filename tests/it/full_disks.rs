@@ -28,6 +28,7 @@ fn fill(dir: &Path) {
 fn claims_nothing(j: &Json, action: &str) {
     for f in &j.files {
         assert_ne!(f["action"], action, "{f}");
+        assert_ne!(f["copy"], action, "{f}");
     }
     assert_eq!(j.summary["actions"][action], 0, "{}", j.summary);
     assert_eq!(j.summary["exit_code"], 3, "{}", j.summary);
@@ -85,7 +86,7 @@ fn parity_that_does_not_fit_is_never_claimed() {
         .json();
     assert_eq!(j.summary["exit_code"], 3);
     for f in &j.files {
-        if f["action"] == "protected" {
+        if f["copy"] == "protected" {
             // Only f0, whose parity was there before.
             assert!(f["path"].as_str().unwrap().ends_with("/f0"), "{f}");
         } else {

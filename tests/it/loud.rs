@@ -166,8 +166,8 @@ fn archive_and_protect_do_not_bless_what_a_check_found() {
     ] {
         let j = run.run().expect_code(1).json();
         assert_eq!(j.status("f02"), "corrupt");
-        assert_ne!(j.file("f02")["action"], "archived");
-        assert_ne!(j.file("f02")["action"], "protected");
+        assert_ne!(j.file("f02")["copy"], "archived");
+        assert_ne!(j.file("f02")["copy"], "protected");
         assert_eq!(getxattr(&f, TAG).unwrap(), tag, "blessed");
     }
 }

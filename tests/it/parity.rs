@@ -327,11 +327,7 @@ fn many_small_files_are_settled_in_slices_and_all_protected() {
     }
     let src = t.path("src");
     let r = intact!("protect", "--json", src).expect_code(0).json();
-    let protected = r
-        .files
-        .iter()
-        .filter(|f| f["action"] == "protected")
-        .count();
+    let protected = r.files.iter().filter(|f| f["copy"] == "protected").count();
     assert_eq!(protected, n, "{}", r.summary);
     for (i, victim) in [(3, "src/d03/f00003"), (8950, "src/d00/f08950")] {
         let victim = t.path(victim);
@@ -446,7 +442,7 @@ fn damage_met_by_the_parity_read_is_reported_and_gets_no_parity() {
     );
     for name in ["s00", "s29", "twin-a"] {
         assert_eq!(j.status(name), "ok", "{}", j.file(name));
-        assert_eq!(j.file(name)["action"], "protected");
+        assert_eq!(j.file(name)["copy"], "protected");
     }
     // One pack for the small files; none for the damaged big one.
     assert_eq!(index_files(&src.join(".intact-parity")).len(), 1);
@@ -703,12 +699,9 @@ fn the_nightly_scrub_protects_new_and_edited_files() {
     t.write("src/small/s04", b"edited tonight");
     let r = nightly();
     for name in ["new/big.bin", "new/small", "small/s04"] {
-        assert_eq!(
-            r.file(name)["action"],
-            "protected",
-            "{name}: {:?}",
-            r.file(name)
-        );
+        let f = r.file(name);
+        assert_eq!(f["copy"], "protected", "{name}: {f:?}");
+        assert_eq!(f["action"], "tagged", "{name}: {f:?}");
     }
     assert!(index_files(&src.join(".intact-parity")).len() > sets.len());
     assert!(

@@ -941,3 +941,33 @@ fn a_move_between_runs_does_not_end_the_cycle() {
         }
     }
 }
+
+/// A file the nightly `scrub --update --protect` tags and protects is both: proven good as
+/// of that night (not "never verified", which held every later cycle open and left the
+/// budgeted scrubs reading only the newest files) and protected, and the run says both.
+#[test]
+fn a_file_tagged_and_protected_the_same_night_is_proven_good() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 6, 2_000);
+    intact!("scrub", "-q", "--state", &db, &tree).expect_code(0);
+    for i in 0..3 {
+        t.write(format!("tree/d{i}/new"), data(3_000, 900 + i));
+    }
+    let r = scrub(&tree, &db, &["--update", "--protect"]);
+    for i in 0..3 {
+        let f = r.file(&format!("d{i}/new"));
+        assert_eq!(f["action"], "tagged", "{f}");
+        assert_eq!(f["copy"], "protected", "{f}");
+    }
+    assert_eq!(r.summary["actions"]["tagged"], 3, "{}", r.summary);
+    let v = status_json(&db, &tree);
+    assert_eq!(v["never_verified"], 0, "{v}");
+    let new: Vec<_> = db_entries(&db)
+        .into_iter()
+        .filter(|(p, _)| p.ends_with(b"/new"))
+        .collect();
+    assert_eq!(new.len(), 3);
+    for (_, e) in new {
+        assert!(e.verified.is_some() && e.protected.is_some(), "{e:?}");
+    }
+}

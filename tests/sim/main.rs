@@ -57,6 +57,7 @@ impl Args {
             owner_every: 10,
             rot: 40,
             verbose: false,
+            keep: false,
         };
         let mut filtered = false;
         let mut args = std::env::args().skip(1);
@@ -75,6 +76,7 @@ impl Args {
                 "--owner-every" => setup.owner_every = value("--owner-every")? as u32,
                 "--rot" => setup.rot = value("--rot")? as u32,
                 "-v" | "--verbose" => setup.verbose = true,
+                "--keep" => setup.keep = true,
                 // What cargo test hands every test binary.
                 a if a.starts_with('-') => {}
                 filter => filtered |= !"simulator".contains(filter),

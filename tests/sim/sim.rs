@@ -24,22 +24,40 @@ pub struct Setup {
     pub rot: u32,
     /// Say what each night did.
     pub verbose: bool,
+    /// Leave the disk mounted and the scratch folder in place at the end (to look).
+    pub keep: bool,
 }
 
 /// A broken promise: on which night, and how.
 pub struct Failure {
     pub night: u32,
     pub what: String,
-    /// What the day before the night did.
-    pub log: Vec<String>,
+    /// What the days did, by night.
+    pub log: Vec<(u32, String)>,
 }
 
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "night {}: {}", self.night, self.what)?;
-        writeln!(f, "the day before it:")?;
-        for l in &self.log {
-            writeln!(f, "  {l}")?;
+        // The day before it, and the history of the files it names (through their moves).
+        let mut names: std::collections::HashSet<&str> = self
+            .what
+            .split_whitespace()
+            .filter(|w| w.contains('/'))
+            .collect();
+        let mut shown = vec![false; self.log.len()];
+        for (i, (night, l)) in self.log.iter().enumerate().rev() {
+            let words: Vec<&str> = l.split_whitespace().filter(|w| w.contains('/')).collect();
+            if *night == self.night || words.iter().any(|w| names.contains(w)) {
+                shown[i] = true;
+                if words.iter().any(|w| names.contains(w)) {
+                    names.extend(words);
+                }
+            }
+        }
+        writeln!(f, "what the days did (the last, and to the files named):")?;
+        for ((night, l), _) in self.log.iter().zip(&shown).filter(|(_, s)| **s) {
+            writeln!(f, "  {night}: {l}")?;
         }
         Ok(())
     }
@@ -134,51 +152,83 @@ pub fn run(seed: u64, setup: &Setup) -> Result<Summary, Failure> {
             });
         }
     }
-    for night in 1..=setup.nights {
-        let fail = |what: String, life: &Life| Failure {
-            night,
-            what,
-            log: life.world.log.clone(),
-        };
-        if night > 1 {
-            let ops = (setup.files / 100).max(4);
-            life.world.day(night, ops, setup.rot, &life.disk);
-        }
-        if night % setup.owner_every == 0 {
-            life.owner(night).map_err(|w| fail(w, &life))?;
-        }
-        let made = life.world.damaged().count();
-        let ran = night::intact(&args, night, &env);
-        let heard = night::heard(&receiver, &mut life.seen);
-        let status = night::status(&life.world.root, &life.db, night);
-        life.check(night, &ran, &heard, &status).map_err(|w| {
-            let said = format!(
-                "{w}\n--- the night's run: exit {}, {:?}\n--- stdout\n{}--- stderr\n{}",
-                ran.code, args, ran.stdout, ran.stderr
-            );
-            fail(said, &life)
-        })?;
-        let measured = Measured {
-            files: life.world.names.len(),
-            db_bytes: db_bytes(&life.db),
-            max_rss_kib: ran.max_rss_kib,
-            seconds: ran.seconds,
-        };
-        if setup.verbose {
-            eprintln!(
-                "night {night}: exit {}, {} files, {made} damaged, {} told, {:.2} s, {} MiB, \
-                 database {} B a file",
-                ran.code,
-                measured.files,
-                heard.messages.len(),
-                measured.seconds,
-                measured.max_rss_kib / 1024,
-                measured.db_bytes / measured.files.max(1) as u64
-            );
-        }
-        life.summary.nights.push(measured);
+    let result = life.nights(&args, &env, &receiver);
+    if setup.keep {
+        eprintln!(
+            "simulator: kept {} (the tree in {}, the database {}): umount it, then remove it",
+            scratch.path().display(),
+            life.world.root.display(),
+            life.db.display()
+        );
+        let log: String = life
+            .world
+            .log
+            .iter()
+            .map(|(night, l)| format!("{night}: {l}\n"))
+            .collect();
+        let _ = std::fs::write(scratch.path().join("log.txt"), log);
+        std::mem::forget(life.disk);
+        let _ = scratch.keep();
     }
-    Ok(life.summary)
+    result
+}
+
+impl Life {
+    /// Night after night: the day's churn, the owner now and then, the unit's run, and the
+    /// checks.
+    fn nights(
+        &mut self,
+        args: &[String],
+        env: &[(&str, String)],
+        receiver: &Receiver,
+    ) -> Result<Summary, Failure> {
+        let setup = self.setup.clone();
+        for night in 1..=setup.nights {
+            let fail = |what: String, log: &[(u32, String)]| Failure {
+                night,
+                what,
+                log: log.to_vec(),
+            };
+            if night > 1 {
+                let ops = (setup.files / 100).max(4);
+                self.world.day(night, ops, setup.rot, &self.disk);
+            }
+            if night % setup.owner_every == 0 {
+                self.owner(night).map_err(|w| fail(w, &self.world.log))?;
+            }
+            let made = self.world.damaged().count();
+            let ran = night::intact(args, night, env);
+            let heard = night::heard(receiver, &mut self.seen);
+            let status = night::status(&self.world.root, &self.db, night);
+            if let Err(w) = self.check(night, &ran, &heard, &status) {
+                let said = format!(
+                    "{w}\n--- the night's run: exit {}, {:?}\n--- stdout\n{}--- stderr\n{}",
+                    ran.code, args, ran.stdout, ran.stderr
+                );
+                return Err(fail(said, &self.world.log));
+            }
+            let measured = Measured {
+                files: self.world.names.len(),
+                db_bytes: db_bytes(&self.db),
+                max_rss_kib: ran.max_rss_kib,
+                seconds: ran.seconds,
+            };
+            if setup.verbose {
+                eprintln!(
+                    "night {night}: exit {}, {} files, {made} damaged, {} told, {:.2} s, \
+                     {} MiB, database {} B a file",
+                    ran.code,
+                    measured.files,
+                    heard.messages.len(),
+                    measured.seconds,
+                    measured.max_rss_kib / 1024,
+                    measured.db_bytes / measured.files.max(1) as u64
+                );
+            }
+            self.summary.nights.push(measured);
+        }
+        Ok(std::mem::take(&mut self.summary))
+    }
 }
 
 fn db_bytes(db: &Path) -> u64 {
@@ -224,8 +274,7 @@ impl Life {
         args.push(self.world.root.display().to_string());
         let ran = night::intact(&args, night, &[]);
         self.world
-            .log
-            .push(format!("owner: intact repair: exit {}", ran.code));
+            .note(format!("owner: intact repair: exit {}", ran.code));
         // Whatever the repair restored is good again (rot not yet told of included).
         let damaged: Vec<(Id, PathBuf, [u8; 32])> = self
             .world
@@ -238,7 +287,7 @@ impl Life {
             if now == good {
                 self.world.contents.get_mut(&id).unwrap().damage = None;
                 self.summary.repaired += 1;
-                self.world.log.push(format!("repaired {}", rel.display()));
+                self.world.note(format!("repaired {}", rel.display()));
             }
         }
         remove_kept_copies(&self.world.root);

@@ -85,8 +85,10 @@ pub struct World {
     next_name: u64,
     /// When the simulation's clock began (Unix seconds): night `n` is `n` days after.
     pub start: i64,
-    /// What today did, for a failure's report.
-    pub log: Vec<String>,
+    /// What each day did (by night), for a failure's report.
+    pub log: Vec<(u32, String)>,
+    /// The night the day's churn leads to.
+    pub night: u32,
     /// Rot made so far.
     pub rot_made: u32,
 }
@@ -106,8 +108,14 @@ impl World {
             next_name: 1,
             start,
             log: Vec::new(),
+            night: 1,
             rot_made: 0,
         }
+    }
+
+    /// Notes what the day did.
+    pub fn note(&mut self, what: String) {
+        self.log.push((self.night, what));
     }
 
     pub fn path(&self, rel: &Path) -> PathBuf {
@@ -143,7 +151,6 @@ impl World {
         for _ in 0..files {
             self.add(1);
         }
-        self.log.clear();
     }
 
     fn add_dir(&mut self) -> PathBuf {
@@ -210,7 +217,7 @@ impl World {
     /// One day's churn before night `night`: `ops` operations drawn by the seed, and now and
     /// then rot (`rot` in a hundred days bring one).
     pub fn day(&mut self, night: u32, ops: usize, rot: u32, disk: &Disk) {
-        self.log.clear();
+        self.night = night;
         for _ in 0..ops {
             match self.rng.u32(0..100) {
                 0..35 => self.add(night),
@@ -253,7 +260,7 @@ impl World {
         self.write(&rel, &c);
         let id = self.next_id;
         self.next_id += 1;
-        self.log.push(format!("add {}", rel.display()));
+        self.note(format!("add {}", rel.display()));
         self.names.insert(rel, id);
         self.contents.insert(id, c);
     }
@@ -265,7 +272,7 @@ impl World {
         let mut c = self.new_content(night);
         c.mtime = c.mtime.max(later(self.contents[&id].mtime));
         self.write(&rel, &c);
-        self.log.push(format!("edit {}", rel.display()));
+        self.note(format!("edit {}", rel.display()));
         self.contents.insert(id, c);
     }
 
@@ -280,7 +287,7 @@ impl World {
         fs::rename(self.path(&temp), self.path(&rel)).unwrap();
         let id = self.next_id;
         self.next_id += 1;
-        self.log.push(format!("save {}", rel.display()));
+        self.note(format!("save {}", rel.display()));
         self.names.insert(rel, id);
         self.contents.insert(id, c);
         self.forget_if_unnamed(old);
@@ -290,7 +297,7 @@ impl World {
         let Some(rel) = self.pick_name() else { return };
         fs::remove_file(self.path(&rel)).unwrap();
         let id = self.names.remove(&rel).unwrap();
-        self.log.push(format!("delete {}", rel.display()));
+        self.note(format!("delete {}", rel.display()));
         self.forget_if_unnamed(id);
     }
 
@@ -310,8 +317,7 @@ impl World {
         };
         let to = dir.join(self.fresh_name("m"));
         fs::rename(self.path(&rel), self.path(&to)).unwrap();
-        self.log
-            .push(format!("move {} {}", rel.display(), to.display()));
+        self.note(format!("move {} {}", rel.display(), to.display()));
         let id = self.names.remove(&rel).unwrap();
         self.names.insert(to, id);
     }
@@ -328,8 +334,7 @@ impl World {
         }
         let to = parent.join(self.fresh_name("d"));
         fs::rename(self.path(&from), self.path(&to)).unwrap();
-        self.log
-            .push(format!("move folder {} {}", from.display(), to.display()));
+        self.note(format!("move folder {} {}", from.display(), to.display()));
         let moved = |p: &Path| p.strip_prefix(&from).ok().map(|rest| to.join(rest));
         self.dirs = self
             .dirs
@@ -348,8 +353,7 @@ impl World {
         let Some(rel) = self.pick_name() else { return };
         let to = self.pick_dir().join(self.fresh_name("l"));
         fs::hard_link(self.path(&rel), self.path(&to)).unwrap();
-        self.log
-            .push(format!("link {} {}", rel.display(), to.display()));
+        self.note(format!("link {} {}", rel.display(), to.display()));
         let id = self.names[&rel];
         self.names.insert(to, id);
     }
@@ -419,7 +423,7 @@ impl World {
         };
         let on_disk = sha256(&fs::read(&path).unwrap());
         assert_eq!(on_disk, sha256(&data), "{kind:?} of {}", rel.display());
-        self.log.push(format!("rot {kind:?} {}", rel.display()));
+        self.note(format!("rot {kind:?} {}", rel.display()));
         self.rot_made += 1;
         self.contents.get_mut(&id).unwrap().damage = Some(Damage {
             made: night,
@@ -449,7 +453,7 @@ impl World {
             self.write(&rel, &c);
         }
         c.damage = None;
-        self.log.push(format!("restore {}", rel.display()));
+        self.note(format!("restore {}", rel.display()));
         self.contents.insert(id, c);
     }
 

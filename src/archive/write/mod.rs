@@ -319,7 +319,7 @@ impl Writer {
         if before.nlink > 1 {
             self.links.insert((before.dev, before.ino), name.to_vec());
         }
-        report.action = Some(Action::Archived);
+        report.copy = Some(Action::Archived);
         Ok(())
     }
 
@@ -395,7 +395,7 @@ impl Writer {
         set_name(&mut header, name);
         header.set_entry_type(tar::EntryType::Symlink);
         self.add_entry(header, pax)?;
-        report.action = Some(Action::Archived);
+        report.copy = Some(Action::Archived);
         Ok(())
     }
 
@@ -424,7 +424,7 @@ impl Writer {
         set_name(&mut header, name);
         header.set_entry_type(tar::EntryType::Link);
         self.add_entry(header, pax)?;
-        report.action = Some(Action::Archived);
+        report.copy = Some(Action::Archived);
         Ok(())
     }
 
@@ -483,9 +483,8 @@ impl Writer {
 /// only once the whole archive is durable under its name, so reports are held until then.
 impl Sink for Writer {
     fn take(&mut self, mut report: FileReport, out: &mut dyn Out) -> Result<(), Failure> {
-        let before = report.action;
         let added = self.add(&mut report);
-        out.hold(report, before);
+        out.hold(report);
         added.map_err(|e| Failure::new("writing the archive; nothing was left", e))
     }
 
@@ -520,6 +519,7 @@ impl Sink for Writer {
 fn changed(report: &mut FileReport, what: &str) {
     report.status = Status::Changed;
     report.action = None;
+    report.copy = None;
     report.detail = Some(what.into());
 }
 
