@@ -375,12 +375,14 @@ enum Kind {
     Error(std::io::Error),
 }
 
-/// A directory being walked: the path it was reached by, its entries still to visit, and
-/// the patterns of its ignore file.
+/// A directory being walked: the path it was reached by, the directory itself (its files are
+/// stat'ed through it at their turn), its entries still to visit, and the patterns of its
+/// ignore file.
 struct Level {
     path: PathBuf,
+    fd: OwnedFd,
     names: Vec<u8>,
-    entries: std::vec::IntoIter<(std::ops::Range<usize>, Kind)>,
+    entries: std::vec::IntoIter<Item>,
     ignore: Option<Gitignore>,
     /// The directory, if it holds any of intact's own files.
     own_dir: Option<Inode>,
@@ -448,13 +450,14 @@ fn walk_root(
             let keep = |name: &OsStr, is_dir: bool| {
                 name == IGNORE_FILE || part.is_none_or(|o| o.takes(&path, name, is_dir))
             };
-            list(fd, keep).map(|listing| Some((listing, id)))
+            list(&fd, keep).map(|listing| Some((listing, id, fd)))
         });
         match listed {
-            Ok(Some((listing, id))) => {
-                let (ignore, bad) = ignore_file(&anchor, &path, &listing);
+            Ok(Some((listing, id, fd))) => {
+                let (ignore, bad) = ignore_file(&anchor, &path, &listing, &fd);
                 stack.push(Level {
                     path,
+                    fd,
                     names: listing.names,
                     entries: listing.entries.into_iter(),
                     ignore,
@@ -472,13 +475,13 @@ fn walk_root(
         return Ok(ControlFlow::Break(()));
     }
     while let Some(level) = stack.last_mut() {
-        let Some((name, kind)) = level.entries.next() else {
+        let Some(item) = level.entries.next() else {
             stack.pop();
             continue;
         };
         // What the name decides, taken while the level (which holds it) is at hand.
-        let (path, own, unasked) = {
-            let name = OsStr::from_bytes(&level.names[name]);
+        let (path, own, unasked, kind) = {
+            let name = OsStr::from_bytes(item.name(&level.names));
             // Made at its length at once (`join` copies, then grows the copy).
             let mut path = PathBuf::with_capacity(level.path.as_os_str().len() + 1 + name.len());
             path.push(&level.path);
@@ -487,7 +490,7 @@ fn walk_root(
             let unasked = name == IGNORE_FILE
                 && only
                     .is_some_and(|o| !o.whole(&level.path) && !o.takes(&level.path, name, false));
-            (path, own, unasked)
+            (path, own, unasked, item.kind)
         };
         if let Some(reason) = own {
             let skip = Entry::Skip {
@@ -501,7 +504,7 @@ fn walk_root(
             }
             continue;
         }
-        let is_dir = matches!(kind, Kind::Dir);
+        let is_dir = kind == Type::Dir;
         if unasked {
             continue;
         }
@@ -514,6 +517,8 @@ fn walk_root(
                 None => continue,
             }
         } else {
+            let level = stack.last().expect("the level of the entry");
+            let kind = kind.resolve(&level.fd, item.c_name(&level.names));
             entry(path, kind, index, links)
         };
         if visit(found).is_break() {
@@ -584,58 +589,104 @@ fn kind_of(meta: std::io::Result<fs::Metadata>) -> Kind {
     }
 }
 
-/// A directory's entries sorted by name, each with its kind: the names in one buffer (a
-/// name allocated for each entry, and another by rustix's `Dir`, were two of a check's ten
-/// allocations a file).
-struct Listing {
-    names: Vec<u8>,
-    entries: Vec<(std::ops::Range<usize>, Kind)>,
+/// What the file system says an entry is (`d_type`): a regular file's `stat` waits for its
+/// turn in the walk, so that a listing holds a name and a byte an entry.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Type {
+    Dir,
+    Symlink,
+    Special,
+    /// A regular file, or an entry whose type the file system does not say.
+    Other,
 }
 
-impl Listing {
-    fn name(&self, at: &std::ops::Range<usize>) -> &OsStr {
-        OsStr::from_bytes(&self.names[at.clone()])
+impl Type {
+    /// What the entry `name` of the directory `dir` is, stat'ed where it must be.
+    fn resolve(self, dir: &OwnedFd, name: &std::ffi::CStr) -> Kind {
+        match self {
+            Type::Dir => Kind::Dir,
+            Type::Symlink => Kind::Symlink,
+            Type::Special => Kind::Special,
+            Type::Other => stat_kind(dir, name),
+        }
     }
 }
 
-/// The entries of the open directory `fd`, sorted by name, each with its kind. Only
-/// regular files (and entries whose type the file system does not say) cost an `fstatat`.
-fn list(fd: OwnedFd, keep: impl Fn(&OsStr, bool) -> bool) -> std::io::Result<Listing> {
+/// An entry of a listing: where its name is in the names, and its type.
+#[derive(Clone, Copy)]
+struct Item {
+    at: u32,
+    len: u16,
+    kind: Type,
+}
+
+impl Item {
+    fn name<'a>(&self, names: &'a [u8]) -> &'a [u8] {
+        &names[self.at as usize..self.at as usize + self.len as usize]
+    }
+
+    /// The name with the NUL the listing keeps after it, for the system calls.
+    fn c_name<'a>(&self, names: &'a [u8]) -> &'a std::ffi::CStr {
+        let end = self.at as usize + self.len as usize + 1;
+        std::ffi::CStr::from_bytes_with_nul(&names[self.at as usize..end])
+            .expect("a name and its NUL")
+    }
+}
+
+/// A directory's entries sorted by name: the names in one buffer, each followed by a NUL (a
+/// name allocated for each entry, and another by rustix's `Dir`, were two of a check's ten
+/// allocations a file), and eight bytes an entry (a million files in one folder: about 30 MB,
+/// where a `stat` kept for each took 130).
+struct Listing {
+    names: Vec<u8>,
+    entries: Vec<Item>,
+}
+
+/// The entries of the open directory `fd`, sorted by name, each with its type. Only entries
+/// whose type the file system does not say cost an `fstatat` here.
+fn list(fd: &OwnedFd, keep: impl Fn(&OsStr, bool) -> bool) -> std::io::Result<Listing> {
     use rustix::fs::FileType;
     let mut listing = Listing {
         names: Vec::new(),
         entries: Vec::new(),
     };
-    each_entry(&fd, |name, file_type| {
+    each_entry(fd, |name, file_type| {
         let bytes = name.to_bytes();
         if bytes == b"." || bytes == b".." {
             return;
         }
         let os = OsStr::from_bytes(bytes);
-        let known_dir = file_type == FileType::Directory;
-        if file_type != FileType::Unknown && !keep(os, known_dir) {
-            return;
-        }
         let kind = match file_type {
-            FileType::Directory => Kind::Dir,
-            FileType::Symlink => Kind::Symlink,
+            FileType::Directory => Type::Dir,
+            FileType::Symlink => Type::Symlink,
             FileType::Fifo
             | FileType::Socket
             | FileType::CharacterDevice
-            | FileType::BlockDevice => Kind::Special,
-            _ => stat_kind(&fd, name),
+            | FileType::BlockDevice => Type::Special,
+            FileType::RegularFile => Type::Other,
+            // Said by nothing but a stat.
+            _ => match stat_kind(fd, name) {
+                Kind::Dir => Type::Dir,
+                Kind::Symlink => Type::Symlink,
+                Kind::Special => Type::Special,
+                _ => Type::Other,
+            },
         };
-        if file_type == FileType::Unknown && !keep(os, matches!(kind, Kind::Dir)) {
+        if !keep(os, kind == Type::Dir) {
             return;
         }
         let at = listing.names.len();
-        listing.names.extend_from_slice(bytes);
-        listing.entries.push((at..listing.names.len(), kind));
+        listing.names.extend_from_slice(name.to_bytes_with_nul());
+        listing.entries.push(Item {
+            at: at as u32,
+            len: bytes.len() as u16,
+            kind,
+        });
     })?;
     let names = &listing.names;
     listing
         .entries
-        .sort_unstable_by(|a, b| names[a.0.clone()].cmp(&names[b.0.clone()]));
+        .sort_unstable_by(|a, b| a.name(names).cmp(b.name(names)));
     Ok(listing)
 }
 
@@ -692,11 +743,16 @@ fn ignore_file(
     anchor: &Anchor,
     dir: &Path,
     listing: &Listing,
+    fd: &OwnedFd,
 ) -> (Option<Gitignore>, Option<(PathBuf, std::io::Error)>) {
-    let entries = &listing.entries;
+    let (entries, names) = (&listing.entries, &listing.names);
     let has = entries
-        .binary_search_by(|(n, _)| listing.name(n).cmp(OsStr::new(IGNORE_FILE)))
-        .is_ok_and(|i| matches!(entries[i].1, Kind::File { .. }));
+        .binary_search_by(|e| e.name(names).cmp(IGNORE_FILE.as_bytes()))
+        .is_ok_and(|i| {
+            let e = entries[i];
+            e.kind == Type::Other
+                && matches!(e.kind.resolve(fd, e.c_name(names)), Kind::File { .. })
+        });
     if !has {
         return (None, None);
     }
