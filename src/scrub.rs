@@ -296,6 +296,8 @@ pub struct Plan {
     latest: Option<i64>,
     /// Plan rows the state database knows.
     known: u64,
+    /// Files found gone that the walk met again where they were, as they were.
+    back: Vec<Vec<u8>>,
 }
 
 /// The plan's own database: a private temporary one, on disk, with the state database's
@@ -494,6 +496,7 @@ pub fn plan(
         failed: Arc::default(),
         latest: None,
         known: 0,
+        back: std::mem::take(&mut lookup.back),
     })
 }
 
@@ -572,6 +575,7 @@ impl Plan {
                  AND (plan.digest = X'' OR d.digest = plan.digest);",
             )?;
             self.read_from = db.map(Path::to_path_buf);
+            self.back.clear();
         }
         self.load_cycle()
     }
@@ -584,10 +588,13 @@ impl Plan {
         mut each: impl FnMut(&PlanFile, Option<&state::entries::Entry>),
     ) -> rusqlite::Result<()> {
         use state::entries::{find, split};
+        use state::pages::{keys, load, page_of};
         let conn = self.conn();
         let mut stmt = conn.prepare("SELECT abs, fs, ino, tagged, size FROM plan ORDER BY seq")?;
         let mut rows = stmt.query([])?;
-        let (mut dir, mut entries, mut next) = (Vec::new(), Vec::new(), 0);
+        // The directory and page read, and where in it the next file likely is.
+        let (mut dir, mut pages, mut page) = (Vec::new(), Vec::new(), None);
+        let (mut entries, mut next) = (Vec::new(), 0);
         while let Some(r) = rows.next()? {
             let file = PlanFile {
                 fs: r.get(1)?,
@@ -598,11 +605,16 @@ impl Plan {
             let (d, name) = split(r.get_ref(0)?.as_blob()?);
             if d != dir.as_slice() {
                 dir = d.to_vec();
-                entries = state::load(&conn, "state.", &dir)?;
-                next = 0;
+                pages = keys(&conn, "state.", &dir)?;
+                (page, entries) = (None, Vec::new());
             }
-            // A directory's files come in the walk's order, which is its entries' order
-            // too: the entry after the last one found is looked at first.
+            let p = page_of(&pages, name);
+            if page != Some(p) && p < pages.len() {
+                entries = load(&conn, "state.", &dir, &pages[p])?;
+                (page, next) = (Some(p), 0);
+            }
+            // A page's files come in the walk's order, which is its entries' order too: the
+            // entry after the last one found is looked at first.
             let at = match entries.get(next) {
                 Some(e) if e.name == name => Ok(next),
                 _ => find(&entries, name),
@@ -722,9 +734,19 @@ impl Plan {
             return Ok((Vec::new(), Vec::new()));
         }
         let conn = self.conn();
+        // A file found gone and met again where it was, as it was, is gone no more.
         let mut gone = match mark {
-            true => Vec::new(),
-            false => recorded_gone(&conn, roots)?,
+            true => {
+                let mut forget = conn.prepare_cached("DELETE FROM state.gone WHERE path = ?1")?;
+                for path in &self.back {
+                    forget.execute([path])?;
+                }
+                Vec::new()
+            }
+            false => recorded_gone(&conn, roots)?
+                .into_iter()
+                .filter(|g| !self.back.contains(&g.path.as_os_str().as_bytes().to_vec()))
+                .collect(),
         };
         let mut removed = Vec::new();
         let mut unmounted: Vec<(PathBuf, u64)> = Vec::new();

@@ -427,7 +427,18 @@ fn tell_what_is_known<W: Write, E: Write>(
             _ => None,
         })
         .collect();
-    for damaged in state.outstanding(&s.roots) {
+    let mut known = state.outstanding(&s.roots);
+    // A scrub's plan knows damage by the file's inode and tag wherever the walk met it: a
+    // damaged file moved since, which is not where the damage was found, is still damaged.
+    if let Some(plan) = plan {
+        for d in plan.damage().unwrap_or_default() {
+            let path = intact::state::absolute(&d.path);
+            if !known.iter().any(|k| k.path == path) && !state.judged_now(&path) {
+                known.push(intact::state::Damaged { path, ..d });
+            }
+        }
+    }
+    for damaged in known {
         if !said.contains(&escape(&damaged.path)) {
             reporter.outstanding(&damaged)?;
         }

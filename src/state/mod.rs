@@ -34,8 +34,10 @@ mod damage;
 mod dirs;
 pub mod entries;
 pub mod journal;
+mod layout;
 mod locks;
 mod lookup;
+pub(crate) mod pages;
 mod paths;
 mod recover;
 mod rows;
@@ -46,10 +48,11 @@ mod written;
 
 pub use damage::known_damage_at;
 use damage::{JOURNAL_COMPACT_AT, load_damage, replay};
-pub(crate) use dirs::{copied, entry_at, forget, lay_out, load, settle_moved};
+pub(crate) use layout::lay_out;
 pub(crate) use locks::wait_for_locks;
 pub use locks::{LOCK_WAIT, on_lock_waits};
 pub use lookup::{Found, Lookup};
+pub(crate) use pages::{copied, entry_at, forget, settle_moved};
 pub(crate) use paths::absolute_from;
 use paths::absolute_owned;
 pub(crate) use paths::under;
@@ -334,7 +337,7 @@ impl State {
                         .prepare("SELECT id, copied FROM runs WHERE id <= ?1")?
                         .query_map([old], |r| Ok((r.get(0)?, r.get(1)?)))?
                         .collect::<rusqlite::Result<_>>()?;
-                    dirs::rewrite_all(conn, |e| match e.archived_in {
+                    pages::rewrite_all(conn, |e| match e.archived_in {
                         Some(run) if run <= old => {
                             e.archived = copied.get(&run).copied().flatten().or(e.archived);
                             e.archived_in = None;
@@ -412,6 +415,14 @@ impl State {
             Err(e) => self.fail(e),
         }
         found
+    }
+
+    /// Whether this run judged the file at `path` (absolute): it said what it found.
+    pub fn judged_now(&mut self, path: &Path) -> bool {
+        self.commit();
+        let run = self.run;
+        entry_at(&self.conn, "", path)
+            .is_ok_and(|e| e.is_some_and(|e| e.seen.is_some() && e.seen == run))
     }
 
     /// Lays out what the database knows under `roots` as the temporary table `files`, a row
@@ -1330,6 +1341,131 @@ mod tests {
         let again = archive(Some(true));
         assert_eq!(count(&again, marked), 1);
         assert_eq!(count(&again, ARCHIVED), 10);
+    }
+
+    /// A folder of many files is written in pages as its files come (a page at a time held,
+    /// not the folder), and a run that proves them all good writes one small row a page.
+    #[test]
+    fn a_large_folder_is_recorded_in_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let files = dir.path().join("big");
+        let n = 3 * pages::MAX as u64 + 5;
+        let record = || {
+            let (mut state, _) = State::open(&db).unwrap();
+            state.begin_run("check", std::slice::from_ref(&files));
+            for i in 0..n {
+                state.record(verified(&files.join(format!("f{i:06}")), i + 1));
+            }
+            state.commit();
+            state
+        };
+        let first = record();
+        let dir_bytes = entries::bytes(&files);
+        let keys = pages::keys(&first.conn, "", dir_bytes).unwrap();
+        assert!(keys.len() >= 3, "{} pages", keys.len());
+        let value_bytes: Vec<i64> = first
+            .conn
+            .prepare("SELECT length(entries) FROM dirs")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert!(
+            value_bytes
+                .iter()
+                .all(|b| *b < (pages::MAX as i64 + 1) * 200),
+            "{value_bytes:?}"
+        );
+        assert_eq!(count(&first, VERIFIED), n as i64);
+        let before: Vec<Vec<u8>> = first
+            .conn
+            .prepare("SELECT entries FROM dirs ORDER BY first")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        drop(first);
+        let again = record();
+        assert_eq!(
+            count(&again, "SELECT count(*) FROM proven"),
+            keys.len() as i64,
+            "a proof a page"
+        );
+        let after: Vec<Vec<u8>> = again
+            .conn
+            .prepare("SELECT entries FROM dirs ORDER BY first")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(before, after, "pages rewritten");
+        let run = again.run.unwrap();
+        let seen = format!("SELECT count(*) FROM files WHERE seen = {run}");
+        assert_eq!(count(&again, &seen), n as i64);
+    }
+
+    /// A database of schema 4 (one value a directory) is cut into pages: every entry still
+    /// there, with what its directory's row in `proven` said (verified, archived) applied.
+    #[test]
+    fn a_schema_4_database_is_cut_into_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let old = Connection::open(&db).unwrap();
+        old.execute_batch(
+            "CREATE TABLE dirs (path BLOB PRIMARY KEY, entries BLOB NOT NULL);
+             CREATE TABLE proven (path BLOB PRIMARY KEY, run INTEGER, at INTEGER NOT NULL, \
+             print BLOB, archived_in INTEGER, archived INTEGER) WITHOUT ROWID;",
+        )
+        .unwrap();
+        old.execute_batch(&tables("")).unwrap();
+        let n = pages::MAX + 10;
+        let entries: Vec<entries::Entry> = (0..n)
+            .map(|i| entries::Entry {
+                name: format!("f{i:05}").into_bytes(),
+                fs: 1,
+                ino: i as i64,
+                checked: Some(1000),
+                verified: Some(1000),
+                status: "ok".into(),
+                ..Default::default()
+            })
+            .collect();
+        old.execute(
+            "INSERT INTO dirs (path, entries) VALUES (CAST('/t/big' AS BLOB), ?1)",
+            [entries::encode(&entries)],
+        )
+        .unwrap();
+        old.execute_batch(
+            "INSERT INTO proven (path, run, at, archived_in) VALUES (CAST('/t/big' AS BLOB), \
+             3, 5000, 7); PRAGMA user_version = 4;",
+        )
+        .unwrap();
+        drop(old);
+        let (state, rebuilt) = State::open(&db).unwrap();
+        assert!(rebuilt.is_none());
+        assert_eq!(count(&state, "PRAGMA user_version"), VERSION);
+        let keys = pages::keys(&state.conn, "", b"/t/big").unwrap();
+        assert_eq!(keys.len(), n.div_ceil(pages::PAGE));
+        let all = pages::load_all(&state.conn, "", b"/t/big").unwrap();
+        assert_eq!(all.len(), n);
+        assert!(
+            all.iter()
+                .all(|e| e.verified == Some(5000) && e.archived_in == Some(7)),
+            "{:?}",
+            all[0]
+        );
+        assert_eq!(
+            count(
+                &state,
+                "SELECT count(*) FROM sqlite_master WHERE name LIKE '%4'"
+            ),
+            0,
+            "schema 4's tables are left"
+        );
     }
 
     /// A database of schema 3 (a row a file) is brought to schema 4 in one step: what it

@@ -107,3 +107,26 @@ pub(crate) fn under(root: &Path) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
     *high.last_mut().expect("not empty") = b'/' + 1;
     (low, high, exact)
 }
+
+/// Whether the directory `dir` is `above` or beneath it (both absolute, as the database
+/// files them).
+pub(crate) fn within(dir: &[u8], above: &[u8]) -> bool {
+    dir.strip_prefix(above)
+        .is_some_and(|rest| rest.is_empty() || rest[0] == b'/' || above.ends_with(b"/"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::within;
+
+    #[test]
+    fn a_directory_is_within_itself_and_its_ancestors_only() {
+        assert!(within(b"/t", b"/t"));
+        assert!(within(b"/t/b", b"/t"));
+        assert!(within(b"/t/b/c", b"/t"));
+        assert!(within(b"/t", b"/"));
+        assert!(!within(b"/tb", b"/t"));
+        assert!(!within(b"/t", b"/t/b"));
+        assert!(!within(b"/u", b"/t"));
+    }
+}

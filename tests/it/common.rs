@@ -81,12 +81,14 @@ impl Run {
     /// The JSON Lines output split into file objects and the summary.
     pub fn json(&self) -> Json {
         let mut files = Vec::new();
+        let mut known = Vec::new();
         let mut summary = None;
         for line in self.stdout.lines() {
             let v: Value =
                 serde_json::from_str(line).unwrap_or_else(|e| panic!("bad JSON {line:?}: {e}"));
             match v["type"].as_str() {
                 Some("file") => files.push(v),
+                Some("damage" | "removed") => known.push(v),
                 Some("summary") => {
                     assert!(summary.is_none(), "two summaries");
                     summary = Some(v)
@@ -96,6 +98,7 @@ impl Run {
         }
         Json {
             files,
+            known,
             summary: summary.expect("a summary object"),
         }
     }
@@ -103,6 +106,8 @@ impl Run {
 
 pub struct Json {
     pub files: Vec<Value>,
+    /// What the state database knew that the run did not see: `damage` and `removed`.
+    pub known: Vec<Value>,
     pub summary: Value,
 }
 
@@ -548,14 +553,14 @@ pub fn unit_command(unit: &str, paths: &[(&str, &Path)]) -> Vec<String> {
         .collect()
 }
 
-/// The files the state database at `db` has entries for, by path (decoded as intact packs
-/// them, one value a directory).
-pub fn db_entries(db: &Path) -> Vec<(Vec<u8>, intact::state::entries::Entry)> {
+/// The files the state database at `db` has entries for, by path, each with the page it is
+/// in (decoded as intact packs them: a directory's entries in pages).
+fn db_pages(db: &Path) -> Vec<(Vec<u8>, Vec<u8>, Vec<intact::state::entries::Entry>)> {
     let conn = rusqlite::Connection::open(db).unwrap();
     let mut stmt = conn
         .prepare(
-            "SELECT d.path, d.entries, p.run, p.at, p.archived_in, p.archived FROM dirs d \
-             LEFT JOIN proven p ON p.path = d.path",
+            "SELECT d.path, d.first, d.entries, p.run, p.at, p.archived_in, p.archived \
+             FROM dirs d LEFT JOIN proven p ON p.path = d.path AND p.first = d.first",
         )
         .unwrap();
     let rows = stmt
@@ -563,17 +568,27 @@ pub fn db_entries(db: &Path) -> Vec<(Vec<u8>, intact::state::entries::Entry)> {
             Ok((
                 r.get::<_, Vec<u8>>(0)?,
                 r.get::<_, Vec<u8>>(1)?,
-                intact::state::entries::Proof::read(r, 2)?,
+                r.get::<_, Vec<u8>>(2)?,
+                intact::state::entries::Proof::read(r, 3)?,
             ))
         })
         .unwrap();
     let mut all = Vec::new();
     for row in rows {
-        let (dir, value, proof) = row.unwrap();
+        let (dir, first, value, proof) = row.unwrap();
         let mut entries = intact::state::entries::decode(&value).expect("entries that decode");
         if let Some(proof) = proof {
             proof.apply(&mut entries);
         }
+        all.push((dir, first, entries));
+    }
+    all
+}
+
+/// The files the state database at `db` has entries for, by path.
+pub fn db_entries(db: &Path) -> Vec<(Vec<u8>, intact::state::entries::Entry)> {
+    let mut all = Vec::new();
+    for (dir, _, entries) in db_pages(db) {
         for e in entries {
             all.push((intact::state::entries::join(&dir, &e.name), e));
         }
@@ -583,19 +598,15 @@ pub fn db_entries(db: &Path) -> Vec<(Vec<u8>, intact::state::entries::Entry)> {
 
 /// Changes every entry of the state database at `db` by `f` (what tests make of time).
 pub fn db_change_entries(db: &Path, f: impl Fn(&mut intact::state::entries::Entry)) {
-    let mut dirs: std::collections::BTreeMap<Vec<u8>, Vec<_>> = Default::default();
-    for (path, mut e) in db_entries(db) {
-        f(&mut e);
-        let dir = intact::state::entries::split(&path).0.to_vec();
-        dirs.entry(dir).or_default().push(e);
-    }
+    let pages = db_pages(db);
     let conn = rusqlite::Connection::open(db).unwrap();
-    // What a run proved of a directory is in its entries now.
+    // What a run proved of a page is in its entries now.
     conn.execute("DELETE FROM proven", []).unwrap();
-    for (dir, entries) in dirs {
+    for (dir, first, mut entries) in pages {
+        entries.iter_mut().for_each(&f);
         conn.execute(
-            "UPDATE dirs SET entries = ?2 WHERE path = ?1",
-            rusqlite::params![dir, intact::state::entries::encode(&entries)],
+            "UPDATE dirs SET entries = ?3 WHERE path = ?1 AND first = ?2",
+            rusqlite::params![dir, first, intact::state::entries::encode(&entries)],
         )
         .unwrap();
     }

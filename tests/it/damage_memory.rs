@@ -515,3 +515,50 @@ fn damage_on_an_unmounted_sub_mount_is_not_forgotten() {
     let r = intact!("scrub", "--state", &db, &root).expect_code(1);
     assert!(r.stdout.contains("corrupt"), "{}", r.stdout);
 }
+
+/// A damaged file moved (its folder renamed) is still damaged where it is now: a scrub that
+/// does not read it says so, under its new name, as does `status`.
+#[test]
+fn a_damaged_file_moved_is_still_said_by_a_scrub_that_does_not_read_it() {
+    let t = Tree::new();
+    for i in 0..30 {
+        t.write(format!("tree/d{}/f{i:02}", i % 3), data(4000, i));
+    }
+    let root = t.path("tree");
+    let db = t.path("state.db");
+    intact!("tag", "-q", "--state", &db, &root).expect_code(0);
+    flip_byte(&root.join("d0/f03"), 100);
+    // A first slice of the cycle reads d0's files and finds the damage.
+    cmd!("scrub", "-q", "--state", &db, "--max-bytes", "20000", &root)
+        .days_later(1)
+        .run()
+        .expect_code(1);
+    fs::rename(root.join("d0"), root.join("moved")).unwrap();
+    // The next slices read files not yet checked in the cycle: not the damaged one.
+    let r = cmd!(
+        "scrub",
+        "--json",
+        "--state",
+        &db,
+        "--max-bytes",
+        "4000",
+        &root
+    )
+    .days_later(2)
+    .run()
+    .expect_code(1)
+    .json();
+    assert_eq!(r.summary["damaged_outstanding"], 1, "{}", r.summary);
+    let said = r.known[0]["path"].as_str().unwrap();
+    assert!(said.ends_with("/moved/f03"), "{said}");
+    let out = cmd!("scrub", "--state", &db, "--max-bytes", "4000", &root)
+        .days_later(3)
+        .run()
+        .expect_code(1)
+        .stdout;
+    assert!(out.contains("moved/f03: found damaged"), "{out}");
+    let out = intact!("status", "-q", "--state", &db, &root)
+        .expect_code(1)
+        .stdout;
+    assert!(out.contains("moved/f03"), "{out}");
+}

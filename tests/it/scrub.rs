@@ -802,7 +802,7 @@ fn a_schema_3_database_keeps_its_damage_deletions_and_history() {
         .unwrap()
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 4);
+    assert_eq!(version, 5);
     // A scrub finds the damage again, and what the database knew stands after it.
     let r = cmd!("scrub", "--json", "--state", db, tree)
         .run()
@@ -970,4 +970,61 @@ fn a_file_tagged_and_protected_the_same_night_is_proven_good() {
     for (_, e) in new {
         assert!(e.verified.is_some() && e.protected.is_some(), "{e:?}");
     }
+}
+
+/// A file brought back where it was, as it was (`repair --missing`), is gone no more:
+/// `status`, `status -q` and the metrics stop calling it removed once a run meets it.
+#[test]
+fn a_file_brought_back_by_repair_missing_is_no_longer_removed() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 4, 2_000);
+    let archive = t.path("a.tar.zst");
+    intact!("archive", "create", "-q", &archive, &tree).expect_code(0);
+    intact!("scrub", "-q", "--state", &db, &tree).expect_code(0);
+    let f1 = tree.join("d1/f001");
+    fs::remove_file(&f1).unwrap();
+    let r = scrub(&tree, &db, &["--update"]);
+    assert_eq!(r.summary["removed"], 1, "{}", r.summary);
+    assert_eq!(
+        status_json(&db, &tree)["removed"].as_array().unwrap().len(),
+        1
+    );
+    intact!(
+        "repair",
+        "-q",
+        "--state",
+        &db,
+        "--missing",
+        "--from",
+        &archive,
+        &tree
+    )
+    .expect_code(0);
+    assert!(f1.exists());
+    // Met again by the walk of `status`, and by the scrub that verifies it.
+    let v = status_json(&db, &tree);
+    assert_eq!(v["removed"].as_array().unwrap().len(), 0, "{v}");
+    let prom = t.path("m.prom");
+    cmd!(
+        "scrub",
+        "-q",
+        "--update",
+        "--state",
+        &db,
+        "--metrics",
+        &prom,
+        &tree
+    )
+    .run()
+    .expect_code(0);
+    let metrics = fs::read_to_string(&prom).unwrap();
+    let removed = metrics
+        .lines()
+        .find(|l| l.starts_with("intact_files_removed"))
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert!(removed.ends_with(" 0"), "{removed}");
+    let out = intact!("status", "-q", "--state", &db, &tree)
+        .expect_code(0)
+        .stdout;
+    assert!(!out.contains("removed"), "{out}");
 }
