@@ -24,6 +24,7 @@ use crate::engine::{Action, FileError, FileReport, SinkReads};
 use crate::fs::hash::{AlignedBuf, BUF_SIZE, HashError, ReadOptions, hash_file};
 use crate::fs::walk::Stat;
 use crate::sink::{Failure, Out, Sink};
+use crate::text::escape;
 
 /// Where a tree's parity store is by default: in the tree (beside a file given as PATH).
 pub fn store_dir(path: &Path) -> PathBuf {
@@ -368,7 +369,8 @@ impl Protector {
     }
 
     /// Moves aside the sets no file of the trees needs, removes those past their grace
-    /// period, and packs again the members of packs moved aside; says what it did.
+    /// period, and packs again the members of packs moved aside or taken apart; says what it
+    /// did. A pack a scrub took apart is settled only once its members have parity again.
     fn prune(&mut self, out: &mut dyn Out) -> Result<(), Failure> {
         let whole_tree = self.keep_stale.is_some();
         if whole_tree && self.unsure {
@@ -379,71 +381,22 @@ impl Protector {
             );
             return Ok(());
         }
-        let (mut moved, mut removed, mut bytes, mut kept, mut repacked) = (0, 0, 0, 0, 0);
-        let (mut merged, mut dropped, mut spent) = (0, 0, 0);
+        let failed = |store: &Store, e| {
+            let what = format!("moving stale parity aside in {}", escape(&store.dir));
+            Failure::new(what, e)
+        };
+        let mut total = super::Pruned::default();
+        let mut repacked: Vec<(usize, Digest)> = Vec::new();
+        let mut retired = Vec::new();
         let stores = self.stores.clone();
         for (i, store) in stores.iter().enumerate() {
-            let pruned = match self.keep_stale {
+            let mut pruned = match self.keep_stale {
                 Some(keep) => store.prune(&self.live[i], keep),
                 None => store.retire(&self.live[i]),
-            };
-            let pruned = pruned.map_err(|e| {
-                Failure::new(
-                    format!(
-                        "moving stale parity aside in {}",
-                        crate::text::escape(&store.dir)
-                    ),
-                    e,
-                )
-            })?;
-            moved += pruned.moved;
-            merged += pruned.merged;
-            dropped += pruned.dropped;
-            spent += pruned.spent;
-            removed += pruned.removed;
-            bytes += pruned.removed_bytes;
-            kept += pruned.kept_for_damage;
-            // Members are where the pack says, or (moved since) found by their tags.
-            let mut moved: HashMap<Digest, Vec<u8>> = HashMap::new();
-            let mut members = Vec::new();
-            let anchor = crate::fs::anchor::Anchor::new(&store.root);
-            for (name, digest) in pruned.repack {
-                // Still there under its name (its tag says so: no data is read).
-                let there = super::resolve(&store.root, &name).and_then(|path| {
-                    let file = anchor.open(&path, false).ok()?;
-                    let stored = crate::fs::xattr::read(&file).ok()?;
-                    let size = file.metadata().ok()?.len();
-                    stored
-                        .tags
-                        .iter()
-                        .any(|t| t.digest == digest)
-                        .then_some((path, size))
-                });
-                match there {
-                    Some((path, size)) => members.push((path, name, size, digest)),
-                    None => {
-                        moved.insert(digest, name);
-                    }
-                }
             }
-            // Only a run that sees the whole tree looks for them there (a scrub's member
-            // gets parity when it is next visited).
-            if whole_tree && !moved.is_empty() {
-                crate::fs::walk::tagged(
-                    std::slice::from_ref(&store.root),
-                    self.cancel,
-                    |path, tags| {
-                        if let Some(tag) = tags.iter().find(|t| moved.contains_key(&t.digest))
-                            && let Ok(meta) = std::fs::symlink_metadata(&path)
-                            && let Ok(rel) = path.strip_prefix(&store.root)
-                        {
-                            moved.remove(&tag.digest);
-                            let name = rel.as_os_str().as_bytes().to_vec();
-                            members.push((path, name, meta.len(), tag.digest));
-                        }
-                    },
-                );
-            }
+            .map_err(|e| failed(store, e))?;
+            total.add(&pruned);
+            let members = self.members(store, std::mem::take(&mut pruned.repack));
             for (path, name, size, digest) in members {
                 // Its set's first pass hashes it again: a file that is not that content now
                 // gets no parity from it (the next run gives it its own).
@@ -456,54 +409,128 @@ impl Protector {
                 if let Added::Run(job) = added {
                     self.send(i, job)?;
                 }
-                repacked += 1;
+                repacked.push((i, digest));
             }
+            retired.push(std::mem::take(&mut pruned.retired));
         }
-        if repacked > 0 {
+        if !repacked.is_empty() {
             self.flush()?;
         }
-        let mut said = Vec::new();
-        if moved > 0 {
-            said.push(format!(
-                "{moved} stale set(s) moved aside to {}/ (renamed *.par2.stale: par2 does not \
-                 take them for a set)",
-                super::STALE_DIR
-            ));
+        for (i, packs) in retired.into_iter().enumerate() {
+            let store = &stores[i];
+            let again = repacked
+                .iter()
+                .filter(|(s, d)| *s == i && matches!(store.outcome(d), Outcome::Durable))
+                .map(|(_, d)| *d)
+                .collect();
+            let settled = store
+                .settle_retired(packs, &self.live[i], &again)
+                .map_err(|e| failed(store, e))?;
+            total.add(&settled);
         }
-        if dropped > 0 {
-            said.push(format!("{dropped} set(s) of edited content removed"));
-        }
-        if spent > 0 {
-            said.push(format!(
-                "{spent} pack(s) removed: more of their members are gone than their parity \
-                 rebuilds"
-            ));
-        }
-        if merged > 0 {
-            said.push(format!("{merged} small pack(s) merged"));
-        }
-        if repacked > 0 {
-            said.push(format!("{repacked} file(s) packed again"));
-        }
-        if removed > 0 {
-            said.push(format!(
-                "{removed} stale file(s) ({}) removed, older than {}",
-                crate::text::bytes(bytes),
-                humantime::format_duration(self.keep_stale.unwrap_or_default())
-                    .to_string()
-                    .replace("days", " days")
-            ));
-        }
-        if kept > 0 {
-            said.push(format!(
-                "{kept} stale file(s) kept past that: they can repair a damaged file"
-            ));
-        }
-        if !said.is_empty() {
-            out.note(format!("protect: {}", said.join("; ")));
+        if let Some(note) = pruned_note(&total, repacked.len(), self.keep_stale) {
+            out.note(note);
         }
         Ok(())
     }
+
+    /// The members of packs taken apart that are still in the tree, to be packed again:
+    /// where the pack says (their tag says so: no data is read), or, for a run that sees the
+    /// whole tree, moved since and found by their tags (a scrub's member gets parity when it
+    /// is next visited).
+    fn members(
+        &self,
+        store: &Store,
+        repack: Vec<(Vec<u8>, Digest)>,
+    ) -> Vec<(PathBuf, Vec<u8>, u64, Digest)> {
+        let mut moved: HashMap<Digest, Vec<u8>> = HashMap::new();
+        let mut members = Vec::new();
+        let anchor = crate::fs::anchor::Anchor::new(&store.root);
+        for (name, digest) in repack {
+            let there = super::resolve(&store.root, &name).and_then(|path| {
+                let file = anchor.open(&path, false).ok()?;
+                let stored = crate::fs::xattr::read(&file).ok()?;
+                let size = file.metadata().ok()?.len();
+                stored
+                    .tags
+                    .iter()
+                    .any(|t| t.digest == digest)
+                    .then_some((path, size))
+            });
+            match there {
+                Some((path, size)) => members.push((path, name, size, digest)),
+                None => {
+                    moved.insert(digest, name);
+                }
+            }
+        }
+        if self.keep_stale.is_some() && !moved.is_empty() {
+            crate::fs::walk::tagged(
+                std::slice::from_ref(&store.root),
+                self.cancel,
+                |path, tags| {
+                    if let Some(tag) = tags.iter().find(|t| moved.contains_key(&t.digest))
+                        && let Ok(meta) = std::fs::symlink_metadata(&path)
+                        && let Ok(rel) = path.strip_prefix(&store.root)
+                    {
+                        moved.remove(&tag.digest);
+                        let name = rel.as_os_str().as_bytes().to_vec();
+                        members.push((path, name, meta.len(), tag.digest));
+                    }
+                },
+            );
+        }
+        members
+    }
+}
+
+/// What a prune did, in words, if it did anything.
+fn pruned_note(
+    p: &super::Pruned,
+    repacked: usize,
+    keep: Option<std::time::Duration>,
+) -> Option<String> {
+    let mut said = Vec::new();
+    if p.moved > 0 {
+        said.push(format!(
+            "{} stale set(s) moved aside to {}/ (renamed *.par2.stale: par2 does not take them \
+             for a set)",
+            p.moved,
+            super::STALE_DIR
+        ));
+    }
+    if p.dropped > 0 {
+        said.push(format!("{} set(s) of edited content removed", p.dropped));
+    }
+    if p.spent > 0 {
+        said.push(format!(
+            "{} pack(s) removed: more of their members are gone than their parity rebuilds",
+            p.spent
+        ));
+    }
+    if p.merged > 0 {
+        said.push(format!("{} small pack(s) merged", p.merged));
+    }
+    if repacked > 0 {
+        said.push(format!("{repacked} file(s) packed again"));
+    }
+    if p.removed > 0 {
+        said.push(format!(
+            "{} stale file(s) ({}) removed, older than {}",
+            p.removed,
+            crate::text::bytes(p.removed_bytes),
+            humantime::format_duration(keep.unwrap_or_default())
+                .to_string()
+                .replace("days", " days")
+        ));
+    }
+    if p.kept_for_damage > 0 {
+        said.push(format!(
+            "{} stale file(s) kept past that: they can repair a damaged file",
+            p.kept_for_damage
+        ));
+    }
+    (!said.is_empty()).then(|| format!("protect: {}", said.join("; ")))
 }
 
 /// A file left unread whose set's first pass found the content its tag claims.

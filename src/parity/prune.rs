@@ -90,6 +90,29 @@ pub struct Pruned {
     /// Members of packs moved aside that are still in the tree: their name there and their
     /// content, to be packed again.
     pub repack: Vec<(Vec<u8>, Digest)>,
+    /// Packs a scrub took apart, to be settled once their members are packed again.
+    pub retired: Vec<Retired>,
+}
+
+impl Pruned {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &Pruned) {
+        self.moved += other.moved;
+        self.merged += other.merged;
+        self.dropped += other.dropped;
+        self.spent += other.spent;
+        self.removed += other.removed;
+        self.removed_bytes += other.removed_bytes;
+        self.kept_for_damage += other.kept_for_damage;
+    }
+}
+
+/// A pack a scrub took apart because a member was edited: its files (the index among them),
+/// left in place until its other members have parity again.
+#[derive(Debug)]
+pub struct Retired {
+    files: Vec<PathBuf>,
+    index: PathBuf,
 }
 
 impl Store {
@@ -135,9 +158,10 @@ impl Store {
     }
 
     /// What a run that saw only part of the tree (a scrub) may do: the packs holding content
-    /// it saw edited away are moved aside, and their other members are to be packed again;
-    /// never a pack with a damaged member. (A file's own set of old content waits for a
-    /// `protect` that sees the whole tree: another file may hold that content.)
+    /// it saw edited away are taken apart: their other members are to be packed again, and
+    /// the pack is then settled ([`Store::settle_retired`]); never a pack with a damaged
+    /// member. (A file's own set of old content waits for a `protect` that sees the whole
+    /// tree: another file may hold that content.)
     pub fn retire(&self, live: &Live) -> io::Result<Pruned> {
         let mut pruned = Pruned::default();
         let ids: HashSet<PackId> = lock(&self.packed)
@@ -159,15 +183,52 @@ impl Store {
             if members.iter().any(|(_, d)| live.damaged.contains(d)) {
                 continue;
             }
-            pruned.moved += 1;
             pruned.repack.extend(
                 members
                     .into_iter()
                     .filter(|(_, d)| !live.edited.contains(&key(d))),
             );
             lock(&self.packed).retain(|_, p| *p != id);
-            for f in sets.remove(&stem).unwrap_or_default() {
-                aside(&f, &self.dir.join(STALE_DIR).join("packs"))?;
+            pruned.retired.push(Retired {
+                files: sets.remove(&stem).unwrap_or_default(),
+                index: dir.join(format!("{stem}.par2")),
+            });
+        }
+        Ok(pruned)
+    }
+
+    /// Settles the packs a scrub took apart, once their members still in the tree that were
+    /// found (`packed_again`) have durable parity again: a pack whose every member is packed
+    /// again or edited away is removed (nothing in it is wanted back: a whole pack moved
+    /// aside for every edit grew the store to twelve times its sets in a simulated year); one
+    /// with members not found (moved, deleted) is moved aside with only as many recovery
+    /// slices as those members have.
+    pub fn settle_retired(
+        &self,
+        retired: Vec<Retired>,
+        live: &Live,
+        packed_again: &HashSet<Digest>,
+    ) -> io::Result<Pruned> {
+        let mut pruned = Pruned::default();
+        let stale = self.dir.join(STALE_DIR).join("packs");
+        for Retired { files, index } in retired {
+            let Ok(bytes) = std::fs::read(&index) else {
+                continue;
+            };
+            let unsettled =
+                |d: &Digest| !packed_again.contains(d) && !live.edited.contains(&key(d));
+            let gone = slices_of(&bytes, unsettled);
+            if gone == 0 {
+                pruned.dropped += 1;
+                drop_set(files)?;
+            } else if aside_trimmed(&files, &index, gone, &stale)? {
+                pruned.moved += 1;
+                for f in files.iter().filter(|f| f.exists()) {
+                    aside(f, &stale)?;
+                }
+            } else {
+                pruned.spent += 1;
+                drop_set(files)?;
             }
         }
         Ok(pruned)
@@ -240,7 +301,7 @@ impl Store {
                 continue;
             }
             if set > 0 {
-                let gone = slices_gone(&std::fs::read(&index)?, live);
+                let gone = slices_of(&std::fs::read(&index)?, |d| !live.holds(d));
                 if !aside_trimmed(&files, &index, gone, &stale.join("packs"))? {
                     pruned.spent += 1;
                     drop_set(files)?;
@@ -363,10 +424,10 @@ fn members(bytes: &[u8]) -> (Vec<Member>, u64) {
     (members, total)
 }
 
-/// How many slices of the pack with the index `bytes` hold members gone from the tree: as
-/// many of its recovery slices rebuild them, while its other members are as it describes
-/// them.
-fn slices_gone(bytes: &[u8], live: &Live) -> u64 {
+/// How many slices of the pack with the index `bytes` hold the members `wanted` says (gone
+/// from the tree, not packed again): as many of its recovery slices rebuild them, while its
+/// other members are as it describes them.
+fn slices_of(bytes: &[u8], wanted: impl Fn(&Digest) -> bool) -> u64 {
     let digests = pack_digests(bytes);
     let (mut slice, mut lens) = (0, HashMap::new());
     for found in par2::packet::parse(bytes) {
@@ -380,7 +441,7 @@ fn slices_gone(bytes: &[u8], live: &Live) -> u64 {
     }
     digests
         .iter()
-        .filter(|(_, d)| !live.holds(d))
+        .filter(|(_, d)| wanted(d))
         .filter_map(|(id, _)| lens.get(id))
         .map(|len| len.div_ceil(slice.max(1)))
         .sum()

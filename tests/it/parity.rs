@@ -704,9 +704,11 @@ fn the_nightly_scrub_protects_new_and_edited_files() {
         assert_eq!(f["action"], "tagged", "{name}: {f:?}");
     }
     assert!(index_files(&src.join(".intact-parity")).len() > sets.len());
+    // The pack of s04's old content is taken apart: its other members are packed again, and
+    // nothing of it is kept (nothing in it is wanted back).
     assert!(
-        src.join(".intact-parity/stale/packs").exists(),
-        "the pack of s04's old content was left in place"
+        !src.join(".intact-parity/stale").exists(),
+        "the pack of s04's old content was kept"
     );
     for set in index_files(&src.join(".intact-parity")) {
         verifies(&src, &set);
@@ -884,4 +886,88 @@ fn two_hundred_nights_of_changes_keep_parity_current_and_the_store_bounded() {
         stale < 5.0,
         "what was moved aside: {stale:.2} times the current sets"
     );
+}
+
+/// The night a member of a pack is edited, `scrub --update --protect` packs its other members
+/// again and keeps nothing it does not need: no stale copy of the pack where every member
+/// has parity again; where a member was not found (moved away), only as many recovery slices
+/// as that member has. Every set left verifies with par2cmdline.
+#[test]
+fn an_edit_repacks_its_pack_the_same_night_and_keeps_only_what_it_needs() {
+    let t = Tree::new();
+    for i in 0..200 {
+        t.write(format!("src/f{i:03}"), data(16_000, i));
+    }
+    let src = t.path("src");
+    let db = t.path("state.db");
+    intact!("tag", "-q", &src).expect_code(0);
+    intact!("protect", "-q", "--state", &db, &src).expect_code(0);
+    let store = src.join(".intact-parity");
+    let pack_bytes = dir_bytes(&store.join("packs"));
+    let nightly = || {
+        intact!(
+            "scrub",
+            "--json",
+            "--state",
+            &db,
+            "--update",
+            "--protect",
+            &src
+        )
+        .expect_code(0)
+        .json()
+    };
+    t.write("src/f050", data(16_000, 1050));
+    let r = nightly();
+    assert_eq!(r.summary["actions"]["protected"], 200, "{}", r.summary);
+    assert!(!store.join("stale").exists(), "a stale pack kept");
+    for set in index_files(&store) {
+        verifies(&src, &set);
+    }
+    // A member moved away where the scrub does not look, then an edit of another.
+    fs::create_dir(src.join("away")).unwrap();
+    fs::rename(src.join("f010"), src.join("away/f010")).unwrap();
+    t.write("src/f020", data(16_000, 1020));
+    nightly();
+    let stale = dir_bytes(&store.join("stale"));
+    assert!(stale > 0, "the moved member's slices were not kept");
+    assert!(
+        stale * 2 < pack_bytes,
+        "{stale} bytes kept aside of a pack of {pack_bytes}"
+    );
+    // Its volume holds the one recovery slice the moved member needs (beside the index).
+    let volumes: Vec<String> = fs::read_dir(store.join("stale/packs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".vol"))
+        .collect();
+    assert!(
+        volumes.len() == 1 && volumes[0].contains("vol00+01."),
+        "{volumes:?}"
+    );
+    for set in index_files(&store) {
+        verifies(&src, &set);
+    }
+    let v: serde_json::Value = serde_json::from_str(
+        intact!("status", "--json", "--state", &db, &src)
+            .expect_code(0)
+            .stdout
+            .trim(),
+    )
+    .unwrap();
+    assert_eq!(v["overview"]["parity"]["current"]["files"], 199, "{v}");
+}
+
+/// Bytes of the files under `dir` (none if it does not exist).
+fn dir_bytes(dir: &Path) -> u64 {
+    let mut n = 0;
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let m = e.metadata().unwrap();
+        n += if m.is_dir() {
+            dir_bytes(&e.path())
+        } else {
+            m.len()
+        };
+    }
+    n
 }
