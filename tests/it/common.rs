@@ -254,6 +254,40 @@ impl Cmd {
         c
     }
 
+    /// Runs it, and says its peak resident memory (KiB) and how long it took.
+    pub fn measure(self) -> (Run, u64, Duration) {
+        let start = std::time::Instant::now();
+        // Reaped by wait4 below (for its peak memory), not by `Child::wait`.
+        #[allow(clippy::zombie_processes)]
+        let mut child = self.command().spawn().unwrap();
+        let read = |mut r: Box<dyn std::io::Read + Send>| {
+            std::thread::spawn(move || {
+                let mut s = Vec::new();
+                let _ = r.read_to_end(&mut s);
+                s
+            })
+        };
+        let out = read(Box::new(child.stdout.take().unwrap()));
+        let err = read(Box::new(child.stderr.take().unwrap()));
+        let mut status = 0;
+        // SAFETY: a zeroed rusage is a valid value for wait4 to fill.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: wait4 on our own child, with valid pointers to a status and a rusage.
+        let r = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+        assert_eq!(r, child.id() as i32, "wait4: {}", std::io::Error::last_os_error());
+        let code = if libc::WIFEXITED(status) {
+            libc::WEXITSTATUS(status)
+        } else {
+            -libc::WTERMSIG(status)
+        };
+        let run = Run {
+            code,
+            stdout: String::from_utf8_lossy(&out.join().unwrap()).into_owned(),
+            stderr: String::from_utf8_lossy(&err.join().unwrap()).into_owned(),
+        };
+        (run, usage.ru_maxrss as u64, start.elapsed())
+    }
+
     pub fn run(self) -> Run {
         let child = self.command().spawn().unwrap();
         let Some(limit) = self.limit else {

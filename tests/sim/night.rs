@@ -2,9 +2,7 @@
 //! contrib/systemd, the owner's settings in its environment, days later by the fake clock),
 //! what a person then receives, and what `status` says.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -17,65 +15,25 @@ pub struct Ran {
     pub stdout: String,
     pub stderr: String,
     /// Its peak resident memory (KiB).
-    pub max_rss_kib: i64,
+    pub max_rss_kib: u64,
     pub seconds: f64,
 }
 
 /// Runs `intact ARGS` `days` days after the simulation's start (libfaketime), with `env`; its
 /// code, output, time and peak memory.
 pub fn intact(args: &[String], days: u32, env: &[(&str, String)]) -> Ran {
-    let mut c = Command::new(crate::common::bin());
-    c.args(args)
-        .env("LD_PRELOAD", crate::common::faketime())
-        .env("FAKETIME", format!("+{days}d"))
-        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
-        .env_remove("INTACT_STATE")
-        .env_remove("INTACT_NOTIFY")
-        .env_remove("INTACT_NOTIFY_CONFIG")
-        .env_remove("INTACT_HEARTBEAT")
-        .env_remove("INTACT_REPAIR_FROM")
-        .env_remove("INTACT_REMIND_EVERY")
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let start = Instant::now();
-    // Reaped by `wait` (wait4, for its peak memory), not by `Child::wait`.
-    #[allow(clippy::zombie_processes)]
-    let mut child = c.spawn().unwrap();
-    let read = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut s = Vec::new();
-            let _ = r.read_to_end(&mut s);
-            String::from_utf8_lossy(&s).into_owned()
-        })
-    };
-    let out = read(Box::new(child.stdout.take().unwrap()));
-    let err = read(Box::new(child.stderr.take().unwrap()));
-    let (code, max_rss_kib) = wait(child.id());
-    Ran {
-        code,
-        stdout: out.join().unwrap(),
-        stderr: err.join().unwrap(),
-        max_rss_kib,
-        seconds: start.elapsed().as_secs_f64(),
+    let mut c = crate::common::Cmd::new(&[]).args(args).days_later(days);
+    for (k, v) in env {
+        c = c.env(k, v);
     }
-}
-
-/// Waits for the child `pid`: its exit code (or -signal) and peak RSS.
-fn wait(pid: u32) -> (i32, i64) {
-    let mut status = 0;
-    // SAFETY: a zeroed rusage is a valid value for wait4 to fill.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: wait4 on our own child, with valid pointers to a status and a rusage.
-    let r = unsafe { libc::wait4(pid as i32, &mut status, 0, &mut usage) };
-    assert_eq!(r, pid as i32, "wait4: {}", std::io::Error::last_os_error());
-    let code = if libc::WIFEXITED(status) {
-        libc::WEXITSTATUS(status)
-    } else {
-        -libc::WTERMSIG(status)
-    };
-    (code, usage.ru_maxrss)
+    let (run, max_rss_kib, took) = c.measure();
+    Ran {
+        code: run.code,
+        stdout: run.stdout,
+        stderr: run.stderr,
+        max_rss_kib,
+        seconds: took.as_secs_f64(),
+    }
 }
 
 /// The nightly unit's command for `tree`, with `scrub_args` as the owner's

@@ -68,7 +68,7 @@ impl fmt::Display for Failure {
 pub struct Measured {
     pub files: usize,
     pub db_bytes: u64,
-    pub max_rss_kib: i64,
+    pub max_rss_kib: u64,
     pub seconds: f64,
 }
 
