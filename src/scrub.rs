@@ -79,6 +79,20 @@ pub struct Removal {
 }
 
 impl Removal {
+    /// The alarm `gone` files gone at once from `root` make, of `known` recorded there, where
+    /// the walk found `files`: a tree that holds nothing of what it held, or lost more than
+    /// `alarm_at` percent (and [`MASS_REMOVAL_FILES`]) at once.
+    pub fn of(root: &Path, gone: u64, known: u64, files: u64, alarm_at: f64) -> Option<Removal> {
+        let vanished = files == 0 && gone > 0;
+        let many = gone >= MASS_REMOVAL_FILES && gone as f64 * 100.0 > known as f64 * alarm_at;
+        (vanished || many).then(|| Removal {
+            root: root.to_path_buf(),
+            removed: gone,
+            known,
+            vanished,
+        })
+    }
+
     /// In words, with what to do.
     pub fn describe(&self) -> String {
         let root = crate::text::escape(&self.root);
@@ -855,16 +869,7 @@ impl Plan {
                 .filter(|(u, replaced)| u.root == i && !replaced)
                 .count() as u64;
             let files = self.per_root.get(i).map_or(0, |c| c.0);
-            let vanished = files == 0 && gone > 0;
-            let many = gone >= MASS_REMOVAL_FILES && gone as f64 * 100.0 > known as f64 * alarm_at;
-            if vanished || many {
-                alarms.push(Removal {
-                    root: root.clone(),
-                    removed: gone,
-                    known,
-                    vanished,
-                });
-            }
+            alarms.extend(Removal::of(root, gone, known, files, alarm_at));
         }
         Ok(alarms)
     }

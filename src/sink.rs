@@ -32,6 +32,9 @@ pub trait Out {
     fn note(&mut self, line: String);
     /// A warning, printed at once.
     fn warn(&mut self, line: String);
+    /// A tree that vanished or lost many files at once: an alarm (exit 3), nothing taken
+    /// for deleted.
+    fn removal(&mut self, removal: &crate::scrub::Removal);
 }
 
 /// A verb's consumer of reports.

@@ -690,6 +690,12 @@ impl Out for Ledger<'_> {
     fn warn(&mut self, line: String) {
         self.print(true, |_| writeln!(io::stderr(), "intact: warning: {line}"));
     }
+
+    fn removal(&mut self, removal: &intact::scrub::Removal) {
+        self.reporter
+            .summary
+            .vanished(removal.describe(), removal.removed);
+    }
 }
 
 /// Ctrl-C, SIGTERM (systemd, `timeout`) and SIGHUP wind the run down, which then still

@@ -59,6 +59,10 @@ pub struct Protector {
     /// How long a stale set is kept once moved aside; `None`: nothing is moved aside (a run
     /// that sees only part of the tree).
     keep_stale: Option<std::time::Duration>,
+    /// Per root, the files the walk found, and (told by the state database) the files it
+    /// knew there that are gone: none told, nothing is known to be deleted.
+    walked: Vec<u64>,
+    gone: Option<Vec<u64>>,
     cancel: &'static AtomicBool,
 }
 
@@ -130,6 +134,8 @@ impl Protector {
             live: roots.iter().map(|_| Live::default()).collect(),
             unsure: false,
             keep_stale,
+            walked: vec![0; roots.len()],
+            gone: None,
             cancel,
         };
         Ok((protector, removed))
@@ -373,12 +379,19 @@ impl Protector {
     /// did. A pack a scrub took apart is settled only once its members have parity again.
     fn prune(&mut self, out: &mut dyn Out) -> Result<(), Failure> {
         let whole_tree = self.keep_stale.is_some();
-        if whole_tree && self.unsure {
-            out.note(
-                "protect: no stale parity was moved aside: something under the tree could \
-                 not be read, so what it holds is not known"
-                    .into(),
-            );
+        let unknown = match (&self.gone, self.unsure) {
+            _ if !whole_tree => None,
+            (_, true) => Some("something under the tree could not be read, so what it holds"),
+            (None, _) => Some(
+                "without a state database, files deleted cannot be told from a disk or a \
+                 folder that is missing, so what the tree should hold",
+            ),
+            _ => None,
+        };
+        if let Some(what) = unknown {
+            out.note(format!(
+                "protect: no stale parity was moved aside: {what} is not known"
+            ));
             return Ok(());
         }
         let failed = |store: &Store, e| {
@@ -390,6 +403,19 @@ impl Protector {
         let mut retired = Vec::new();
         let stores = self.stores.clone();
         for (i, store) in stores.iter().enumerate() {
+            // Many files gone at once (a disk that did not mount, a folder deleted by mistake)
+            // is an alarm until the owner says it was meant: their parity may be all that can
+            // bring them back.
+            if let Some(removal) = self.removal(i) {
+                out.removal(&removal);
+                out.note(format!(
+                    "protect: the parity of {} was kept whole: its files gone at once are not \
+                     taken for deleted",
+                    escape(&removal.root)
+                ));
+                retired.push(Vec::new());
+                continue;
+            }
             let mut pruned = match self.keep_stale {
                 Some(keep) => store.prune(&self.live[i], keep),
                 None => store.retire(&self.live[i]),
@@ -432,6 +458,14 @@ impl Protector {
             out.note(note);
         }
         Ok(())
+    }
+
+    /// The alarm the files gone from root `i` make, if they make one.
+    fn removal(&self, i: usize) -> Option<crate::scrub::Removal> {
+        let gone = *self.gone.as_ref()?.get(i)?;
+        let files = self.walked[i];
+        let percent = crate::scrub::MASS_REMOVAL_PERCENT;
+        crate::scrub::Removal::of(&self.roots[i], gone, files + gone, files, percent)
     }
 
     /// The members of packs taken apart that are still in the tree, to be packed again:
@@ -542,6 +576,9 @@ fn verified(report: &mut FileReport) {
 
 impl Sink for Protector {
     fn take(&mut self, mut report: FileReport, out: &mut dyn Out) -> Result<(), Failure> {
+        if report.status != Status::Skipped {
+            self.walked[report.root] += 1;
+        }
         let given = self.give(&mut report);
         self.note_live(&report);
         let (wait, already) = given.as_ref().map_or((None, false), |g| *g);
@@ -557,6 +594,28 @@ impl Sink for Protector {
         };
         self.release(out, false);
         given.map(drop).and(flushed)
+    }
+
+    /// A protect of the whole tree is told the files gone from it, to hold its parity when
+    /// many went at once.
+    fn wants_missing(&self) -> bool {
+        self.keep_stale.is_some()
+    }
+
+    fn missing(&mut self, files: Vec<crate::state::Missing>) {
+        let roots: Vec<PathBuf> = self
+            .roots
+            .iter()
+            .map(|r| crate::state::absolute(r))
+            .collect();
+        let mut gone = vec![0; roots.len()];
+        // Those a scrub recorded gone were routine deletions, or many the owner confirmed.
+        for m in files.into_iter().filter(|m| !m.recorded) {
+            if let Some(i) = roots.iter().position(|r| m.path.starts_with(r)) {
+                gone[i] += 1;
+            }
+        }
+        self.gone = Some(gone);
     }
 
     fn finish(&mut self, interrupted: bool, out: &mut dyn Out) -> Result<(), Failure> {

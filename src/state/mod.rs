@@ -459,7 +459,7 @@ impl State {
         let mut found: Vec<Missing> = Vec::new();
         let rows = self.lay_out(roots).and_then(|_| {
             self.under_roots(
-                "SELECT ino, digest, path, size, verified FROM files \
+                "SELECT ino, digest, path, size, verified, gone IS NOT NULL FROM files \
              WHERE coalesce(seen, 0) != ?3 AND length(digest) > 1 AND dup IS NULL \
              AND NOT EXISTS (SELECT 1 \
              FROM files o WHERE o.fs = files.fs AND o.ino = files.ino AND o.was = files.digest) \
@@ -469,12 +469,14 @@ impl State {
                     let (key, path): (Vec<u8>, Vec<u8>) = (r.get(1)?, r.get(2)?);
                     let (ino, size, verified): (i64, i64, Option<i64>) =
                         (r.get(0)?, r.get(3)?, r.get(4)?);
+                    let recorded: bool = r.get(5)?;
                     Ok(digest_from_key(&key).map(|digest| Missing {
                         path: PathBuf::from(std::ffi::OsString::from_vec(path)),
                         digest,
                         size: size as u64,
                         ino: ino as u64,
                         verified,
+                        recorded,
                     }))
                 },
             )
@@ -951,6 +953,10 @@ pub struct Missing {
     pub ino: u64,
     /// When it was last verified (Unix milliseconds).
     pub verified: Option<i64>,
+    /// Whether a scrub recorded it gone (a deletion told, or confirmed); else the database
+    /// still has it where it was (a deletion since the last scrub, or many files gone at
+    /// once, not yet taken for deleted).
+    pub recorded: bool,
 }
 
 /// When a database found damaged was replaced by a new one.

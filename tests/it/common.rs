@@ -274,7 +274,12 @@ impl Cmd {
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
         // SAFETY: wait4 on our own child, with valid pointers to a status and a rusage.
         let r = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
-        assert_eq!(r, child.id() as i32, "wait4: {}", std::io::Error::last_os_error());
+        assert_eq!(
+            r,
+            child.id() as i32,
+            "wait4: {}",
+            std::io::Error::last_os_error()
+        );
         let code = if libc::WIFEXITED(status) {
             libc::WEXITSTATUS(status)
         } else {

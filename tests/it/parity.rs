@@ -971,3 +971,48 @@ fn dir_bytes(dir: &Path) -> u64 {
     }
     n
 }
+
+/// Files gone at once (60 of 100: a folder deleted by mistake) are an alarm until the owner
+/// confirms them: `protect` keeps their parity whole (the one copy that could undo the
+/// mistake) and exits 3 as the scrub does; once confirmed (`scrub --accept-removed`) it
+/// prunes. Without a state database it cannot tell a deletion from a missing disk, and
+/// prunes nothing.
+#[test]
+fn a_mass_deletion_not_confirmed_keeps_its_parity() {
+    let t = Tree::new();
+    for i in 0..100 {
+        t.write(format!("src/f{i:03}"), data(3_000, i));
+    }
+    let src = t.path("src");
+    let db = t.path("state.db");
+    intact!("tag", "-q", &src).expect_code(0);
+    intact!("protect", "-q", "--state", &db, &src).expect_code(0);
+    intact!("scrub", "-q", "--state", &db, &src).expect_code(0);
+    let store = src.join(".intact-parity");
+    let before = index_files(&store);
+    for i in 0..60 {
+        fs::remove_file(src.join(format!("f{i:03}"))).unwrap();
+    }
+    intact!("scrub", "-q", "--state", &db, &src).expect_code(3);
+    let r = intact!("protect", "--state", &db, &src).expect_code(3);
+    assert!(r.stderr.contains("60 of the 100 files"), "{}", r.stderr);
+    assert_eq!(index_files(&store), before, "parity pruned");
+    assert!(!store.join("stale").exists());
+    let r = intact!("protect", "--no-state", &src).expect_code(0);
+    assert!(
+        r.stderr.contains("no stale parity was moved aside"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        index_files(&store),
+        before,
+        "parity pruned without a database"
+    );
+    intact!("scrub", "-q", "--state", &db, "--accept-removed", &src).expect_code(0);
+    intact!("protect", "-q", "--state", &db, &src).expect_code(0);
+    assert_ne!(index_files(&store), before, "not pruned once confirmed");
+    for set in index_files(&store) {
+        verifies(&src, &set);
+    }
+}
