@@ -39,6 +39,7 @@ scrub, and `status`, with peak RSS.
 """
 
 import argparse
+import glob
 import os
 import re
 import shutil
@@ -539,6 +540,51 @@ def bench_memory(base, intact, scale):
         print(f"  {n:>10,} " + " ".join(f"{r:>14.1f}" for r in rss) + f" {os.path.getsize(db) / MiB:>13.1f}")
 
 
+def bench_damage(base, intact, runs, scale):
+    """Mass damage: 5,000 files of 100 B in 30 folders, every one of them flipped under its
+    mtime (a failing disk), a day after the tag (libfaketime, so that no file is within its
+    racy window). The scrub that finds them, the scrubs that keep saying so, and a check,
+    against the scrub of the same tree healthy: a failing disk is when a run must stay fast
+    (goal: at most 5 times the healthy scrub)."""
+    n = int(5000 * scale)
+    dir = os.path.join(base, "damage")
+    shutil.rmtree(dir, ignore_errors=True)
+    make(dir, [(f"d{i % 30:02}/f{i:05}", 100) for i in range(n)])
+    db = os.path.join(base, "damage-state.db")
+    for leftover in (db, db + "-wal", db + "-shm", db + ".damage"):
+        if os.path.exists(leftover):
+            os.remove(leftover)
+    faked = glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1")
+    env = dict(os.environ, FAKETIME="+1d", FAKETIME_DONT_FAKE_MONOTONIC="1")
+    if faked:
+        env["LD_PRELOAD"] = faked[0]
+
+    def run(*args):
+        start = time.perf_counter()
+        p = subprocess.run([intact, *args, "-q", "--state", db, dir], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return time.perf_counter() - start, p.returncode
+
+    subprocess.run([intact, "tag", "-q", "--state", db, dir], check=True)
+    healthy = statistics.median(run("scrub")[0] for _ in range(runs))
+    for root, _, files in os.walk(dir):
+        for f in files:
+            path = os.path.join(root, f)
+            st = os.stat(path)
+            with open(path, "r+b") as out:
+                b = out.read(1)
+                out.seek(0)
+                out.write(bytes([b[0] ^ 1]))
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    first, code = run("scrub")
+    again = statistics.median(run("scrub")[0] for _ in range(runs))
+    check = statistics.median(run("check")[0] for _ in range(runs))
+    print(f"\nmass damage: {n:,} files of 100 B in 30 folders, every one flipped (exit {code}):")
+    print(f"  scrub of the healthy tree {healthy:.3f} s; the scrub that finds them {first:.3f} s "
+          f"(x{first / healthy:.2f}); scrubs that keep saying so {again:.3f} s (x{again / healthy:.2f}); "
+          f"check {check:.3f} s (x{check / healthy:.2f})")
+
+
 def bench_backups(base, intact, runs, scale):
     """Repair from restic and borg against a restore by hand of the same damaged files: a
     tree of 100,000 files of 4 KiB in 1,000 folders backed up 30 times (a few files edited
@@ -770,6 +816,8 @@ def main():
                     help="the state database's cost: scrub planning, scrub, check, status")
     ap.add_argument("--memory", action="store_true",
                     help="peak memory of tag, scrub, check and status on trees of 50k, 200k and 1M files")
+    ap.add_argument("--damage", action="store_true",
+                    help="mass damage: scrubs and a check of 5,000 files all damaged, against the healthy scrub")
     ap.add_argument("--backups", action="store_true",
                     help="repair from restic and borg against restoring the same files by hand")
     ap.add_argument("--watch", action="store_true",
@@ -807,6 +855,9 @@ def main():
             return
         if args.backups:
             bench_backups(base, intact, args.runs, scale)
+            return
+        if args.damage:
+            bench_damage(base, intact, args.runs, scale)
             return
         if args.watch:
             bench_watch(base, intact, cores, scale)

@@ -431,12 +431,27 @@ fn tell_what_is_known<W: Write, E: Write>(
     // A scrub's plan knows damage by the file's inode and tag wherever the walk met it: a
     // damaged file moved since, which is not where the damage was found, is still damaged.
     if let Some(plan) = plan {
-        for d in plan.damage().unwrap_or_default() {
-            let path = intact::state::absolute(&d.path);
-            if !known.iter().any(|k| k.path == path) && !state.judged_now(&path) {
-                known.push(intact::state::Damaged { path, ..d });
-            }
-        }
+        let where_found: std::collections::HashSet<PathBuf> =
+            known.iter().map(|k| k.path.clone()).collect();
+        let moved: Vec<intact::state::Damaged> = plan
+            .damage()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| intact::state::Damaged {
+                path: intact::state::absolute(&d.path),
+                ..d
+            })
+            .filter(|d| !where_found.contains(&d.path))
+            .collect();
+        let paths: Vec<PathBuf> = moved.iter().map(|d| d.path.clone()).collect();
+        let judged = state.judged_now(&paths);
+        known.extend(
+            moved
+                .into_iter()
+                .zip(judged)
+                .filter(|(_, j)| !j)
+                .map(|(d, _)| d),
+        );
     }
     for damaged in known {
         if !said.contains(&escape(&damaged.path)) {

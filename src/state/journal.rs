@@ -108,10 +108,13 @@ pub fn path_of(db: &Path) -> PathBuf {
     super::recover::with_suffix(db, ".damage")
 }
 
-/// Appends `entry` to the journal at `path`, durably.
-pub fn append(path: &Path, entry: &Entry) -> io::Result<()> {
+/// Appends `entries` to the journal at `path`, durably: one write and one sync for all of
+/// them (one sync each made a scrub that found 5,000 damaged files ten times as slow as the
+/// same scrub of a healthy tree).
+pub fn append(path: &Path, entries: &[Entry]) -> io::Result<()> {
+    let lines: String = entries.iter().map(Entry::line).collect();
     let mut f = OpenOptions::new().create(true).append(true).open(path)?;
-    f.write_all(entry.line().as_bytes())?;
+    f.write_all(lines.as_bytes())?;
     f.sync_data()
 }
 
@@ -176,8 +179,8 @@ mod tests {
         };
         let dir = tempfile::tempdir().unwrap();
         let j = dir.path().join("state.db.damage");
-        append(&j, &e).unwrap();
-        append(&j, &e).unwrap();
+        append(&j, std::slice::from_ref(&e)).unwrap();
+        append(&j, std::slice::from_ref(&e)).unwrap();
         // A crash mid-append.
         let mut f = OpenOptions::new().append(true).open(&j).unwrap();
         f.write_all(b"1764728045000\t-5\t4").unwrap();

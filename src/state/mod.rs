@@ -28,6 +28,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::TryRecvError;
+
+use entries::bytes;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
 mod damage;
@@ -123,8 +125,10 @@ pub struct State {
     pub failed: Option<String>,
     /// SQLite found the database damaged: it should be moved aside.
     pub broken: bool,
-    /// The damage journal beside the database (none in memory).
+    /// The damage journal beside the database (none in memory), and what is to be written
+    /// there with the next batch.
     journal: Option<PathBuf>,
+    journal_pending: Vec<journal::Entry>,
 }
 
 /// Why the database could not be used.
@@ -277,6 +281,7 @@ impl State {
     fn with(conn: Connection, writer: Writer, path: Option<PathBuf>) -> State {
         State {
             journal: path.as_deref().map(journal::path_of),
+            journal_pending: Vec::new(),
             conn,
             writer,
             path,
@@ -395,9 +400,11 @@ impl State {
         );
         match rows {
             Ok(rows) => {
+                // In path order: a page of entries read once for the damage in it.
+                let mut entries = pages::Lookups::new(&self.conn, "");
                 for ((fs, ino, key), damaged) in rows {
                     // Seen by this run: it said what it found.
-                    let seen = entry_at(&self.conn, "", &damaged.path).is_ok_and(|e| {
+                    let seen = entries.at(bytes(&damaged.path)).is_ok_and(|e| {
                         e.is_some_and(|e| {
                             (e.fs, e.ino, &e.key) == (fs, ino, &key)
                                 && e.seen.is_some()
@@ -407,7 +414,10 @@ impl State {
                     let there = std::fs::symlink_metadata(&damaged.path).is_ok_and(|m| {
                         m.ino() as i64 == ino && self.fsids.of(m.dev(), &damaged.path) == fs
                     });
-                    if there && !seen && !found.iter().any(|d: &Damaged| d.path == damaged.path) {
+                    let twice = found
+                        .last()
+                        .is_some_and(|d: &Damaged| d.path == damaged.path);
+                    if there && !seen && !twice {
                         found.push(damaged);
                     }
                 }
@@ -417,12 +427,19 @@ impl State {
         found
     }
 
-    /// Whether this run judged the file at `path` (absolute): it said what it found.
-    pub fn judged_now(&mut self, path: &Path) -> bool {
+    /// Of `paths` (absolute, in order), which this run judged: it said what it found.
+    pub fn judged_now(&mut self, paths: &[PathBuf]) -> Vec<bool> {
         self.commit();
         let run = self.run;
-        entry_at(&self.conn, "", path)
-            .is_ok_and(|e| e.is_some_and(|e| e.seen.is_some() && e.seen == run))
+        let mut entries = pages::Lookups::new(&self.conn, "");
+        paths
+            .iter()
+            .map(|p| {
+                entries
+                    .at(bytes(p))
+                    .is_ok_and(|e| e.is_some_and(|e| e.seen.is_some() && e.seen == run))
+            })
+            .collect()
     }
 
     /// Lays out what the database knows under `roots` as the temporary table `files`, a row
@@ -686,7 +703,7 @@ impl State {
                 let known = report.known_damage.filter(|k| k.digest == d);
                 let found = known.map_or(t, |k| k.found.saturating_mul(1000));
                 if known.is_none() {
-                    self.journal(journal::Entry {
+                    self.journal_pending.push(journal::Entry {
                         found,
                         fs,
                         ino: ino as i64,
@@ -705,7 +722,7 @@ impl State {
                 if let (Some(tag), Some((_, old_ino))) = (&report.tag, report.inode)
                     && report.known_damage.is_some()
                 {
-                    self.journal(journal::Entry::ended(
+                    self.journal_pending.push(journal::Entry::ended(
                         t,
                         fs,
                         old_ino as i64,
@@ -760,6 +777,7 @@ impl State {
     /// all before them at once.
     fn hand_over(&mut self, commit: bool) {
         self.pending_since = None;
+        self.journal();
         if self.failed.is_some() {
             self.pending.clear();
             return;
@@ -817,12 +835,15 @@ impl State {
         rebuild(&path, "found damaged while in use")
     }
 
-    /// Writes damage just found (or ended) into the journal, durably, before the database
-    /// knows it; failing that, the run says so.
-    fn journal(&mut self, entry: journal::Entry) {
-        let Some(path) = &self.journal else { return };
-        if let Err(e) = journal::append(path, &entry) {
-            let lost = if entry.is_end() {
+    /// Writes the damage found (or ended) since the last batch into the journal, durably,
+    /// before the database is given the rows that say it; failing that, the run says so.
+    fn journal(&mut self) {
+        let entries = std::mem::take(&mut self.journal_pending);
+        let Some(path) = self.journal.as_ref().filter(|_| !entries.is_empty()) else {
+            return;
+        };
+        if let Err(e) = journal::append(path, &entries) {
+            let lost = if entries.iter().all(journal::Entry::is_end) {
                 "damage that ended now may be reported again"
             } else {
                 "the damage found now is forgotten"
@@ -1347,6 +1368,34 @@ mod tests {
         let again = archive(Some(true));
         assert_eq!(count(&again, marked), 1);
         assert_eq!(count(&again, ARCHIVED), 10);
+    }
+
+    /// Damage found is written to the journal a batch at a time, one write and one sync for
+    /// the batch, before the writer is given the batch's rows (one sync a damaged file made
+    /// a scrub of 5,000 damaged files ten times as slow as one of the healthy tree).
+    #[test]
+    fn damage_is_journalled_a_batch_at_a_time_before_the_database_has_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let (mut state, _) = State::open(&db).unwrap();
+        state.begin_run("scrub", &[dir.path().to_path_buf()]);
+        let journal = journal::path_of(&db);
+        let n = 500;
+        for i in 0..n {
+            let mut r = verified(&dir.path().join(format!("f{i:04}")), i + 1);
+            r.status = Status::Corrupt;
+            r.digest = Some(digest_bytes(Algo::Sha256, b"y"));
+            state.record(r);
+        }
+        assert!(
+            journal::read(&journal).unwrap().is_empty(),
+            "journalled before its batch went"
+        );
+        assert_eq!(count(&state, "SELECT count(*) FROM damage"), 0);
+        state.send();
+        assert_eq!(journal::read(&journal).unwrap().len(), n as usize);
+        state.commit();
+        assert_eq!(count(&state, "SELECT count(*) FROM damage"), n as i64);
     }
 
     /// A folder of many files is written in pages as its files come (a page at a time held,

@@ -154,6 +154,49 @@ fn page_holding(
     Ok((key.clone(), load(conn, from, dir, key)?))
 }
 
+/// Entries looked up by path, each page read once for the paths in it that come one after
+/// another (a list of damage, of paths, in order).
+pub(crate) struct Lookups<'c> {
+    conn: &'c Connection,
+    from: &'c str,
+    dir: Option<Vec<u8>>,
+    keys: Vec<Vec<u8>>,
+    page: Option<usize>,
+    entries: Vec<Entry>,
+}
+
+impl<'c> Lookups<'c> {
+    pub(crate) fn new(conn: &'c Connection, from: &'c str) -> Self {
+        Lookups {
+            conn,
+            from,
+            dir: None,
+            keys: Vec::new(),
+            page: None,
+            entries: Vec::new(),
+        }
+    }
+
+    /// The entry of the file at `path` (absolute), if the database has one.
+    pub(crate) fn at(&mut self, path: &[u8]) -> rusqlite::Result<Option<&Entry>> {
+        let (dir, name) = split(path);
+        if self.dir.as_deref() != Some(dir) {
+            self.keys = keys(self.conn, self.from, dir)?;
+            self.dir = Some(dir.to_vec());
+            self.page = None;
+        }
+        let p = page_of(&self.keys, name);
+        if self.page != Some(p) {
+            self.entries = match self.keys.get(p) {
+                Some(key) => load(self.conn, self.from, dir, key)?,
+                None => Vec::new(),
+            };
+            self.page = Some(p);
+        }
+        Ok(find(&self.entries, name).ok().map(|at| &self.entries[at]))
+    }
+}
+
 /// The entry of the file at `path`, if the database has one.
 pub(crate) fn entry_at(
     conn: &Connection,
