@@ -222,7 +222,7 @@ fn fate(conn: &Connection, u: &Unmet, alarms: bool) -> Fate {
     }
     if now.is_err()
         && alarms
-        && let Some(holder) = elsewhere(&u.gone.path, u.fs)
+        && let Some(holder) = state::unmounted(&u.gone.path, u.fs)
     {
         return Fate::Unmounted(holder);
     }
@@ -262,15 +262,6 @@ fn moved(conn: &Connection, u: &Unmet, to: Option<&[u8]>, mark: bool) -> rusqlit
         state::settle_moved(conn, "state.", to, e)?;
     }
     Ok(())
-}
-
-/// Where a missing file's path now leads to another file system than the one it was recorded
-/// on (`fs`): the nearest folder of its path that exists, if that is on another file system
-/// (a disk mounted there is not now). File systems that report no identity (0) say nothing.
-fn elsewhere(path: &Path, fs: i64) -> Option<PathBuf> {
-    let holder = path.ancestors().skip(1).find(|a| a.exists())?;
-    let now = rustix::fs::statvfs(holder).ok()?.f_fsid as i64;
-    (now != fs && now != 0 && fs != 0).then(|| holder.to_path_buf())
 }
 
 /// How long a file found gone from its tree is remembered (and shown by `status`).

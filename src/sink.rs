@@ -47,13 +47,17 @@ pub trait Sink {
     fn finish(&mut self, interrupted: bool, out: &mut dyn Out) -> Result<(), Failure>;
 
     /// Whether it wants, before [`Sink::finish`], the files the state database knows under
-    /// the roots that the walk did not meet and that are gone (`repair --missing`).
+    /// the roots that the walk did not meet and that are gone (`repair --missing`, a
+    /// `protect` of the whole tree).
     fn wants_missing(&self) -> bool {
         false
     }
 
-    /// Those files.
-    fn missing(&mut self, _files: Vec<crate::state::Missing>) {}
+    /// Those files; it returns those to record as deleted (a run that saw the whole tree and
+    /// found a few gone, as a scrub records them).
+    fn missing(&mut self, _files: Vec<crate::state::Missing>) -> Vec<crate::state::Missing> {
+        Vec::new()
+    }
 }
 
 /// Reports go straight to the reporter: the verbs whose work is the engine's alone (tag,

@@ -120,19 +120,33 @@ fn speaker(s: &Settings) -> Speaker {
 /// Opens the state database (if any) and begins the run's record in it. Without one
 /// (`--no-state`), the damage it and its journal remember is known all the same.
 fn begin(s: &Settings, config: &mut engine::Config, reporter: &mut Speaker) -> Option<State> {
+    // A journal that cannot be read hides the damage it recorded: said by every run.
+    let db = s.state.as_deref().or(s.damage_from.as_deref());
+    if let Some(problem) =
+        db.and_then(|db| intact::state::journal::problem(&intact::state::journal::path_of(db)))
+    {
+        reporter.summary.fail(problem);
+    }
     if let Some(db) = s
         .damage_from
         .as_deref()
         .filter(|_| config.work.reads_data())
     {
-        match intact::state::known_damage_at(db) {
-            Some(known) => config.known_damage = Some(std::sync::Arc::new(known)),
-            None => reporter.note(format!(
-                "no state database at {}: damage found earlier cannot be known, so a damaged \
-                 file whose mtime moved since would pass for an edit",
-                escape(db)
-            )),
-        }
+        let known = match intact::state::known_damage_at(db) {
+            Some(known) => known,
+            None => {
+                reporter.note(format!(
+                    "no state database at {}: damage found earlier cannot be known (but for \
+                     what the machine's damage index holds), so a damaged file whose mtime \
+                     moved since would pass for an edit",
+                    escape(db)
+                ));
+                let mut known = engine::KnownDamage::new();
+                intact::state::index::read_into(&mut known);
+                known
+            }
+        };
+        config.known_damage = Some(std::sync::Arc::new(known));
     }
     let mut state = s
         .state
@@ -255,7 +269,8 @@ fn run(
                 && !STOP.load(Ordering::SeqCst)
                 && let Some(state) = &mut front.state
             {
-                sink.missing(state.missing(&s.roots));
+                let deleted = sink.missing(state.missing(&s.roots));
+                state.record_gone(&deleted);
             }
             if let Err(f) = sink.finish(STOP.load(Ordering::SeqCst), &mut front) {
                 failure.get_or_insert(f);

@@ -113,6 +113,13 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
     for failure in std::mem::take(&mut s.failures) {
         failures.fail(failure);
     }
+    if let Some(problem) = s
+        .state
+        .as_deref()
+        .and_then(|db| intact::state::journal::problem(&intact::state::journal::path_of(db)))
+    {
+        failures.fail(problem);
+    }
     let mut state = s
         .state
         .as_deref()
@@ -151,6 +158,20 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
         Some(intact::scrub::MASS_REMOVAL_PERCENT),
     )?;
     let mut overview = plan.overview(now)?;
+    // Damage the walk could not meet: on a file system not mounted now, or excluded.
+    if let Some(st) = &mut state {
+        let walked: std::collections::HashSet<std::path::PathBuf> = overview
+            .damage
+            .iter()
+            .map(|d| state::absolute(&d.path))
+            .collect();
+        let unseen: Vec<_> = st
+            .outstanding(&s.roots)
+            .into_iter()
+            .filter(|d| !walked.contains(&d.path))
+            .collect();
+        overview.damage.extend(unseen);
+    }
     // Where the trees have stores, what they hold now, not what was once written.
     overview.parity = plan.parity(&s.roots)?;
     if let Some(p) = &overview.parity {

@@ -602,20 +602,28 @@ impl Sink for Protector {
         self.keep_stale.is_some()
     }
 
-    fn missing(&mut self, files: Vec<crate::state::Missing>) {
+    /// The files gone since a run last recorded what was gone: under a root that lost many
+    /// at once they are an alarm (and its parity is kept); elsewhere they are deletions,
+    /// recorded as a scrub records them (counted from one run to the next, not piled up
+    /// until they look like a mass deletion).
+    fn missing(&mut self, files: Vec<crate::state::Missing>) -> Vec<crate::state::Missing> {
         let roots: Vec<PathBuf> = self
             .roots
             .iter()
             .map(|r| crate::state::absolute(r))
             .collect();
-        let mut gone = vec![0; roots.len()];
+        let mut gone: Vec<Vec<crate::state::Missing>> = roots.iter().map(|_| Vec::new()).collect();
         // Those a scrub recorded gone were routine deletions, or many the owner confirmed.
         for m in files.into_iter().filter(|m| !m.recorded) {
             if let Some(i) = roots.iter().position(|r| m.path.starts_with(r)) {
-                gone[i] += 1;
+                gone[i].push(m);
             }
         }
-        self.gone = Some(gone);
+        self.gone = Some(gone.iter().map(|g| g.len() as u64).collect());
+        (0..roots.len())
+            .filter(|&i| self.removal(i).is_none())
+            .flat_map(|i| std::mem::take(&mut gone[i]))
+            .collect()
     }
 
     fn finish(&mut self, interrupted: bool, out: &mut dyn Out) -> Result<(), Failure> {

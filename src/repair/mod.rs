@@ -215,7 +215,7 @@ impl Sink for Repairer {
         self.work.opts.missing
     }
 
-    fn missing(&mut self, files: Vec<crate::state::Missing>) {
+    fn missing(&mut self, files: Vec<crate::state::Missing>) -> Vec<crate::state::Missing> {
         for m in files {
             // Back under the root it was under, as that root was given.
             let at = self.work.roots.iter().enumerate().find_map(|(k, root)| {
@@ -250,6 +250,7 @@ impl Sink for Repairer {
             };
             self.target(report, want, true);
         }
+        Vec::new()
     }
 
     fn finish(&mut self, interrupted: bool, out: &mut dyn Out) -> Result<(), Failure> {

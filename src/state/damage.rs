@@ -71,6 +71,7 @@ pub fn known_damage_at(db: &Path) -> Option<KnownDamage> {
     for e in journal::outstanding(entries) {
         add_damage(&mut known, e.ino, &e.tag, &e.damaged, e.found, e.fs);
     }
+    super::index::read_into(&mut known);
     Some(known)
 }
 

@@ -63,7 +63,8 @@ impl Entry {
         self.status == ENDED
     }
 
-    fn line(&self) -> String {
+    /// The entry as a line of the journal.
+    pub(super) fn line(&self) -> String {
         format!(
             "{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
             self.found,
@@ -120,11 +121,15 @@ pub fn append(path: &Path, entries: &[Entry]) -> io::Result<()> {
 
 /// Every entry in the journal at `path` (none if there is none).
 pub fn read(path: &Path) -> io::Result<Vec<Entry>> {
-    let f = match File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e),
-    };
+    match File::open(path) {
+        Ok(f) => read_file(f),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Every entry in the journal open as `f`.
+pub(super) fn read_file(f: File) -> io::Result<Vec<Entry>> {
     let mut entries = Vec::new();
     for line in BufReader::new(f).lines() {
         if let Some(e) = Entry::parse(line?.trim_end_matches('\n')) {
@@ -132,6 +137,40 @@ pub fn read(path: &Path) -> io::Result<Vec<Entry>> {
         }
     }
     Ok(entries)
+}
+
+/// What is wrong with the journal at `path`, if anything: not a file, unreadable, or lines
+/// that are not entries (but a torn last line, a crash mid-append). Said by every run until
+/// it is dealt with: the damage such a journal recorded is not known.
+pub fn problem(path: &Path) -> Option<String> {
+    let shown = crate::text::escape(path);
+    let text = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
+        Ok(m) if !m.is_file() => {
+            return Some(format!(
+                "the damage journal {shown} is not a file: the damage it records cannot be \
+                 read, nor new damage written there (move it aside)"
+            ));
+        }
+        _ => std::fs::read(path),
+    };
+    let text = match text {
+        Ok(text) => text,
+        Err(e) => return Some(format!("the damage journal {shown} cannot be read ({e})")),
+    };
+    // What follows the last newline is a line not yet whole.
+    let whole = text.split(|&b| b == b'\n').count() - 1;
+    let bad = text
+        .split(|&b| b == b'\n')
+        .take(whole)
+        .filter(|l| std::str::from_utf8(l).ok().and_then(Entry::parse).is_none())
+        .count();
+    (bad > 0).then(|| {
+        format!(
+            "the damage journal {shown} holds {bad} line(s) that are not entries: damage they \
+             recorded is not known (remove them)"
+        )
+    })
 }
 
 /// The damage `entries` (a journal, in order) still record: each file's (file system, inode,

@@ -35,6 +35,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 mod damage;
 mod dirs;
 pub mod entries;
+pub mod index;
 pub mod journal;
 mod layout;
 mod locks;
@@ -55,10 +56,10 @@ pub(crate) use locks::wait_for_locks;
 pub use locks::{LOCK_WAIT, on_lock_waits};
 pub use lookup::{Found, Lookup};
 pub(crate) use pages::{copied, entry_at, forget, settle_moved};
-pub(crate) use paths::absolute_from;
 use paths::absolute_owned;
 pub(crate) use paths::under;
 pub use paths::{FsIds, absolute, roots_key};
+pub(crate) use paths::{absolute_from, unmounted};
 pub use recover::{Rebuilt, is_damage, why};
 use recover::{rebuild, room_for_shared_memory};
 use rows::{Fact, Row, facts};
@@ -366,13 +367,14 @@ impl State {
         if let Err(e) = load_damage(&self.conn, &mut known) {
             self.fail(e);
         }
+        index::read_into(&mut known);
         known
     }
 
     /// Damage this database knows under `roots` that this run did not see: files found
     /// damaged before, neither repaired, accepted nor edited since, and still there (the same
-    /// inode under the path last seen). A run that is not told of them would say nothing of
-    /// damage that is still there.
+    /// inode under the path last seen), or on a file system that is not mounted now. A run
+    /// that is not told of them would say nothing of damage that is still there.
     pub fn outstanding(&mut self, roots: &[PathBuf]) -> Vec<Damaged> {
         self.commit();
         let mut found = Vec::new();
@@ -411,9 +413,14 @@ impl State {
                                 && e.seen == run
                         })
                     });
-                    let there = std::fs::symlink_metadata(&damaged.path).is_ok_and(|m| {
-                        m.ino() as i64 == ino && self.fsids.of(m.dev(), &damaged.path) == fs
-                    });
+                    // There, or on a file system not mounted now (its damage cannot be known
+                    // to be dealt with: it stays said).
+                    let there = match std::fs::symlink_metadata(&damaged.path) {
+                        Ok(m) => {
+                            m.ino() as i64 == ino && self.fsids.of(m.dev(), &damaged.path) == fs
+                        }
+                        Err(_) => unmounted(&damaged.path, fs).is_some(),
+                    };
                     let twice = found
                         .last()
                         .is_some_and(|d: &Damaged| d.path == damaged.path);
@@ -476,7 +483,7 @@ impl State {
         let mut found: Vec<Missing> = Vec::new();
         let rows = self.lay_out(roots).and_then(|_| {
             self.under_roots(
-                "SELECT ino, digest, path, size, verified, gone IS NOT NULL FROM files \
+                "SELECT ino, digest, path, size, verified, gone IS NOT NULL, fs FROM files \
              WHERE coalesce(seen, 0) != ?3 AND length(digest) > 1 AND dup IS NULL \
              AND NOT EXISTS (SELECT 1 \
              FROM files o WHERE o.fs = files.fs AND o.ino = files.ino AND o.was = files.digest) \
@@ -486,8 +493,9 @@ impl State {
                     let (key, path): (Vec<u8>, Vec<u8>) = (r.get(1)?, r.get(2)?);
                     let (ino, size, verified): (i64, i64, Option<i64>) =
                         (r.get(0)?, r.get(3)?, r.get(4)?);
-                    let recorded: bool = r.get(5)?;
+                    let (recorded, fs): (bool, i64) = (r.get(5)?, r.get(6)?);
                     Ok(digest_from_key(&key).map(|digest| Missing {
+                        fs,
                         path: PathBuf::from(std::ffi::OsString::from_vec(path)),
                         digest,
                         size: size as u64,
@@ -513,6 +521,37 @@ impl State {
             Err(e) => self.fail(e),
         }
         found
+    }
+
+    /// Records `files` (found gone by a run that saw their whole tree, and not many at once)
+    /// as a scrub records files gone: their entries go, and they are kept as files gone for
+    /// [`crate::scrub::GONE_KEPT`] (`repair --missing` brings them back).
+    pub fn record_gone(&mut self, files: &[Missing]) {
+        if files.is_empty() || self.failed.is_some() {
+            return;
+        }
+        self.commit();
+        let t = now();
+        let result = transaction(&self.conn, |conn| {
+            for m in files.iter().filter(|m| !m.recorded) {
+                let key = digest_key(&m.digest);
+                let path = bytes(&m.path);
+                forget(conn, "", path, (m.fs, m.ino as i64, &key))?;
+                conn.execute(
+                    "INSERT OR REPLACE INTO gone (path, fs, ino, digest, size, verified, at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    params![path, m.fs, m.ino as i64, key, m.size as i64, m.verified, t],
+                )?;
+                conn.execute(
+                    "DELETE FROM damage WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
+                    params![m.fs, m.ino as i64, key],
+                )?;
+            }
+            Ok(())
+        });
+        if let Err(e) = result {
+            self.fail(e);
+        }
     }
 
     /// The damaged files under `roots` (the index of the root each is under, and its path
@@ -839,9 +878,22 @@ impl State {
     /// before the database is given the rows that say it; failing that, the run says so.
     fn journal(&mut self) {
         let entries = std::mem::take(&mut self.journal_pending);
-        let Some(path) = self.journal.as_ref().filter(|_| !entries.is_empty()) else {
+        if entries.is_empty() {
             return;
-        };
+        }
+        // Root's damage is the machine's: every run reads the index, whatever its database.
+        if index::keeps()
+            && let Err(e) = index::append(&entries)
+        {
+            self.failed.get_or_insert_with(|| {
+                format!(
+                    "the machine's damage index {} could not be written ({e}): runs on other \
+                     databases do not know the damage found now",
+                    crate::text::escape(&index::path())
+                )
+            });
+        }
+        let Some(path) = &self.journal else { return };
         if let Err(e) = journal::append(path, &entries) {
             let lost = if entries.iter().all(journal::Entry::is_end) {
                 "damage that ended now may be reported again"
@@ -970,6 +1022,8 @@ pub struct Missing {
     pub digest: Digest,
     /// Its size.
     pub size: u64,
+    /// Its file system then.
+    pub fs: i64,
     /// Its inode then.
     pub ino: u64,
     /// When it was last verified (Unix milliseconds).

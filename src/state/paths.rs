@@ -115,6 +115,15 @@ pub(crate) fn within(dir: &[u8], above: &[u8]) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest[0] == b'/' || above.ends_with(b"/"))
 }
 
+/// Where a missing file's path now leads to another file system than the one it was recorded
+/// on (`fs`): the nearest folder of its path that exists, if that is on another file system
+/// (a disk mounted there is not now). File systems that report no identity (0) say nothing.
+pub(crate) fn unmounted(path: &Path, fs: i64) -> Option<PathBuf> {
+    let holder = path.ancestors().skip(1).find(|a| a.exists())?;
+    let now = rustix::fs::statvfs(holder).ok()?.f_fsid as i64;
+    (now != fs && now != 0 && fs != 0).then(|| holder.to_path_buf())
+}
+
 #[cfg(test)]
 mod tests {
     use super::within;

@@ -221,6 +221,11 @@ impl Cmd {
         };
         c.args(&self.args)
             .env("XDG_STATE_HOME", state_home(self.nobody))
+            // The machine's damage index of the test's own (root's, which nobody reads too).
+            .env(
+                "INTACT_DAMAGE_INDEX",
+                state_home(false).join("damage-index/index"),
+            )
             .env_remove("INTACT_STATE")
             // Nobody is told of a test's findings unless the test says so.
             .env_remove("INTACT_NOTIFY")
@@ -254,12 +259,33 @@ impl Cmd {
         c
     }
 
-    /// Runs it, and says its peak resident memory (KiB) and how long it took.
+    /// Runs it, and says its peak resident memory (KiB) and how long it took. The peak is its
+    /// `VmHWM`, read as it runs: its `ru_maxrss` would be at least the test process's own
+    /// (Linux keeps the high-water mark through fork and exec), which many tests at once
+    /// make large.
     pub fn measure(self) -> (Run, u64, Duration) {
         let start = std::time::Instant::now();
-        // Reaped by wait4 below (for its peak memory), not by `Child::wait`.
+        // Reaped by wait4 below, not by `Child::wait`.
         #[allow(clippy::zombie_processes)]
         let mut child = self.command().spawn().unwrap();
+        let pid = child.id();
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let polled = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let mut peak = 0u64;
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    let status = fs::read_to_string(format!("/proc/{pid}/status"));
+                    let hwm = status.ok().and_then(|s| {
+                        let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+                        line.split_whitespace().nth(1)?.parse::<u64>().ok()
+                    });
+                    peak = peak.max(hwm.unwrap_or(0));
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                peak
+            })
+        };
         let read = |mut r: Box<dyn std::io::Read + Send>| {
             std::thread::spawn(move || {
                 let mut s = Vec::new();
@@ -273,13 +299,14 @@ impl Cmd {
         // SAFETY: a zeroed rusage is a valid value for wait4 to fill.
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
         // SAFETY: wait4 on our own child, with valid pointers to a status and a rusage.
-        let r = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
-        assert_eq!(
-            r,
-            child.id() as i32,
-            "wait4: {}",
-            std::io::Error::last_os_error()
-        );
+        let r = unsafe { libc::wait4(pid as i32, &mut status, 0, &mut usage) };
+        assert_eq!(r, pid as i32, "wait4: {}", std::io::Error::last_os_error());
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        // A run too short to be read as it ran: its ru_maxrss, an upper bound.
+        let peak = match polled.join().unwrap() {
+            0 => usage.ru_maxrss as u64,
+            kib => kib,
+        };
         let code = if libc::WIFEXITED(status) {
             libc::WEXITSTATUS(status)
         } else {
@@ -290,7 +317,7 @@ impl Cmd {
             stdout: String::from_utf8_lossy(&out.join().unwrap()).into_owned(),
             stderr: String::from_utf8_lossy(&err.join().unwrap()).into_owned(),
         };
-        (run, usage.ru_maxrss as u64, start.elapsed())
+        (run, peak, start.elapsed())
     }
 
     pub fn run(self) -> Run {

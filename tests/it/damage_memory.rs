@@ -3,7 +3,7 @@
 
 use std::ffi::OsStr;
 use std::fs;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::PathBuf;
 
 use crate::common::*;
@@ -394,8 +394,15 @@ fn no_state_records_nothing_but_never_blesses_known_damage() {
     assert!(r.stdout.contains("corrupt"), "{}", r.stdout);
     assert_eq!(getxattr(&a, TAG), tag, "--no-state blessed known damage");
     assert_eq!(rows(&db), before, "--no-state wrote to the database");
-    // With no database anywhere, the run says what it cannot know.
-    let r = intact!("update", "--no-state", "--state", t.path("none.db"), &root).expect_code(0);
+    // With no database anywhere, the machine's damage index (root's runs keep it) knows.
+    let none = t.path("none.db");
+    let r = intact!("update", "--no-state", "--state", &none, &root).expect_code(1);
+    assert!(r.stdout.contains("corrupt"), "{}", r.stdout);
+    // Without it too, the run says what it cannot know.
+    let r = cmd!("update", "--no-state", "--state", &none, &root)
+        .env("INTACT_DAMAGE_INDEX", t.path("no-index/index"))
+        .run()
+        .expect_code(0);
     assert!(
         r.stderr.contains("damage found earlier cannot be known"),
         "{}",
@@ -561,4 +568,127 @@ fn a_damaged_file_moved_is_still_said_by_a_scrub_that_does_not_read_it() {
         .expect_code(1)
         .stdout;
     assert!(out.contains("moved/f03"), "{out}");
+}
+
+/// Damage one database knows is not blessed by a run on another, or on none: root's damage
+/// goes into the machine's damage index (no names), which every run reads. The damaged file
+/// touched, then `update` with no database (or another one) keeps it corrupt, untagged
+/// with its damaged bytes; the first database still says so.
+#[test]
+fn damage_known_to_one_database_is_not_blessed_by_a_run_on_another() {
+    require_root!();
+    let t = Tree::new();
+    let (root, a) = damaged_tree(&t);
+    let db = t.path("w.db");
+    cmd!("scrub", "-q", "--state", &db, &root)
+        .days_later(1)
+        .run()
+        .expect_code(1);
+    let tag = getxattr(&a, TAG);
+    set_mtime(&a, (2_000_000_000, 0));
+    let other = t.path("other.db");
+    for state in [&["--no-state"][..], &["--state", other.to_str().unwrap()]] {
+        let r = cmd!("update")
+            .args(state)
+            .arg(&root)
+            .days_later(2)
+            .run()
+            .expect_code(1);
+        assert!(r.stdout.contains("corrupt"), "{state:?}: {}", r.stdout);
+        assert_eq!(getxattr(&a, TAG), tag, "{state:?}: re-tagged");
+    }
+    cmd!("check", "-q", "--state", &db, &root)
+        .days_later(3)
+        .run()
+        .expect_code(1);
+    // The index names no file, and anyone may read it.
+    let index = fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().join("damage-index/index"))
+        .filter(|p| p.exists())
+        .find(|p| {
+            p.to_string_lossy()
+                .contains("not_blessed_by_a_run_on_another")
+        })
+        .expect("the test's damage index");
+    let text = fs::read_to_string(&index).unwrap();
+    assert!(!text.is_empty());
+    assert!(text.lines().all(|l| l.ends_with('\t')), "{text}");
+    assert_eq!(
+        fs::metadata(&index).unwrap().permissions().mode() & 0o777,
+        0o644
+    );
+}
+
+/// Damage on a file system mounted inside the tree is still damage when that file system is
+/// not mounted: check, update, scrub and status keep saying so (exit 1), and status lists it.
+#[test]
+fn damage_on_a_sub_mount_not_mounted_now_is_still_said() {
+    require_faults!();
+    let t = Tree::new();
+    let root = t.path("tree");
+    t.write("tree/b", data(4000, 1));
+    let disk = crate::faultfs::LoopFs::new(
+        &{
+            let image = t.path("sub.img");
+            fs::File::create(&image).unwrap().set_len(16 << 20).unwrap();
+            image
+        },
+        &["mkfs.ext4", "-q", "-F"],
+        &root.join("m"),
+    );
+    let a = t.write("tree/m/a", data(4000, 2));
+    let db = t.path("state.db");
+    intact!("tag", "-q", "--state", &db, &root).expect_code(0);
+    flip_byte(&a, 100);
+    cmd!("check", "-q", "--state", &db, &root)
+        .days_later(1)
+        .run()
+        .expect_code(1);
+    drop(disk);
+    assert!(!a.exists());
+    for verb in ["check", "update", "scrub"] {
+        let r = cmd!(verb, "--state", &db, &root).days_later(2).run();
+        assert_eq!(r.code, 1, "{verb}: {}{}", r.stdout, r.stderr);
+        assert!(
+            r.stdout.contains("m/a: found damaged"),
+            "{verb}: {}",
+            r.stdout
+        );
+    }
+    let r = intact!("status", "-q", "--state", &db, &root).expect_code(1);
+    assert!(r.stdout.contains("m/a"), "{}", r.stdout);
+}
+
+/// A damage journal with lines that are not entries, or that is not a file, hides the
+/// damage it recorded: every run says so (exit 3), not once.
+#[test]
+fn a_damage_journal_that_cannot_be_read_is_said_by_every_run() {
+    let t = Tree::new();
+    let (root, _) = damaged_tree(&t);
+    let db = t.path("state.db");
+    cmd!("scrub", "-q", "--state", &db, &root)
+        .days_later(1)
+        .run()
+        .expect_code(1);
+    let journal = t.path("state.db.damage");
+    let good = fs::read(&journal).unwrap();
+    fs::write(&journal, [&good[..], b"garbage\tline\n"].concat()).unwrap();
+    for _ in 0..2 {
+        let r = intact!("status", "-q", "--state", &db, &root);
+        assert_ne!(r.code, 0, "{}", r.stderr);
+        assert!(r.stderr.contains("not entries"), "{}", r.stderr);
+    }
+    // A torn last line (a crash mid-append) is no trouble.
+    fs::write(&journal, [&good[..], b"1764728045000\t-5\t4"].concat()).unwrap();
+    let r = intact!("status", "-q", "--state", &db, &root).expect_code(1);
+    assert!(!r.stderr.contains("journal"), "{}", r.stderr);
+    fs::remove_file(&journal).unwrap();
+    fs::create_dir(&journal).unwrap();
+    for verb in ["status", "check"] {
+        let r = intact!(verb, "-q", "--state", &db, &root);
+        assert_ne!(r.code, 0, "{verb}");
+        assert!(r.stderr.contains("is not a file"), "{verb}: {}", r.stderr);
+    }
 }

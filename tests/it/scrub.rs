@@ -1055,6 +1055,7 @@ fn a_folder_of_100000_files_takes_bounded_memory() {
             .args([OsStr::new("--state"), db.as_os_str(), dir.as_os_str()])
             .measure();
         let run = run.expect_code(0);
+        eprintln!("{args:?}: {kib} KiB");
         assert!(kib < 40 << 10, "{args:?}: {kib} KiB\n{}", run.stderr);
     }
 }
