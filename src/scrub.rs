@@ -156,7 +156,8 @@ enum Fate {
     Moved(Option<Vec<u8>>),
     /// Its file system is not mounted now (what holds its path, given, is another one).
     Unmounted(PathBuf),
-    /// Gone: removed, or `replaced` by something else under its name.
+    /// Gone: removed, or `replaced` by something else under its name (an editor's save, a
+    /// copy put there: not a file gone, damaged or not).
     Gone { replaced: bool },
 }
 
@@ -227,7 +228,7 @@ fn fate(conn: &Connection, u: &Unmet, alarms: bool) -> Fate {
         return Fate::Unmounted(holder);
     }
     Fate::Gone {
-        replaced: now.is_ok() && u.gone.damaged.is_none(),
+        replaced: now.is_ok(),
     }
 }
 
@@ -792,6 +793,11 @@ impl Plan {
             }
             if mark {
                 state::forget(&conn, "state.", &u.path(), u.id())?;
+                // Its inode is gone from its name, deleted or replaced: so is its damage.
+                conn.execute(
+                    "DELETE FROM state.damage WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
+                    params![u.fs, u.ino, u.key],
+                )?;
                 if !replaced {
                     let g = &u.gone;
                     conn.execute(
@@ -807,10 +813,6 @@ impl Plan {
                             g.damaged,
                             now
                         ],
-                    )?;
-                    conn.execute(
-                        "DELETE FROM state.damage WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
-                        params![u.fs, u.ino, u.key],
                     )?;
                 }
             }

@@ -490,8 +490,9 @@ impl Drop for Bind {
 }
 
 /// Damage on a file system mounted inside the tree, left out by `-x`, then unmounted: the
-/// files are not gone (their file system is not there), so their damage stays recorded; the
-/// run says the sub-mount holds none of its files; mounted again, the damage is there.
+/// files are not gone (their file system is not there), so their damage stays recorded and
+/// said (exit 1: damage wins over the alarm); the run says the sub-mount holds none of its
+/// files; mounted again, the damage is there.
 #[test]
 fn damage_on_an_unmounted_sub_mount_is_not_forgotten() {
     require_faults!();
@@ -510,14 +511,19 @@ fn damage_on_an_unmounted_sub_mount_is_not_forgotten() {
     intact!("scrub", "-q", "--state", &db, &root).expect_code(1);
     intact!("scrub", "-q", "-x", "--state", &db, &root).expect_code(1);
     drop(mounted);
-    let r = intact!("scrub", "--state", &db, &root).expect_code(3);
+    let r = intact!("scrub", "--state", &db, &root).expect_code(1);
     assert!(!r.stdout.contains("removed"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("sub/photo.jpg: found damaged"),
+        "{}",
+        r.stdout
+    );
     assert!(
         r.stderr.contains("holds none of the 1 files"),
         "{}",
         r.stderr
     );
-    intact!("status", "-q", "--state", &db, &root).expect_code(3);
+    intact!("status", "-q", "--state", &db, &root).expect_code(1);
     let _mounted = Bind::new(&disk.root, &sub);
     let r = intact!("scrub", "--state", &db, &root).expect_code(1);
     assert!(r.stdout.contains("corrupt"), "{}", r.stdout);

@@ -31,6 +31,7 @@ mod common;
 mod receiver;
 
 mod disk;
+mod faults;
 mod night;
 mod sim;
 mod world;
@@ -103,7 +104,15 @@ fn unsupported() -> Option<String> {
     if !common::is_root() {
         return Some("needs root (a loop device)".into());
     }
-    for tool in ["losetup", "mkfs.ext4", "mount", "apprise", "curl"] {
+    for tool in [
+        "losetup",
+        "mkfs.ext4",
+        "mount",
+        "apprise",
+        "curl",
+        "restic",
+        "par2",
+    ] {
         let found = std::process::Command::new("sh")
             .args(["-c", &format!("command -v {tool}")])
             .stdout(std::process::Stdio::null())
@@ -178,7 +187,13 @@ fn table(seed: u64, s: &Setup, m: &sim::Summary) -> String {
          | every rot found within a cycle and a night ({} nights) | yes: {} made, {} found, at most {} nights after |\n\
          | status lists exactly the damage outstanding | yes |\n\
          | no tag describes damaged bytes; every other file tagged with what it holds | yes |\n\
-         | the owner's repairs | {} from parity, {} restored by hand, {} accepted |\n\
+         | the owner's repairs | {} from parity, {} from the nightly restic backup, {} restored by hand, {} accepted |\n\
+         | faults: runs killed or stopped mid-run, databases lost, databases damaged | {} / {} / {} |\n\
+         | files gone at once: an alarm (exit 3) until brought back by repair --missing or confirmed | yes: {} brought back, {} confirmed |\n\
+         | status's files removed are the files deleted (30 days) | yes (up to {} listed) |\n\
+         | every set written verifies with par2cmdline | yes ({} sets) |\n\
+         | sets within 1.25x a fresh protect's share of the data and of what changed since the monthly protect; moved aside within 1.1x redundancy of what changed in 30 nights, a pack index a change | yes (at most {:.2} / {:.2} of the bound) |\n\
+         | every file not damaged proven good within a cycle and two nights; no temp file left | yes |\n\
          | database bytes a file, first {k} nights / last {k} | {:.0} / {:.0} |\n\
          | peak RSS, first {k} nights / last {k} | {:.1} / {:.1} MiB |\n\
          | seconds a night, first {k} nights / last {k} | {:.2} / {:.2} |\n",
@@ -193,8 +208,18 @@ fn table(seed: u64, s: &Setup, m: &sim::Summary) -> String {
         m.rot_found,
         m.latest_find,
         m.repaired,
+        m.from_backup,
         m.restored,
         m.accepted,
+        m.kills,
+        m.lost_dbs,
+        m.broken_dbs,
+        m.mass_restored,
+        m.mass_confirmed,
+        m.removed_said,
+        m.sets_verified,
+        m.worst_store,
+        m.worst_stale,
         first.0,
         last.0,
         first.1,

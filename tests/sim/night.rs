@@ -121,24 +121,45 @@ pub fn named_damaged(body: &str) -> Vec<String> {
     names
 }
 
-/// `status --json` of `tree`: its exit code and the damage it lists.
+/// `status -v --json` of `tree`: its exit code, the damage it lists, the files it calls
+/// removed, whether the database's history was lost, when each file was last proven good,
+/// and the document.
 pub struct Status {
     pub code: i32,
     pub damaged: Vec<PathBuf>,
+    pub removed: Vec<PathBuf>,
+    pub history_lost: bool,
+    pub verified: Vec<(PathBuf, Option<i64>)>,
+    pub doc: Value,
 }
 
 pub fn status(tree: &Path, db: &Path, days: u32) -> Status {
-    let args: Vec<String> = ["status", "--json", "--state"]
+    let args: Vec<String> = ["status", "-v", "--json", "--state"]
         .iter()
         .map(|s| s.to_string())
         .chain([db.display().to_string(), tree.display().to_string()])
         .collect();
     let ran = intact(&args, days, &[]);
-    let doc: Value = serde_json::from_str(ran.stdout.trim())
-        .unwrap_or_else(|e| panic!("status --json: {e}: {}{}", ran.stdout, ran.stderr));
+    let mut verified = Vec::new();
+    let mut doc = Value::Null;
+    for line in ran.stdout.lines() {
+        let v: Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("status --json: {e}: {line}\n{}", ran.stderr));
+        match v["type"].as_str() {
+            Some("file") => {
+                let when = v["verified"].as_str().and_then(|t| {
+                    let t = humantime::parse_rfc3339_weak(t).ok()?;
+                    let secs = t.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
+                    Some(secs as i64)
+                });
+                verified.push((PathBuf::from(v["path"].as_str().unwrap()), when));
+            }
+            _ => doc = v,
+        }
+    }
     let paths = |v: &Value| -> Vec<PathBuf> {
         v.as_array()
-            .unwrap()
+            .unwrap_or_else(|| panic!("status --json: {doc}"))
             .iter()
             .map(|d| PathBuf::from(d["path"].as_str().unwrap()))
             .collect()
@@ -146,5 +167,9 @@ pub fn status(tree: &Path, db: &Path, days: u32) -> Status {
     Status {
         code: ran.code,
         damaged: paths(&doc["overview"]["damage"]),
+        removed: paths(&doc["removed"]),
+        history_lost: !doc["history_lost"].is_null(),
+        verified,
+        doc,
     }
 }

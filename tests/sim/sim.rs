@@ -7,6 +7,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use crate::disk::Disk;
+use crate::faults;
 use crate::night::{self, Heard, Ran, Status};
 use crate::receiver::Receiver;
 use crate::world::{Id, Rot, World, sha256, tag_digest};
@@ -81,10 +82,25 @@ pub struct Summary {
     /// Nights from rot to its first mention, at most.
     pub latest_find: u32,
     pub repaired: u32,
+    pub from_backup: u32,
     pub restored: u32,
     pub accepted: u32,
     pub alarms: u32,
     pub all_clears: u32,
+    /// Faults made: runs killed or stopped mid-run, databases lost, databases damaged, mass
+    /// deletions (brought back, confirmed).
+    pub kills: u32,
+    pub lost_dbs: u32,
+    pub broken_dbs: u32,
+    pub mass_restored: u32,
+    pub mass_confirmed: u32,
+    /// Files said removed, in all; sets verified by par2 as they were written.
+    pub removed_said: u32,
+    pub sets_verified: u32,
+    /// The store against the data, at most (current sets over a fresh protect's share, and
+    /// what was moved aside over its allowance).
+    pub worst_store: f64,
+    pub worst_stale: f64,
 }
 
 /// The nights a cycle of `max_percent` a night takes, and a night for what the budget's
@@ -137,7 +153,20 @@ pub fn run(seed: u64, setup: &Setup) -> Result<Summary, Failure> {
         seen: 0,
         alarmed: false,
         summary: Summary::default(),
+        mass: None,
+        reset: None,
+        fresh_share: 0.0,
+        run_began: std::time::SystemTime::now(),
+        repo: scratch.path().join("restic"),
+        restic_env: vec![
+            ("RESTIC_PASSWORD", "sim".into()),
+            (
+                "RESTIC_CACHE_DIR",
+                scratch.path().join("restic-cache").display().to_string(),
+            ),
+        ],
     };
+    life.restic(&["init", "-q"]);
     // The owner's setup, as the README has it: the tree tagged and given parity once, then
     // the timer enabled.
     for verb in ["tag", "protect"] {
@@ -152,6 +181,10 @@ pub fn run(seed: u64, setup: &Setup) -> Result<Summary, Failure> {
             });
         }
     }
+    let fresh = night::status(&life.world.root, &life.db, 0);
+    let parity = &fresh.doc["overview"]["parity"];
+    life.fresh_share = parity["store_bytes"].as_f64().unwrap_or(0.0)
+        / parity["current"]["bytes"].as_f64().unwrap_or(1.0).max(1.0);
     let result = life.nights(&args, &env, &receiver);
     if setup.keep {
         eprintln!(
@@ -189,14 +222,45 @@ impl Life {
                 what,
                 log: log.to_vec(),
             };
+            let fault = (night > 2)
+                .then(|| faults::draw(&mut self.world.rng))
+                .flatten();
             if night > 1 {
                 let ops = (setup.files / 100).max(4);
                 self.world.day(night, ops, setup.rot, &self.disk);
             }
+            self.fault(night, fault);
+            // The owner: a mass deletion the morning after it is told, damage now and then,
+            // and a protect of the whole tree once a month (what prunes stale parity).
+            if self.mass.as_ref().is_some_and(|m| night > m.night) {
+                self.owner_mass(night)
+                    .map_err(|w| fail(w, &self.world.log))?;
+            }
             if night % setup.owner_every == 0 {
                 self.owner(night).map_err(|w| fail(w, &self.world.log))?;
             }
+            if night % 30 == 0 {
+                let mut protect = self.state_args(&["protect", "-q"]);
+                protect.push(self.world.root.display().to_string());
+                let ran = night::intact(&protect, night, &[]);
+                self.world
+                    .note(format!("owner: intact protect: exit {}", ran.code));
+            }
+            if let Some(faults::Fault::Kill { signal, after }) = fault {
+                let (landed, code) = faults::killed_run(args, night, env, signal, after);
+                self.world.note(format!(
+                    "the run got signal {signal} after {after} files (landed: {landed}, exit \
+                     {code}); the timer's next run follows"
+                ));
+                self.summary.kills += u32::from(landed);
+                // Stopped, it tells the owner so (an alarm); killed, nothing.
+                let told = night::heard(receiver, &mut self.seen);
+                if let Some((_, _, kind)) = told.messages.last() {
+                    self.alarmed = kind == "failure";
+                }
+            }
             let made = self.world.damaged().count();
+            self.run_began = std::time::SystemTime::now();
             let ran = night::intact(args, night, env);
             let heard = night::heard(receiver, &mut self.seen);
             let status = night::status(&self.world.root, &self.db, night);
@@ -226,6 +290,7 @@ impl Life {
                 );
             }
             self.summary.nights.push(measured);
+            self.backup(night);
         }
         Ok(std::mem::take(&mut self.summary))
     }
@@ -248,9 +313,196 @@ struct Life {
     /// Whether the last message was an alarm (an all-clear is owed when all is well).
     alarmed: bool,
     summary: Summary,
+    /// A mass deletion the owner has not dealt with yet.
+    mass: Option<crate::world::MassDeletion>,
+    /// The last night the database was lost or damaged (its schedule starts again).
+    reset: Option<u32>,
+    /// What a fresh protect of the tree stores against its data.
+    fresh_share: f64,
+    /// When tonight's run began (real time): sets written since are tonight's.
+    run_began: std::time::SystemTime,
+    /// The nightly backup: a restic repository (outside the tree), and its environment.
+    repo: PathBuf,
+    restic_env: Vec<(&'static str, String)>,
 }
 
 impl Life {
+    /// Runs restic on the nightly backup's repository.
+    fn restic(&self, args: &[&str]) {
+        let out = std::process::Command::new("restic")
+            .arg("--repo")
+            .arg(&self.repo)
+            .args(args)
+            .envs(self.restic_env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .expect("restic");
+        assert!(
+            out.status.success(),
+            "restic {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The nightly backup, after the run, dated by the night (the fake clock's day).
+    fn backup(&self, night: u32) {
+        let at = std::time::UNIX_EPOCH
+            + std::time::Duration::from_secs(
+                (self.world.start + night as i64 * crate::world::DAY) as u64,
+            );
+        let date = humantime::format_rfc3339_seconds(at).to_string();
+        let time = date.trim_end_matches('Z').replace('T', " ");
+        let root = self.world.root.display().to_string();
+        self.restic(&[
+            "backup",
+            "-q",
+            "--time",
+            &time,
+            "--exclude",
+            ".intact-parity",
+            &root,
+        ]);
+    }
+
+    /// `--from` the nightly backup, and the environment restic needs.
+    fn from_backup(&self) -> (Vec<String>, Vec<(&str, String)>) {
+        let from = vec![
+            "--from".to_string(),
+            format!("restic:{}", self.repo.display()),
+        ];
+        (from, self.restic_env.clone())
+    }
+
+    /// Makes tonight's fault, before the run (a kill comes with the run itself).
+    fn fault(&mut self, night: u32, fault: Option<faults::Fault>) {
+        let db = self.db.display().to_string();
+        match fault {
+            Some(faults::Fault::LostDb) => {
+                for suffix in ["", "-wal", "-shm"] {
+                    let _ = std::fs::remove_file(format!("{db}{suffix}"));
+                }
+                self.world.note("the state database was deleted".into());
+                self.reset = Some(night);
+                // What the owner was told is remembered there: no all-clear is owed by a new
+                // database that never sent the alarm.
+                self.alarmed = false;
+                self.summary.lost_dbs += 1;
+            }
+            Some(faults::Fault::BrokenDb) => {
+                let garbage: Vec<u8> = (0..64 << 10).map(|i| (i * 7 % 251) as u8).collect();
+                std::fs::write(&db, garbage).unwrap();
+                for suffix in ["-wal", "-shm"] {
+                    let _ = std::fs::remove_file(format!("{db}{suffix}"));
+                }
+                self.world.note("the state database was overwritten".into());
+                self.reset = Some(night);
+                self.alarmed = false;
+                self.summary.broken_dbs += 1;
+            }
+            // (Files the database has not met again since it was lost are unknown to it: a
+            // mass deletion is one once a cycle has read them.)
+            Some(faults::Fault::MassDeletion)
+                if self.mass.is_none()
+                    && self
+                        .reset
+                        .is_none_or(|r| night > r + deadline(&self.setup) + 1) =>
+            {
+                self.mass = self.world.mass_delete(night);
+            }
+            _ => {}
+        }
+    }
+
+    /// The owner deals with files gone at once (told as an alarm): brings them back with
+    /// `repair --missing` (from the tree's parity), or confirms the deletion.
+    fn owner_mass(&mut self, night: u32) -> Result<(), String> {
+        let mass = self.mass.take().expect("a mass deletion");
+        let root = self.world.root.display().to_string();
+        if self.world.rng.bool() {
+            let (from, env) = self.from_backup();
+            let mut args = self.state_args(&["repair", "-q", "--missing"]);
+            args.extend(from);
+            args.push(root);
+            let ran = night::intact(&args, night, &env);
+            self.world.note(format!(
+                "owner: repair --missing of {} files: exit {}",
+                mass.files.len(),
+                ran.code
+            ));
+            // What the last backup held: the files written before the day of the deletion.
+            // (A file moved or renamed that day is known under its name before: it comes back
+            // there, not under the name no run saw.)
+            let mut mass = mass;
+            mass.files.retain(|(rel, id, c)| {
+                c.born < mass.night && !mass.named.contains(rel) && !mass.linked.contains(id)
+            });
+            for (rel, _, c) in &mass.files {
+                let now = std::fs::read(self.world.path(rel)).map(|b| sha256(&b));
+                if now.as_ref().ok() != Some(&c.good) {
+                    return Err(format!(
+                        "{} (deleted before night {}) was not brought back by repair \
+                         --missing from the nightly backup: exit {}\n{}{}",
+                        rel.display(),
+                        mass.night,
+                        ran.code,
+                        ran.stdout,
+                        ran.stderr
+                    ));
+                }
+            }
+            self.world.undelete(mass);
+            // It repairs what it finds damaged on its way too.
+            self.summary.from_backup += self.repaired();
+            // `--missing` brings back every file gone within 30 days: the owner deletes again
+            // those deleted on purpose.
+            for rel in strays(&self.world.root, &self.world.root, &self.world.names) {
+                std::fs::remove_file(self.world.path(&rel)).unwrap();
+                self.world
+                    .note(format!("owner: deleted again {}", rel.display()));
+                self.world.deleted.push((night, rel));
+            }
+            self.summary.mass_restored += 1;
+        } else {
+            let mut args = self.state_args(&["scrub", "-q", "--accept-removed"]);
+            args.push(root);
+            let ran = night::intact(&args, night, &[]);
+            self.world.note(format!(
+                "owner: scrub --accept-removed of {} files: exit {}",
+                mass.files.len(),
+                ran.code
+            ));
+            for (rel, id, c) in mass.files {
+                self.world.churned.push((night, c.size));
+                // (One moved that day was known, and is said gone, under its name before.)
+                let known = c.born < mass.night && !mass.named.contains(&rel);
+                if known && !self.world.contents.contains_key(&id) {
+                    self.world.deleted.push((night, rel));
+                }
+            }
+            self.summary.mass_confirmed += 1;
+        }
+        Ok(())
+    }
+
+    /// The damaged files that hold their good bytes again (a repair restored them): their
+    /// damage is over. How many.
+    fn repaired(&mut self) -> u32 {
+        let damaged: Vec<(Id, PathBuf, [u8; 32])> = self
+            .world
+            .damaged()
+            .map(|(id, c, _)| (id, self.world.names_of(id)[0].clone(), c.good))
+            .collect();
+        let mut n = 0;
+        for (id, rel, good) in damaged {
+            let now = std::fs::read(self.world.path(&rel)).map(|b| sha256(&b));
+            if now.as_ref().ok() == Some(&good) {
+                self.world.contents.get_mut(&id).unwrap().damage = None;
+                self.world.note(format!("repaired {}", rel.display()));
+                n += 1;
+            }
+        }
+        n
+    }
+
     fn state_args(&self, verb: &[&str]) -> Vec<String> {
         verb.iter()
             .map(|s| s.to_string())
@@ -276,20 +528,18 @@ impl Life {
         self.world
             .note(format!("owner: intact repair: exit {}", ran.code));
         // Whatever the repair restored is good again (rot not yet told of included).
-        let damaged: Vec<(Id, PathBuf, [u8; 32])> = self
-            .world
-            .damaged()
-            .map(|(id, c, _)| (id, self.world.names_of(id)[0].clone(), c.good))
-            .collect();
-        for (id, rel, good) in damaged {
-            let path = self.world.path(&rel);
-            let now = sha256(&std::fs::read(&path).map_err(|e| format!("{}: {e}", rel.display()))?);
-            if now == good {
-                self.world.contents.get_mut(&id).unwrap().damage = None;
-                self.summary.repaired += 1;
-                self.world.note(format!("repaired {}", rel.display()));
-            }
-        }
+        self.summary.repaired += self.repaired();
+        // Then from the nightly backup, which holds the good bytes of rot it never saw change.
+        let (from, env) = self.from_backup();
+        let mut args = self.state_args(&["repair", "-q"]);
+        args.extend(from);
+        args.push(self.world.root.display().to_string());
+        let ran = night::intact(&args, night, &env);
+        self.world.note(format!(
+            "owner: intact repair --from restic: exit {}",
+            ran.code
+        ));
+        self.summary.from_backup += self.repaired();
         remove_kept_copies(&self.world.root);
         for id in told {
             let Some(c) = self.world.contents.get(&id) else {
@@ -358,6 +608,8 @@ impl Life {
             }
         }
         let limit = deadline(&self.setup);
+        // A database lost is a schedule lost: its cycle starts again.
+        let reset = self.reset.unwrap_or(0);
         let mut outstanding = Vec::new();
         for (id, _, d) in self.world.damaged() {
             let name = self.world.names_of(id)[0].clone();
@@ -371,7 +623,7 @@ impl Life {
                     ));
                 }
                 Some(_) => outstanding.push(name),
-                None if night >= d.made + limit => {
+                None if night >= d.made.max(reset) + limit => {
                     return Err(format!(
                         "{} ({:?}, made before night {}) is still not found after {} nights \
                          (a cycle is {} nights at {}%)",
@@ -386,18 +638,25 @@ impl Life {
                 None => {}
             }
         }
-        // The exit code says it.
-        let expected = if outstanding.is_empty() { 0 } else { 1 };
+        // The exit code says it: damage (1) before an alarm without damage (3: files gone at
+        // once, a database's history lost), before all is well (0).
+        let alarm = self.mass.is_some() || status.history_lost;
+        let expected = match (outstanding.is_empty(), alarm) {
+            (false, _) => 1,
+            (true, true) => 3,
+            (true, false) => 0,
+        };
         if ran.code != expected {
             return Err(format!(
-                "the nightly run exited {} with {} damaged file(s) outstanding (expected {expected})",
+                "the nightly run exited {} with {} damaged file(s) outstanding, alarm {alarm} \
+                 (expected {expected})",
                 ran.code,
                 outstanding.len(),
             ));
         }
         if status.code != expected {
             return Err(format!(
-                "status exited {} with {} damaged file(s) outstanding",
+                "status exited {} with {} damaged file(s) outstanding, alarm {alarm}",
                 status.code,
                 outstanding.len()
             ));
@@ -405,7 +664,26 @@ impl Life {
         // A person hears it: an alarm or reminder naming every damaged file while any is
         // outstanding, one all-clear after, the heartbeat only when all is well.
         let root = self.world.root.display().to_string();
-        if outstanding.is_empty() {
+        if outstanding.is_empty() && alarm {
+            let [(_, body, kind)] = &heard.messages[..] else {
+                return Err(format!(
+                    "an alarm (mass deletion {}, history lost {}) and the owner got {:?}",
+                    self.mass.is_some(),
+                    status.history_lost,
+                    heard.messages
+                ));
+            };
+            if kind != "failure" || !night::named_damaged(body).is_empty() {
+                return Err(format!(
+                    "an alarm without damage, and the owner got:\n{body}"
+                ));
+            }
+            if heard.heartbeats != 0 {
+                return Err("an alarm and the heartbeat beat".into());
+            }
+            self.summary.alarms += 1;
+            self.alarmed = true;
+        } else if outstanding.is_empty() {
             let clears = heard.messages.iter().filter(|m| m.2 == "success").count();
             let owed = usize::from(self.alarmed);
             if heard.messages.len() != owed || clears != owed {
@@ -486,6 +764,170 @@ impl Life {
             }
         }
         self.summary.rot_made = self.world.rot_made;
+        self.check_removed(night, status)?;
+        self.check_parity(night, status)?;
+        self.check_proven(night, status)?;
+        let left = faults::leftovers(&self.world.root);
+        if !left.is_empty() {
+            return Err(format!("temp files left after the run: {left:?}"));
+        }
+        Ok(())
+    }
+
+    /// `status`'s files gone are the files deleted: none it lists is there, and every file
+    /// deleted within 30 days (a cycle after the database was last lost, and not while many
+    /// were gone at once) is listed.
+    fn check_removed(&mut self, night: u32, status: &Status) -> Result<(), String> {
+        let mut said = BTreeSet::new();
+        for p in &status.removed {
+            let rel = p
+                .strip_prefix(&self.world.root)
+                .map_err(|_| format!("status lists {} removed, outside the tree", p.display()))?;
+            if self.world.names.contains_key(rel) {
+                return Err(format!(
+                    "status lists {} removed, and it is there",
+                    rel.display()
+                ));
+            }
+            said.insert(rel.to_path_buf());
+        }
+        // A database lost is a schedule lost: a file is known again once a cycle read it.
+        let since = self.reset.map_or(0, |r| r + deadline(&self.setup) + 1);
+        for (deleted, rel) in &self.world.deleted {
+            let recent = *deleted > since && night < deleted + 28;
+            if recent
+                && self.mass.is_none()
+                && !said.contains(rel)
+                && !self.world.names.contains_key(rel)
+            {
+                return Err(format!(
+                    "{} was deleted before night {deleted}, and status does not list it removed",
+                    rel.display()
+                ));
+            }
+        }
+        self.summary.removed_said = self.summary.removed_said.max(said.len() as u32);
+        Ok(())
+    }
+
+    /// The parity: every set written tonight verifies with par2cmdline; the sets in the store
+    /// cost at most a quarter more than a fresh protect of the tree, and of what changed since
+    /// the last protect of the whole tree, would; what is moved aside at most a tenth more
+    /// than the redundancy of what was edited or deleted within the grace, and a pack's
+    /// index for each such change.
+    fn check_parity(&mut self, night: u32, status: &Status) -> Result<(), String> {
+        let store = self.world.root.join(".intact-parity");
+        let mut sets = Vec::new();
+        for dir in std::fs::read_dir(&store).into_iter().flatten().flatten() {
+            if dir.file_name() == "stale" || !dir.path().is_dir() {
+                continue;
+            }
+            for f in std::fs::read_dir(dir.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let name = f.file_name().to_string_lossy().into_owned();
+                let new = f
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|m| m >= self.run_began);
+                if new && name.ends_with(".par2") && !name.contains(".vol") {
+                    sets.push(f.path());
+                }
+            }
+        }
+        for set in sets {
+            let out = std::process::Command::new("par2")
+                .args(["verify", "-q", "-B"])
+                .arg(&self.world.root)
+                .arg(&set)
+                .output()
+                .map_err(|e| format!("par2: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "the set {} written tonight does not verify:\n{}",
+                    set.display(),
+                    String::from_utf8_lossy(&out.stdout)
+                ));
+            }
+            self.summary.sets_verified += 1;
+        }
+        let p = &status.doc["overview"]["parity"];
+        let (store_bytes, stale, current) = (
+            p["store_bytes"].as_f64().unwrap_or(0.0),
+            p["stale_bytes"].as_f64().unwrap_or(0.0),
+            p["current"]["bytes"].as_f64().unwrap_or(0.0),
+        );
+        const MIB: f64 = 1048576.0;
+        // A scrub gives new content parity and leaves the sets of content edited away or
+        // deleted to the monthly protect of the whole tree (another file may hold it).
+        let last_protect = night - night % 30;
+        let since: u64 = self
+            .world
+            .churned
+            .iter()
+            .filter(|(n, _)| *n > last_protect)
+            .map(|(_, b)| *b)
+            .sum::<u64>()
+            // Files gone at once keep their parity whole until the owner says.
+            + self.mass.as_ref().map_or(0, |m| m.files.iter().map(|f| f.2.size).sum());
+        let allowed = 1.25 * self.fresh_share * (current + since as f64) + MIB;
+        self.summary.worst_store = self.summary.worst_store.max(store_bytes / allowed);
+        if store_bytes > allowed {
+            return Err(format!(
+                "the current sets hold {store_bytes} bytes for {current}, and {since} bytes \
+                 changed since the last protect: more than 1.25 times a fresh protect's share \
+                 ({:.3})",
+                self.fresh_share
+            ));
+        }
+        let window: Vec<u64> = self
+            .world
+            .churned
+            .iter()
+            .filter(|(n, _)| night < n + 31)
+            .map(|(_, b)| *b)
+            .collect();
+        let churned: u64 = window.iter().sum();
+        let allowed = 0.11 * churned as f64 + 128.0 * 1024.0 * window.len() as f64 + MIB;
+        self.summary.worst_stale = self.summary.worst_stale.max(stale / allowed);
+        if stale > allowed {
+            return Err(format!(
+                "{stale} bytes moved aside for {churned} bytes edited or deleted in {} \
+                 changes within the grace",
+                window.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every file not damaged was proven good within the last cycle (and a night).
+    fn check_proven(&mut self, night: u32, status: &Status) -> Result<(), String> {
+        let nights = deadline(&self.setup) + 1;
+        let settled = self.reset.is_none_or(|r| night > r + nights) && self.mass.is_none();
+        if !settled || night <= nights {
+            return Ok(());
+        }
+        let since = self.world.start + (night - nights) as i64 * crate::world::DAY;
+        for (path, verified) in &status.verified {
+            let Some(rel) = path.strip_prefix(&self.world.root).ok() else {
+                continue;
+            };
+            let Some(c) = self.world.names.get(rel).map(|id| &self.world.contents[id]) else {
+                continue;
+            };
+            if c.damage.is_some() || c.born + nights > night {
+                continue;
+            }
+            if verified.is_none_or(|v| v < since) {
+                return Err(format!(
+                    "{} was last proven good {verified:?} (Unix seconds), before the cycle \
+                     ({nights} nights)",
+                    rel.display()
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -502,4 +944,27 @@ fn remove_kept_copies(dir: &Path) {
             let _ = std::fs::remove_file(&path);
         }
     }
+}
+
+/// The files under `dir` the simulator does not know of (but intact's store and the damaged
+/// copies `repair` keeps), relative to `root`.
+fn strays(
+    root: &Path,
+    dir: &Path,
+    names: &std::collections::BTreeMap<PathBuf, Id>,
+) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = e.path();
+        let Ok(kind) = e.file_type() else { continue };
+        if kind.is_dir() && e.file_name() != ".intact-parity" {
+            found.extend(strays(root, &path, names));
+        } else if kind.is_file() && !path.to_string_lossy().ends_with(".damaged") {
+            let rel = path.strip_prefix(root).unwrap().to_path_buf();
+            if !names.contains_key(&rel) {
+                found.push(rel);
+            }
+        }
+    }
+    found
 }

@@ -30,6 +30,8 @@ pub struct Content {
     pub good: [u8; 32],
     /// The mtime the simulator gave it (seconds, nanoseconds).
     pub mtime: (i64, u32),
+    /// The night it was written before.
+    pub born: u32,
     /// Damage it holds, if any.
     pub damage: Option<Damage>,
 }
@@ -91,6 +93,23 @@ pub struct World {
     pub night: u32,
     /// Rot made so far.
     pub rot_made: u32,
+    /// Names deleted (the night before which), whose content had no other name and had met
+    /// a nightly run: each is a file gone that intact must say, for 30 days.
+    pub deleted: Vec<(u32, PathBuf)>,
+    /// Bytes of content edited away or deleted, by night: what stale parity may keep.
+    pub churned: Vec<(u32, u64)>,
+    /// Names given today (moves, renames, links): no run has seen a file under them yet.
+    pub named_today: std::collections::HashSet<PathBuf>,
+}
+
+/// Files deleted at once by mistake: what they were, to be brought back.
+pub struct MassDeletion {
+    pub night: u32,
+    pub files: Vec<(PathBuf, Id, Content)>,
+    /// Names given that day, under which no run saw the files.
+    pub named: std::collections::HashSet<PathBuf>,
+    /// Files with other names (hard links): intact keeps one of them.
+    pub linked: std::collections::HashSet<Id>,
 }
 
 impl World {
@@ -110,6 +129,9 @@ impl World {
             log: Vec::new(),
             night: 1,
             rot_made: 0,
+            deleted: Vec::new(),
+            churned: Vec::new(),
+            named_today: Default::default(),
         }
     }
 
@@ -210,6 +232,7 @@ impl World {
             size,
             good: sha256(&bytes(seed, size)),
             mtime: self.daytime(night),
+            born: night,
             damage: None,
         }
     }
@@ -218,6 +241,7 @@ impl World {
     /// then rot (`rot` in a hundred days bring one).
     pub fn day(&mut self, night: u32, ops: usize, rot: u32, disk: &Disk) {
         self.night = night;
+        self.named_today.clear();
         for _ in 0..ops {
             match self.rng.u32(0..100) {
                 0..35 => self.add(night),
@@ -273,6 +297,7 @@ impl World {
         c.mtime = c.mtime.max(later(self.contents[&id].mtime));
         self.write(&rel, &c);
         self.note(format!("edit {}", rel.display()));
+        self.churned.push((night, self.contents[&id].size));
         self.contents.insert(id, c);
     }
 
@@ -282,6 +307,7 @@ impl World {
         let old = self.names[&rel];
         let mut c = self.new_content(night);
         c.mtime = c.mtime.max(later(self.contents[&old].mtime));
+        self.churned.push((night, self.contents[&old].size));
         let temp = rel.with_file_name(".save.tmp");
         self.write(&temp, &c);
         fs::rename(self.path(&temp), self.path(&rel)).unwrap();
@@ -298,7 +324,60 @@ impl World {
         fs::remove_file(self.path(&rel)).unwrap();
         let id = self.names.remove(&rel).unwrap();
         self.note(format!("delete {}", rel.display()));
+        if !self.names.values().any(|i| *i == id) {
+            self.churned.push((self.night, self.contents[&id].size));
+            // (One moved today is known, and said gone, under the name it had.)
+            if self.contents[&id].born < self.night && !self.named_today.contains(&rel) {
+                self.deleted.push((self.night, rel));
+            }
+        }
         self.forget_if_unnamed(id);
+    }
+
+    /// A folder deleted by mistake: a fifth of the files, at least 60 (what intact must take
+    /// for an alarm, not routine deletions).
+    pub fn mass_delete(&mut self, night: u32) -> Option<MassDeletion> {
+        let n = (self.names.len() / 5).max(60);
+        if self.names.len() < 2 * n {
+            return None;
+        }
+        let start = self.rng.usize(..self.names.len() - n);
+        let names: Vec<PathBuf> = self.names.keys().skip(start).take(n).cloned().collect();
+        let linked = names
+            .iter()
+            .map(|rel| self.names[rel])
+            .filter(|id| self.names_of(*id).len() > 1)
+            .collect();
+        let mut files = Vec::new();
+        for rel in names {
+            fs::remove_file(self.path(&rel)).unwrap();
+            let id = self.names.remove(&rel).unwrap();
+            files.push((rel, id, self.contents[&id].clone()));
+        }
+        for (_, id, _) in &files {
+            self.forget_if_unnamed(*id);
+        }
+        self.note(format!("mass deletion of {} files", files.len()));
+        Some(MassDeletion {
+            night,
+            files,
+            named: self.named_today.clone(),
+            linked,
+        })
+    }
+
+    /// Brings back what a mass deletion took (restored with their content: new inodes, the
+    /// same names and bytes).
+    pub fn undelete(&mut self, mass: MassDeletion) {
+        for (rel, _, mut c) in mass.files {
+            // Whatever damage it held, what comes back is its good content, in a file of its
+            // own (a second name it had is another file now).
+            c.damage = None;
+            let id = self.next_id;
+            self.next_id += 1;
+            self.names.insert(rel, id);
+            self.contents.insert(id, c);
+        }
     }
 
     fn forget_if_unnamed(&mut self, id: Id) {
@@ -319,6 +398,7 @@ impl World {
         fs::rename(self.path(&rel), self.path(&to)).unwrap();
         self.note(format!("move {} {}", rel.display(), to.display()));
         let id = self.names.remove(&rel).unwrap();
+        self.named_today.insert(to.clone());
         self.names.insert(to, id);
     }
 
@@ -346,6 +426,13 @@ impl World {
             .iter()
             .map(|(p, id)| (moved(p).unwrap_or_else(|| p.clone()), *id))
             .collect();
+        let renamed: Vec<PathBuf> = self
+            .names
+            .keys()
+            .filter(|p| p.starts_with(&to))
+            .cloned()
+            .collect();
+        self.named_today.extend(renamed);
     }
 
     /// A second name for a file.
@@ -355,6 +442,7 @@ impl World {
         fs::hard_link(self.path(&rel), self.path(&to)).unwrap();
         self.note(format!("link {} {}", rel.display(), to.display()));
         let id = self.names[&rel];
+        self.named_today.insert(to.clone());
         self.names.insert(to, id);
     }
 
@@ -378,7 +466,11 @@ impl World {
             return false;
         }
         let path = self.path(&rel);
-        let c = self.contents[&id].clone();
+        let mut c = self.contents[&id].clone();
+        // Rot puts back the mtime the file has (a restore may have given it another than the
+        // one the simulator wrote).
+        let m = fs::metadata(&path).unwrap();
+        c.mtime = (m.mtime(), m.mtime_nsec() as u32);
         let mut data = bytes(c.seed, c.size);
         let at = self.rng.u64(..c.size);
         let rot = match kind {
