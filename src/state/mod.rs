@@ -725,14 +725,17 @@ impl State {
         if self.failed.is_some() {
             return;
         }
-        // A repaired file is a new inode under the old name.
-        let id = match fact {
+        // A repaired file is a new inode under the old name, of its good size (the report's
+        // is the damaged file's: a truncated file's size, recorded, had `--missing` seek
+        // only copies of that size).
+        let (id, size) = match fact {
             Fact::Repaired => std::fs::symlink_metadata(&path)
                 .ok()
-                .map(|m| (m.dev(), m.ino())),
-            _ => report.inode,
+                .map(|m| ((m.dev(), m.ino()), m.len()))
+                .unzip(),
+            _ => (report.inode, report.size),
         };
-        let (Some((dev, ino)), Some(size)) = (id, report.size) else {
+        let (Some((dev, ino)), Some(size)) = (id, size) else {
             return;
         };
         let fs = self.fsids.of(dev, &path);

@@ -717,3 +717,65 @@ fn repair_reads_only_the_damage_the_state_database_knows() {
         r.stdout
     );
 }
+
+/// A file cut short under its mtime, backed up so, repaired, then deleted: `repair --missing`
+/// brings back its good bytes. The repair recorded its good size, not the damaged one's (with
+/// the damaged size recorded, only the backup's damaged copy was sought, and none was good).
+#[test]
+fn a_file_repaired_then_deleted_comes_back_whole() {
+    let t = Tree::new();
+    let files = tree(&t);
+    let (photo, good) = &files[0];
+    let db = t.path("state.db");
+    let (repo, restic) = restic_repo(&t, "pw");
+    run(restic().args(["backup", "-q"]).arg(t.path("src")));
+    behind_the_back(photo, |p| {
+        fs::OpenOptions::new()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_len(1000)
+            .unwrap()
+    });
+    cmd!("check", "-q", "--state", &db, t.path("src"))
+        .days_later(1)
+        .run()
+        .expect_code(1);
+    // The nightly backup takes the damaged file too.
+    run(restic().args(["backup", "-q"]).arg(t.path("src")));
+    let from = format!("restic:{}", repo.display());
+    cmd!(
+        "repair",
+        "-q",
+        "--state",
+        &db,
+        "--from",
+        &from,
+        t.path("src")
+    )
+    .env("RESTIC_PASSWORD", "pw")
+    .days_later(1)
+    .run()
+    .expect_code(0);
+    assert_eq!(&fs::read(photo).unwrap(), good);
+    fs::remove_file(photo).unwrap();
+    cmd!("scrub", "-q", "--state", &db, t.path("src"))
+        .days_later(2)
+        .run()
+        .expect_code(0);
+    cmd!(
+        "repair",
+        "-q",
+        "--missing",
+        "--state",
+        &db,
+        "--from",
+        &from,
+        t.path("src")
+    )
+    .env("RESTIC_PASSWORD", "pw")
+    .days_later(2)
+    .run()
+    .expect_code(0);
+    assert_eq!(&fs::read(photo).unwrap(), good);
+}

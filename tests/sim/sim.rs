@@ -364,7 +364,7 @@ impl Life {
     }
 
     /// `--from` the nightly backup, and the environment restic needs.
-    fn from_backup(&self) -> (Vec<String>, Vec<(&str, String)>) {
+    fn backup_source(&self) -> (Vec<String>, Vec<(&str, String)>) {
         let from = vec![
             "--from".to_string(),
             format!("restic:{}", self.repo.display()),
@@ -418,7 +418,7 @@ impl Life {
         let mass = self.mass.take().expect("a mass deletion");
         let root = self.world.root.display().to_string();
         if self.world.rng.bool() {
-            let (from, env) = self.from_backup();
+            let (from, env) = self.backup_source();
             let mut args = self.state_args(&["repair", "-q", "--missing"]);
             args.extend(from);
             args.push(root);
@@ -530,7 +530,7 @@ impl Life {
         // Whatever the repair restored is good again (rot not yet told of included).
         self.summary.repaired += self.repaired();
         // Then from the nightly backup, which holds the good bytes of rot it never saw change.
-        let (from, env) = self.from_backup();
+        let (from, env) = self.backup_source();
         let mut args = self.state_args(&["repair", "-q"]);
         args.extend(from);
         args.push(self.world.root.display().to_string());
