@@ -79,8 +79,11 @@ pub fn known_damage_at(db: &Path) -> Option<KnownDamage> {
 pub(super) const JOURNAL_COMPACT_AT: u64 = 64 << 10;
 
 /// Brings the damage the journal at `path` remembers into the database (`insert`: a new one),
-/// and keeps in the journal only what is still damage: entries whose file is still there,
-/// the same inode under the same tag (repaired, accepted, edited or deleted files are not).
+/// and keeps in the journal only what may still be damage: entries whose file is still there
+/// (the same inode under the same tag), or whose path holds nothing now (the file may have
+/// moved: the walk knows damage by its inode and tag wherever it meets it; a journal that
+/// kept only the files at their paths forgot a moved damaged file when the database was
+/// lost). Files repaired, accepted, edited or replaced under their name are not.
 pub(super) fn replay(conn: &Connection, path: &Path, insert: bool) -> io::Result<()> {
     let entries = journal::read(path)?;
     if entries.is_empty() {
@@ -93,7 +96,9 @@ pub(super) fn replay(conn: &Connection, path: &Path, insert: bool) -> io::Result
     };
     let mut keep: Vec<journal::Entry> = Vec::new();
     for e in journal::outstanding(entries) {
-        if !e.still_there(&tag_of) {
+        let moved = std::fs::symlink_metadata(&e.path)
+            .is_err_and(|err| err.kind() == io::ErrorKind::NotFound);
+        if !moved && !e.still_there(&tag_of) {
             continue;
         }
         if insert {

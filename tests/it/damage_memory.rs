@@ -698,3 +698,33 @@ fn a_damage_journal_that_cannot_be_read_is_said_by_every_run() {
         assert!(r.stderr.contains("is not a file"), "{verb}: {}", r.stderr);
     }
 }
+
+/// A damaged file moved, then the state database lost: the new database learns the damage
+/// again from the journal, which keeps it though the file is no longer where it was found
+/// (a journal that kept only files at their paths forgot it), and the walk finds it by its
+/// inode and tag where it is now.
+#[test]
+fn a_damaged_file_moved_is_remembered_when_the_database_is_lost() {
+    let t = Tree::new();
+    for i in 0..10 {
+        t.write(format!("tree/d{}/f{i:02}", i % 2), data(4000, i));
+    }
+    let root = t.path("tree");
+    let db = t.path("state.db");
+    intact!("tag", "-q", "--state", &db, &root).expect_code(0);
+    flip_byte(&root.join("d0/f04"), 100);
+    cmd!("scrub", "-q", "--state", &db, &root)
+        .days_later(1)
+        .run()
+        .expect_code(1);
+    fs::rename(root.join("d0"), root.join("moved")).unwrap();
+    for f in ["state.db", "state.db-wal", "state.db-shm"] {
+        let _ = fs::remove_file(t.path(f));
+    }
+    let r = cmd!("scrub", "--state", &db, "--max-bytes", "4000", &root)
+        .days_later(2)
+        .run();
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("moved/f04"), "{}", r.stdout);
+    intact!("status", "-q", "--state", &db, &root).expect_code(1);
+}

@@ -114,8 +114,8 @@ pub fn run(seed: u64, setup: &Setup) -> Result<Summary, Failure> {
         .prefix("intact-sim")
         .tempdir_in("/var/tmp")
         .unwrap();
-    // Room for the data (about 70 kB a file), its parity and what is moved aside.
-    let mib = (setup.files as u64 * 70 * 4 / 1024).max(256);
+    // Room for the data (about 37 kB a file), its parity and what is moved aside.
+    let mib = (setup.files as u64 * 40 * 4 / 1024).max(256);
     let disk = Disk::new(scratch.path(), mib).unwrap_or_else(|e| panic!("the disk: {e}"));
     let receiver = Receiver::http();
     let start = std::time::SystemTime::now()
