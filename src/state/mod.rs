@@ -727,12 +727,18 @@ impl State {
         }
         // A repaired file is a new inode under the old name, of its good size (the report's
         // is the damaged file's: a truncated file's size, recorded, had `--missing` seek
-        // only copies of that size).
+        // only copies of that size, which held none good).
         let (id, size) = match fact {
             Fact::Repaired => std::fs::symlink_metadata(&path)
                 .ok()
                 .map(|m| ((m.dev(), m.ino()), m.len()))
                 .unzip(),
+            // Damage keeps the size of the content its tag names (what a repair seeks), not
+            // the damaged file's.
+            Fact::Damaged => (
+                report.inode,
+                report.tag.as_ref().and_then(|t| t.size).or(report.size),
+            ),
             _ => (report.inode, report.size),
         };
         let (Some((dev, ino)), Some(size)) = (id, size) else {

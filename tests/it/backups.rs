@@ -779,3 +779,51 @@ fn a_file_repaired_then_deleted_comes_back_whole() {
     .expect_code(0);
     assert_eq!(&fs::read(photo).unwrap(), good);
 }
+
+/// A file found damaged (cut short under its mtime, the damaged file backed up too), then
+/// deleted before it was repaired: `repair --missing` brings back its good bytes. The damage
+/// was recorded with the size its tag names, not the damaged file's (only copies of the
+/// damaged size were sought, and none was good).
+#[test]
+fn a_damaged_file_deleted_comes_back_whole() {
+    let t = Tree::new();
+    let files = tree(&t);
+    let (photo, good) = &files[0];
+    let db = t.path("state.db");
+    let (repo, restic) = restic_repo(&t, "pw");
+    run(restic().args(["backup", "-q"]).arg(t.path("src")));
+    behind_the_back(photo, |p| {
+        fs::OpenOptions::new()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_len(1000)
+            .unwrap()
+    });
+    cmd!("check", "-q", "--state", &db, t.path("src"))
+        .days_later(1)
+        .run()
+        .expect_code(1);
+    run(restic().args(["backup", "-q"]).arg(t.path("src")));
+    fs::remove_file(photo).unwrap();
+    cmd!("scrub", "-q", "--state", &db, t.path("src"))
+        .days_later(2)
+        .run()
+        .expect_code(0);
+    let from = format!("restic:{}", repo.display());
+    cmd!(
+        "repair",
+        "-q",
+        "--missing",
+        "--state",
+        &db,
+        "--from",
+        &from,
+        t.path("src")
+    )
+    .env("RESTIC_PASSWORD", "pw")
+    .days_later(2)
+    .run()
+    .expect_code(0);
+    assert_eq!(&fs::read(photo).unwrap(), good);
+}
