@@ -503,17 +503,7 @@ def bench_memory(base, intact, scale):
         for leftover in (db, db + "-wal", db + "-shm", db + ".damage"):
             if os.path.exists(leftover):
                 os.remove(leftover)
-        state = ["--state", db]
-        cmds = [
-            [intact, "tag", "-q", dir],
-            [intact, "scrub", "-q", *state, dir],
-            [intact, "scrub", "-q", *state, "--max-percent", "10", dir],
-            [intact, "scrub", "-q", *state, "--max-percent", "10", dir],
-            [intact, "check", "-q", *state, dir],
-            [intact, "status", "-q", *state, dir],
-        ]
-        rss = [timed(cmd)[1] for cmd in cmds]
-        print(f"  {n:>10,} " + " ".join(f"{r:>14.1f}" for r in rss) + f" {os.path.getsize(db) / MiB:>13.1f}")
+        memory_row(intact, n, dir, db, tag_state=False)
     # One folder of many files: a folder's entries are pages of it, held a page at a time
     # (one value a folder took 800 MiB for a million).
     print("\npeak RSS (MiB) with every file in one folder:")
@@ -527,17 +517,23 @@ def bench_memory(base, intact, scale):
         for leftover in (db, db + "-wal", db + "-shm", db + ".damage"):
             if os.path.exists(leftover):
                 os.remove(leftover)
-        state = ["--state", db]
-        cmds = [
-            [intact, "tag", "-q", *state, dir],
-            [intact, "scrub", "-q", *state, dir],
-            [intact, "scrub", "-q", *state, "--max-percent", "10", dir],
-            [intact, "scrub", "-q", *state, "--max-percent", "10", dir],
-            [intact, "check", "-q", *state, dir],
-            [intact, "status", "-q", *state, dir],
-        ]
-        rss = [timed(cmd)[1] for cmd in cmds]
-        print(f"  {n:>10,} " + " ".join(f"{r:>14.1f}" for r in rss) + f" {os.path.getsize(db) / MiB:>13.1f}")
+        memory_row(intact, n, dir, db, tag_state=True)
+
+
+def memory_row(intact, n, dir, db, tag_state):
+    """One row of `--memory`: peak RSS of tag (with the state database, or the default one),
+    the first scrub, two nightly scrubs, a check and status of `dir` with `db`."""
+    state = ["--state", db]
+    cmds = [
+        [intact, "tag", "-q", *(state if tag_state else []), dir],
+        [intact, "scrub", "-q", *state, dir],
+        [intact, "scrub", "-q", *state, "--max-percent", "10", dir],
+        [intact, "scrub", "-q", *state, "--max-percent", "10", dir],
+        [intact, "check", "-q", *state, dir],
+        [intact, "status", "-q", *state, dir],
+    ]
+    rss = [timed(cmd)[1] for cmd in cmds]
+    print(f"  {n:>10,} " + " ".join(f"{r:>14.1f}" for r in rss) + f" {os.path.getsize(db) / MiB:>13.1f}")
 
 
 def bench_damage(base, intact, runs, scale):

@@ -8,7 +8,7 @@ use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::common::*;
@@ -718,112 +718,71 @@ fn repair_reads_only_the_damage_the_state_database_knows() {
     );
 }
 
+/// A tree backed up by restic, then `photo.jpg` cut short under its mtime, found damaged by
+/// a check, and the damaged file backed up too: the photo, its good bytes, the state
+/// database, `--from` the repository.
+fn cut_short_and_backed_up(t: &Tree) -> (PathBuf, Vec<u8>, PathBuf, String) {
+    let files = tree(t);
+    let (photo, good) = files[0].clone();
+    let db = t.path("state.db");
+    let (repo, restic) = restic_repo(t, "pw");
+    run(restic().args(["backup", "-q"]).arg(t.path("src")));
+    behind_the_back(&photo, |p| {
+        fs::OpenOptions::new()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_len(1000)
+            .unwrap()
+    });
+    cmd!("check", "-q", "--state", &db, t.path("src"))
+        .days_later(1)
+        .run()
+        .expect_code(1);
+    run(restic().args(["backup", "-q"]).arg(t.path("src")));
+    (photo, good, db, format!("restic:{}", repo.display()))
+}
+
+/// `intact repair ARGS --state db --from from src`, two days later, told restic's password.
+fn repair_from(t: &Tree, db: &Path, from: &str, args: &[&str]) -> Run {
+    cmd!("repair", "-q", "--state", db, "--from", from)
+        .args(args)
+        .arg(t.path("src"))
+        .env("RESTIC_PASSWORD", "pw")
+        .days_later(2)
+        .run()
+}
+
 /// A file cut short under its mtime, backed up so, repaired, then deleted: `repair --missing`
 /// brings back its good bytes. The repair recorded its good size, not the damaged one's (with
 /// the damaged size recorded, only the backup's damaged copy was sought, and none was good).
 #[test]
 fn a_file_repaired_then_deleted_comes_back_whole() {
     let t = Tree::new();
-    let files = tree(&t);
-    let (photo, good) = &files[0];
-    let db = t.path("state.db");
-    let (repo, restic) = restic_repo(&t, "pw");
-    run(restic().args(["backup", "-q"]).arg(t.path("src")));
-    behind_the_back(photo, |p| {
-        fs::OpenOptions::new()
-            .write(true)
-            .open(p)
-            .unwrap()
-            .set_len(1000)
-            .unwrap()
-    });
-    cmd!("check", "-q", "--state", &db, t.path("src"))
-        .days_later(1)
-        .run()
-        .expect_code(1);
-    // The nightly backup takes the damaged file too.
-    run(restic().args(["backup", "-q"]).arg(t.path("src")));
-    let from = format!("restic:{}", repo.display());
-    cmd!(
-        "repair",
-        "-q",
-        "--state",
-        &db,
-        "--from",
-        &from,
-        t.path("src")
-    )
-    .env("RESTIC_PASSWORD", "pw")
-    .days_later(1)
-    .run()
-    .expect_code(0);
-    assert_eq!(&fs::read(photo).unwrap(), good);
-    fs::remove_file(photo).unwrap();
+    let (photo, good, db, from) = cut_short_and_backed_up(&t);
+    repair_from(&t, &db, &from, &[]).expect_code(0);
+    assert_eq!(fs::read(&photo).unwrap(), good);
+    fs::remove_file(&photo).unwrap();
     cmd!("scrub", "-q", "--state", &db, t.path("src"))
         .days_later(2)
         .run()
         .expect_code(0);
-    cmd!(
-        "repair",
-        "-q",
-        "--missing",
-        "--state",
-        &db,
-        "--from",
-        &from,
-        t.path("src")
-    )
-    .env("RESTIC_PASSWORD", "pw")
-    .days_later(2)
-    .run()
-    .expect_code(0);
-    assert_eq!(&fs::read(photo).unwrap(), good);
+    repair_from(&t, &db, &from, &["--missing"]).expect_code(0);
+    assert_eq!(fs::read(&photo).unwrap(), good);
 }
 
-/// A file found damaged (cut short under its mtime, the damaged file backed up too), then
-/// deleted before it was repaired: `repair --missing` brings back its good bytes. The damage
-/// was recorded with the size its tag names, not the damaged file's (only copies of the
-/// damaged size were sought, and none was good).
+/// A file found damaged, then deleted before it was repaired: `repair --missing` brings back
+/// its good bytes. The damage was recorded with the size its tag names, not the damaged
+/// file's (only copies of the damaged size were sought, and none was good).
 #[test]
 fn a_damaged_file_deleted_comes_back_whole() {
     let t = Tree::new();
-    let files = tree(&t);
-    let (photo, good) = &files[0];
-    let db = t.path("state.db");
-    let (repo, restic) = restic_repo(&t, "pw");
-    run(restic().args(["backup", "-q"]).arg(t.path("src")));
-    behind_the_back(photo, |p| {
-        fs::OpenOptions::new()
-            .write(true)
-            .open(p)
-            .unwrap()
-            .set_len(1000)
-            .unwrap()
-    });
-    cmd!("check", "-q", "--state", &db, t.path("src"))
-        .days_later(1)
-        .run()
-        .expect_code(1);
-    run(restic().args(["backup", "-q"]).arg(t.path("src")));
-    fs::remove_file(photo).unwrap();
+    let (photo, good, db, from) = cut_short_and_backed_up(&t);
+    fs::remove_file(&photo).unwrap();
     cmd!("scrub", "-q", "--state", &db, t.path("src"))
         .days_later(2)
         .run()
         .expect_code(0);
-    let from = format!("restic:{}", repo.display());
-    cmd!(
-        "repair",
-        "-q",
-        "--missing",
-        "--state",
-        &db,
-        "--from",
-        &from,
-        t.path("src")
-    )
-    .env("RESTIC_PASSWORD", "pw")
-    .days_later(2)
-    .run()
-    .expect_code(0);
-    assert_eq!(&fs::read(photo).unwrap(), good);
+    repair_from(&t, &db, &from, &["--missing"]).expect_code(0);
+    assert_eq!(fs::read(&photo).unwrap(), good);
 }

@@ -573,18 +573,7 @@ fn later((sec, nsec): (i64, u32)) -> (i64, u32) {
 }
 
 pub fn set_mtime(path: &Path, (sec, nsec): (i64, u32)) {
-    let t = rustix::fs::Timestamps {
-        last_access: rustix::fs::Timespec {
-            tv_sec: sec,
-            tv_nsec: nsec as _,
-        },
-        last_modification: rustix::fs::Timespec {
-            tv_sec: sec,
-            tv_nsec: nsec as _,
-        },
-    };
-    rustix::fs::utimensat(rustix::fs::CWD, path, &t, rustix::fs::AtFlags::empty()).unwrap();
-    debug_assert_eq!(fs::metadata(path).unwrap().mtime(), sec);
+    crate::common::set_mtime(path, (sec, i64::from(nsec)));
 }
 
 /// The SHA-256 digest intact's tag on `path` holds, if it has one of SHA-256 (the layout of
