@@ -78,9 +78,13 @@ pub struct Store {
     /// Digests of files in packs, and the pack each is in: an entry per small file of the
     /// tree, so the pack is named by its ID (a path each cost 200,000 files 30 MiB).
     packed: Mutex<HashMap<Digest, PackId>>,
-    /// The same for the packs moved aside to `stale/`: still a source for intact's repair
-    /// (which verifies by digest), never a set par2cmdline takes by accident.
-    stale_packed: HashMap<Digest, PackId>,
+    /// The same for the packs moved aside to `stale/`, with the day folder each is in: still
+    /// a source for intact's repair (which verifies by digest), never a set par2cmdline
+    /// takes by accident.
+    stale_packed: HashMap<Digest, (PackId, Option<u32>)>,
+    /// Contents whose own set was moved aside, and the day folder it is in (`None`: straight
+    /// in `stale/`, as an earlier build moved sets aside).
+    stale_own: HashMap<Digest, Option<u32>>,
     /// Each pack's member count and bytes when the store was opened: what a prune needs to
     /// know of a pack whose members are all in the tree, without reading it again.
     pack_sizes: Mutex<HashMap<PackId, (usize, u64)>>,
@@ -296,13 +300,44 @@ impl Store {
             (packed, sizes)
         };
         let (packed, pack_sizes) = packs_in(dir.join("packs"));
-        let (stale_packed, _) = packs_in(dir.join(STALE_DIR).join("packs"));
+        // What was moved aside: by day (and straight in `stale/`, by an earlier build).
+        let (mut stale_packed, mut stale_own) = (HashMap::new(), HashMap::new());
+        let stale = dir.join(STALE_DIR);
+        let days = std::fs::read_dir(&stale)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
+        for day in days.map(Some).chain([None]) {
+            let folder = day.map_or_else(|| stale.clone(), |d| stale.join(d.to_string()));
+            for (d, id) in packs_in(folder.join("packs")).0 {
+                stale_packed.insert(d, (id, day));
+            }
+            for e in std::fs::read_dir(&folder).into_iter().flatten().flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Some(algo) = name.split('-').next().and_then(|a| a.parse::<Algo>().ok()) else {
+                    continue;
+                };
+                for f in std::fs::read_dir(e.path()).into_iter().flatten().flatten() {
+                    let f = f.path();
+                    let digest = f
+                        .file_name()
+                        .and_then(|n| n.to_str()?.split('.').next())
+                        .and_then(|hex| hex::decode(hex).ok()?.try_into().ok())
+                        .map(|bytes| Digest { algo, bytes });
+                    if let (true, Some(digest)) = (is_index(&f), digest) {
+                        stale_own.insert(digest, day);
+                    }
+                }
+            }
+        }
         Ok(Store {
             dir: dir.to_path_buf(),
             root,
             packed: Mutex::new(packed),
             pack_sizes: Mutex::new(pack_sizes),
             stale_packed,
+            stale_own,
             outcomes: Mutex::new(HashMap::new()),
             redundancy: 0.0,
             threads: 1,
@@ -615,21 +650,26 @@ impl Store {
         if own.exists() {
             return Some(own);
         }
-        let stale = self.dir.join(STALE_DIR);
-        if let Some(id) = self.stale_packed.get(digest) {
+        let stale = |day: &Option<u32>| {
+            let stale = self.dir.join(STALE_DIR);
+            day.map_or_else(|| stale.clone(), |d| stale.join(d.to_string()))
+        };
+        if let Some((id, day)) = self.stale_packed.get(digest) {
             return Some(
-                stale
+                stale(day)
                     .join("packs")
                     .join(format!("{}.par2.{STALE_EXT}", hex::encode(id))),
             );
         }
+        let day = self.stale_own.get(digest)?;
         let base = self.set_base(digest);
         let folder = base.parent()?.file_name()?;
         let name = base.file_name()?;
-        let own = stale
-            .join(folder)
-            .join(format!("{}.par2.{STALE_EXT}", name.to_string_lossy()));
-        own.exists().then_some(own)
+        Some(
+            stale(day)
+                .join(folder)
+                .join(format!("{}.par2.{STALE_EXT}", name.to_string_lossy())),
+        )
     }
 
     /// Whether the content `digest` has a set here: `Some(true)` a current one, `Some(false)`

@@ -22,8 +22,16 @@ use std::time::{Duration, SystemTime};
 use super::{PACK_BYTES, PACK_FILES, PackId, Store, is_index, lock, pack_digests, pack_id};
 use crate::core::digest::{Algo, Digest};
 
-/// The store's folder of stale sets.
+/// The store's folder of stale sets: a folder a day under it (`stale/DAY/`, days since 1970,
+/// UTC) holds what was moved aside that day. When a set was moved aside is in its path, not
+/// in its files' mtimes, which anyone who can write the store can set.
 pub const STALE_DIR: &str = "stale";
+
+/// The day of `t`, as `stale/` names its folders.
+pub fn day(t: SystemTime) -> u32 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| (d.as_secs() / 86_400) as u32)
+}
 /// What a stale set's files are renamed with.
 pub(super) const STALE_EXT: &str = "stale";
 
@@ -120,7 +128,10 @@ impl Store {
     /// than `keep` ago (unless they can repair a damaged file).
     pub fn prune(&self, live: &Live, keep: Duration) -> io::Result<Pruned> {
         let mut pruned = Pruned::default();
-        let stale = self.dir.join(STALE_DIR);
+        let stale = self
+            .dir
+            .join(STALE_DIR)
+            .join(day(SystemTime::now()).to_string());
         for entry in std::fs::read_dir(&self.dir)?.flatten() {
             let dir = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -153,7 +164,7 @@ impl Store {
                 }
             }
         }
-        self.remove_past_grace(&stale, keep, live, &mut pruned)?;
+        self.remove_past_grace(&self.dir.join(STALE_DIR), keep, live, &mut pruned)?;
         Ok(pruned)
     }
 
@@ -210,7 +221,11 @@ impl Store {
         packed_again: &HashSet<Digest>,
     ) -> io::Result<Pruned> {
         let mut pruned = Pruned::default();
-        let stale = self.dir.join(STALE_DIR).join("packs");
+        let stale = self
+            .dir
+            .join(STALE_DIR)
+            .join(day(SystemTime::now()).to_string())
+            .join("packs");
         for Retired { files, index } in retired {
             let Ok(bytes) = std::fs::read(&index) else {
                 continue;
@@ -328,8 +343,9 @@ impl Store {
         Ok(())
     }
 
-    /// Removes what was moved aside more than `keep` ago, but for sets that can repair a
-    /// damaged file.
+    /// Removes what was moved aside more than `keep` ago (by the day folder it is in), but
+    /// for sets that can repair a damaged file. What an earlier build moved aside straight
+    /// into `stale/` (dated by mtimes) starts its grace today.
     fn remove_past_grace(
         &self,
         stale: &Path,
@@ -337,47 +353,70 @@ impl Store {
         live: &Live,
         pruned: &mut Pruned,
     ) -> io::Result<()> {
-        let Ok(dirs) = std::fs::read_dir(stale) else {
+        let Ok(entries) = std::fs::read_dir(stale) else {
             return Ok(());
         };
-        let now = SystemTime::now();
-        for dir in dirs.flatten() {
-            let name = dir.file_name().to_string_lossy().into_owned();
-            let algo = name.split('-').next().and_then(|a| a.parse::<Algo>().ok());
-            for (stem, files) in sets_in(&dir.path())? {
-                // What it could repair: its content, or its members'.
-                let contents: Vec<Digest> = match algo {
-                    _ if name == "packs" => {
-                        let index = dir.path().join(format!("{stem}.par2.{STALE_EXT}"));
-                        std::fs::read(&index)
-                            .map(|b| members(&b).0.into_iter().map(|(_, d)| d).collect())
-                            .unwrap_or_default()
+        let today = day(SystemTime::now());
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Ok(moved) = name.parse::<u32>() else {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    let to = stale.join(today.to_string()).join(&name);
+                    std::fs::create_dir_all(stale.join(today.to_string()))?;
+                    if std::fs::rename(entry.path(), &to).is_err() {
+                        for f in std::fs::read_dir(entry.path())?.flatten() {
+                            std::fs::create_dir_all(&to)?;
+                            std::fs::rename(f.path(), to.join(f.file_name()))?;
+                        }
+                        let _ = std::fs::remove_dir(entry.path());
                     }
-                    Some(algo) => digest_of(algo, &stem).into_iter().collect(),
-                    None => Vec::new(),
-                };
-                let needed = contents.iter().any(|d| live.damaged.contains(d));
-                for f in files {
-                    let meta = std::fs::symlink_metadata(&f)?;
-                    let age = meta
-                        .modified()
-                        .ok()
-                        .and_then(|m| now.duration_since(m).ok())
-                        .unwrap_or_default();
-                    if age < keep {
-                        continue;
-                    }
-                    if needed {
-                        pruned.kept_for_damage += 1;
-                        continue;
-                    }
-                    std::fs::remove_file(&f)?;
-                    pruned.removed += 1;
-                    pruned.removed_bytes += meta.len();
                 }
+                continue;
+            };
+            let age = Duration::from_secs(u64::from(today.saturating_sub(moved)) * 86_400);
+            if age < keep {
+                continue;
             }
-            // Fails, harmlessly, unless the folder is empty.
-            let _ = std::fs::remove_dir(dir.path());
+            for dir in std::fs::read_dir(entry.path())?.flatten() {
+                self.remove_sets_in(&dir.path(), live, pruned)?;
+                // Fails, harmlessly, unless the folder is empty.
+                let _ = std::fs::remove_dir(dir.path());
+            }
+            let _ = std::fs::remove_dir(entry.path());
+        }
+        Ok(())
+    }
+
+    /// Removes the stale sets in `dir` (a day's `packs/` or `ALGO-XX/`), but for those that
+    /// can repair a damaged file.
+    fn remove_sets_in(&self, dir: &Path, live: &Live, pruned: &mut Pruned) -> io::Result<()> {
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let algo = name.split('-').next().and_then(|a| a.parse::<Algo>().ok());
+        for (stem, files) in sets_in(dir)? {
+            // What it could repair: its content, or its members'.
+            let contents: Vec<Digest> = match algo {
+                _ if name == "packs" => {
+                    let index = dir.join(format!("{stem}.par2.{STALE_EXT}"));
+                    std::fs::read(&index)
+                        .map(|b| members(&b).0.into_iter().map(|(_, d)| d).collect())
+                        .unwrap_or_default()
+                }
+                Some(algo) => digest_of(algo, &stem).into_iter().collect(),
+                None => Vec::new(),
+            };
+            if contents.iter().any(|d| live.damaged.contains(d)) {
+                pruned.kept_for_damage += files.len() as u64;
+                continue;
+            }
+            for f in files {
+                let len = std::fs::symlink_metadata(&f)?.len();
+                std::fs::remove_file(&f)?;
+                pruned.removed += 1;
+                pruned.removed_bytes += len;
+            }
         }
         Ok(())
     }
@@ -485,7 +524,6 @@ fn aside_trimmed(files: &[PathBuf], index: &Path, keep: u64, to: &Path) -> io::R
     let mut out = temp.file();
     std::io::Write::write_all(&mut out, &bytes[..end])?;
     std::io::Write::write_all(&mut out, &std::fs::read(index)?)?;
-    out.set_modified(SystemTime::now())?;
     temp.commit(name.as_ref())?;
     std::fs::remove_file(volume)?;
     Ok(true)
@@ -501,16 +539,11 @@ fn drop_set(mut files: Vec<PathBuf>) -> io::Result<()> {
     Ok(())
 }
 
-/// Moves `file` into the folder `to`, renamed `NAME.stale`, dated now (its grace period
-/// starts).
+/// Moves `file` into the folder `to` (under today's folder of `stale/`: its grace period
+/// starts), renamed `NAME.stale`.
 fn aside(file: &Path, to: &Path) -> io::Result<()> {
     std::fs::create_dir_all(to)?;
     let mut name = file.file_name().unwrap_or_default().to_os_string();
     name.push(format!(".{STALE_EXT}"));
-    let dest = to.join(name);
-    std::fs::rename(file, &dest)?;
-    std::fs::File::options()
-        .write(true)
-        .open(&dest)?
-        .set_modified(SystemTime::now())
+    std::fs::rename(file, to.join(name))
 }

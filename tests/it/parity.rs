@@ -531,7 +531,7 @@ fn parity_follows_the_tree_and_stale_sets_go_after_their_grace() {
         r.stderr
     );
     assert!(r.stderr.contains("28 file(s) packed again"), "{}", r.stderr);
-    let stale: Vec<_> = fs::read_dir(store.join("stale/packs"))
+    let stale: Vec<_> = fs::read_dir(stale_today(&store).join("packs"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
@@ -554,7 +554,12 @@ fn parity_follows_the_tree_and_stale_sets_go_after_their_grace() {
     let r = intact!("protect", "--keep-stale", "0s", &src).expect_code(1);
     assert!(r.stderr.contains("kept past that"), "{}", r.stderr);
     assert!(!store.join("stale/sha256-").exists());
-    assert!(fs::read_dir(store.join("stale/packs")).unwrap().count() > 0);
+    assert!(
+        fs::read_dir(stale_today(&store).join("packs"))
+            .unwrap()
+            .count()
+            > 0
+    );
     intact!("repair", "-q", "--discard-damaged", &src).expect_code(0);
     intact!("protect", "-q", "--keep-stale", "0s", &src).expect_code(0);
     assert!(!store.join("stale").exists(), "all stale parity removed");
@@ -648,8 +653,11 @@ fn a_stale_pack_keeps_only_what_rebuilds_its_gone_members() {
     assert!(recovery > 1, "{recovery}");
     fs::remove_file(src.join("small/s07")).unwrap();
     intact!("protect", "-q", &src).expect_code(0);
-    let [(kept, stale_bytes)] = volumes(&store.join("stale/packs"))[..] else {
-        panic!("one stale pack: {:?}", volumes(&store.join("stale/packs")));
+    let [(kept, stale_bytes)] = volumes(&stale_today(&store).join("packs"))[..] else {
+        panic!(
+            "one stale pack: {:?}",
+            volumes(&stale_today(&store).join("packs"))
+        );
     };
     assert!(kept >= 1 && kept < recovery, "{kept} of {recovery}");
     assert!(stale_bytes < bytes, "{stale_bytes} against {bytes}");
@@ -664,7 +672,7 @@ fn a_stale_pack_keeps_only_what_rebuilds_its_gone_members() {
         "{}",
         r.stderr
     );
-    assert_eq!(volumes(&store.join("stale/packs")).len(), 1);
+    assert_eq!(volumes(&stale_today(&store).join("packs")).len(), 1);
 }
 
 /// The nightly scrub protects what it tags: `scrub --update --protect` gives new and edited
@@ -725,17 +733,44 @@ fn the_nightly_scrub_protects_new_and_edited_files() {
     }
 }
 
-/// Moves the mtime of every file under `dir` a day back.
-fn age_by_a_day(dir: &Path) {
-    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
-        if e.file_type().unwrap().is_dir() {
-            age_by_a_day(&e.path());
+/// What is moved aside today, in the store `store` (`stale/DAY`).
+fn stale_today(store: &Path) -> std::path::PathBuf {
+    let day = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 86_400;
+    store.join("stale").join(day.to_string())
+}
+
+/// A day passes for what was moved aside into `stale` (its folders are days: each is named a
+/// day earlier).
+fn age_by_a_day(stale: &Path) {
+    let mut days: Vec<u64> = fs::read_dir(stale)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    days.sort();
+    for day in days {
+        let (from, to) = (
+            stale.join(day.to_string()),
+            stale.join((day - 1).to_string()),
+        );
+        if !to.exists() {
+            fs::rename(&from, &to).unwrap();
             continue;
         }
-        let f = fs::File::options().write(true).open(e.path()).unwrap();
-        let then = f.metadata().unwrap().modified().unwrap();
-        f.set_modified(then - std::time::Duration::from_secs(86_400))
-            .unwrap();
+        for sub in fs::read_dir(&from).unwrap().flatten() {
+            let dest = to.join(sub.file_name());
+            fs::create_dir_all(&dest).unwrap();
+            for f in fs::read_dir(sub.path()).unwrap().flatten() {
+                fs::rename(f.path(), dest.join(f.file_name())).unwrap();
+            }
+            fs::remove_dir(sub.path()).unwrap();
+        }
+        fs::remove_dir(&from).unwrap();
     }
 }
 
@@ -936,7 +971,7 @@ fn an_edit_repacks_its_pack_the_same_night_and_keeps_only_what_it_needs() {
         "{stale} bytes kept aside of a pack of {pack_bytes}"
     );
     // Its volume holds the one recovery slice the moved member needs (beside the index).
-    let volumes: Vec<String> = fs::read_dir(store.join("stale/packs"))
+    let volumes: Vec<String> = fs::read_dir(stale_today(&store).join("packs"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .filter(|n| n.contains(".vol"))
@@ -1015,4 +1050,39 @@ fn a_mass_deletion_not_confirmed_keeps_its_parity() {
     for set in index_files(&store) {
         verifies(&src, &set);
     }
+}
+
+/// When a set was moved aside is its day folder's name, not its files' mtimes (anyone who can
+/// write the store can set an mtime): a stale set dated back to 1970 stays its grace; a day
+/// folder 40 days old is removed.
+#[test]
+fn the_grace_of_stale_parity_counts_from_the_day_it_was_moved_aside() {
+    let t = Tree::new();
+    let src = t.path("src");
+    t.write("src/big.bin", data(600_000, 1));
+    let db = t.path("state.db");
+    intact!("tag", "-q", &src).expect_code(0);
+    intact!("protect", "-q", "--state", &db, &src).expect_code(0);
+    t.write("src/big.bin", data(600_000, 2));
+    intact!("update", "-q", "--state", &db, &src).expect_code(0);
+    intact!("protect", "-q", "--state", &db, &src).expect_code(0);
+    let store = src.join(".intact-parity");
+    let today = stale_today(&store);
+    assert!(today.exists(), "nothing moved aside");
+    for dir in fs::read_dir(&today).unwrap().flatten() {
+        for f in fs::read_dir(dir.path()).unwrap().flatten() {
+            let f = fs::File::options().write(true).open(f.path()).unwrap();
+            f.set_modified(std::time::UNIX_EPOCH).unwrap();
+        }
+    }
+    intact!("protect", "-q", "--state", &db, &src).expect_code(0);
+    assert!(today.exists(), "removed by its mtime");
+    for _ in 0..40 {
+        age_by_a_day(&store.join("stale"));
+    }
+    let r = intact!("protect", "--state", &db, &src).expect_code(0);
+    assert!(r.stderr.contains("stale file(s)"), "{}", r.stderr);
+    assert!(
+        !store.join("stale").exists() || fs::read_dir(store.join("stale")).unwrap().count() == 0
+    );
 }

@@ -292,8 +292,43 @@ impl Life {
             self.summary.nights.push(measured);
             self.backup(night);
         }
+        flat(&self.summary.nights).map_err(|what| Failure {
+            night: setup.nights,
+            what,
+            log: Vec::new(),
+        })?;
         Ok(std::mem::take(&mut self.summary))
     }
+}
+
+/// What stays flat over a long life (40 nights or more): the database's bytes a file and
+/// the nightly run's peak memory, the last 20 nights against the first 20 (at most 1.25
+/// times). Time a night is reported, not asserted.
+fn flat(nights: &[Measured]) -> Result<(), String> {
+    if nights.len() < 40 {
+        return Ok(());
+    }
+    let mean = |ns: &[Measured], f: &dyn Fn(&Measured) -> f64| {
+        ns.iter().map(f).sum::<f64>() / ns.len() as f64
+    };
+    let (first, last) = (&nights[..20], &nights[nights.len() - 20..]);
+    let per_file = |m: &Measured| m.db_bytes as f64 / m.files.max(1) as f64;
+    let rss = |m: &Measured| m.max_rss_kib as f64;
+    for (what, f) in [
+        (
+            "database bytes a file",
+            &per_file as &dyn Fn(&Measured) -> f64,
+        ),
+        ("peak RSS", &rss),
+    ] {
+        let (a, b) = (mean(first, f), mean(last, f));
+        if b > 1.25 * a {
+            return Err(format!(
+                "{what} grew from {a:.0} (the first 20 nights) to {b:.0} (the last 20)"
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn db_bytes(db: &Path) -> u64 {
