@@ -59,24 +59,11 @@ impl Open {
                         .or_insert(Dir { keys, page: None })
                 }
             };
-            let page = pages::page_of(&d.keys, name);
-            if d.page.as_ref().is_some_and(|(at, _)| *at != page) {
-                let (_, held) = d.page.take().expect("a page held");
-                if held.write(conn, dir, &mut self.copied)? {
-                    d.keys = pages::keys(conn, "", dir)?;
-                }
-            }
-            let page = pages::page_of(&d.keys, name);
-            if d.page.is_none() {
-                // A directory without entries yet: its first page, keyed by its first name.
-                let key = d.keys.get(page).map_or(name, Vec::as_slice);
-                d.page = Some((page, Held::open(conn, dir, key, seen, row.t)?));
-            }
-            let (at, held) = d.page.as_mut().expect("a page held");
+            let held = d.page_of(conn, dir, name, (seen, row.t), &mut self.copied)?;
             held.at = held.at.max(row.t);
             let proof = held.proves(&row);
-            // A directory whose entries are known by their print is not read while every row
-            // is a proof: the prints of the proofs are summed, and compared at the end.
+            // A page whose entries are known by their print is not read while every row is a
+            // proof: the prints of the proofs are summed, and compared at the end.
             if let Some(proofs) = &mut held.proofs {
                 if proof {
                     held.sum = held.sum.wrapping_add(Print::of_row(&row));
@@ -92,16 +79,7 @@ impl Open {
             }
             held.take(&row, name, seen, conn, &mut self.copied)?;
             keep_damage(&mut self.damage, conn, &row)?;
-            // A page that has grown past its bound with names in order (a folder of many
-            // new files) writes out what comes before this name, and goes on from it.
-            if held.entries.len() + held.added.len() > pages::MAX && held.in_order {
-                held.cut(conn, dir, name, &mut self.copied)?;
-                d.keys = pages::keys(conn, "", dir)?;
-                let key = held.key.clone();
-                let next = d.keys.partition_point(|k| *k < key);
-                d.keys.insert(next, key);
-                *at = next;
-            }
+            d.cut_if_full(conn, dir, name, &mut self.copied)?;
         }
         // Directories the walk has left are done with: written now, so that what the writer
         // holds stays about a batch.
@@ -126,6 +104,58 @@ impl Open {
 struct Dir {
     keys: Vec<Vec<u8>>,
     page: Option<(usize, Held)>,
+}
+
+impl Dir {
+    /// The page that holds `name`, held (the one held before is written back if it is
+    /// another), for the run `seen` at `t`.
+    fn page_of(
+        &mut self,
+        conn: &Connection,
+        dir: &[u8],
+        name: &[u8],
+        (seen, t): (Option<i64>, i64),
+        copies: &mut HashMap<i64, Option<i64>>,
+    ) -> rusqlite::Result<&mut Held> {
+        let page = pages::page_of(&self.keys, name);
+        if self.page.as_ref().is_some_and(|(at, _)| *at != page) {
+            let (_, held) = self.page.take().expect("a page held");
+            if held.write(conn, dir, copies)? {
+                self.keys = pages::keys(conn, "", dir)?;
+            }
+        }
+        if self.page.is_none() {
+            let page = pages::page_of(&self.keys, name);
+            // A directory without entries yet: its first page, keyed by its first name.
+            let key = self.keys.get(page).map_or(name, Vec::as_slice);
+            self.page = Some((page, Held::open(conn, dir, key, seen, t)?));
+        }
+        Ok(&mut self.page.as_mut().expect("a page held").1)
+    }
+
+    /// After the row of `name`: a page that has grown past its bound with names in order (a
+    /// folder of many new files) writes out what comes before `name`, and goes on from it.
+    fn cut_if_full(
+        &mut self,
+        conn: &Connection,
+        dir: &[u8],
+        name: &[u8],
+        copies: &mut HashMap<i64, Option<i64>>,
+    ) -> rusqlite::Result<()> {
+        let Some((at, held)) = self.page.as_mut() else {
+            return Ok(());
+        };
+        if held.entries.len() + held.added.len() <= pages::MAX || !held.in_order {
+            return Ok(());
+        }
+        held.cut(conn, dir, name, copies)?;
+        self.keys = pages::keys(conn, "", dir)?;
+        let key = held.key.clone();
+        let next = self.keys.partition_point(|k| *k < key);
+        self.keys.insert(next, key);
+        *at = next;
+        Ok(())
+    }
 }
 
 impl Held {

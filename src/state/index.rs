@@ -27,23 +27,26 @@ pub const DEFAULT: &str = "/var/lib/intact-damage/index";
 /// An index longer than this is compacted when root next writes it.
 const COMPACT_AT: u64 = 256 << 10;
 
-/// Where the machine's damage index is.
-pub fn path() -> PathBuf {
-    std::env::var_os("INTACT_DAMAGE_INDEX")
-        .filter(|p| !p.is_empty())
-        .map_or_else(|| PathBuf::from(DEFAULT), PathBuf::from)
+/// Where the machine's damage index is. None for the library's own unit tests: they run as
+/// root, side by side, and must neither write the machine's index nor read what it holds
+/// (the binary's tests each give theirs).
+pub fn path() -> Option<PathBuf> {
+    if cfg!(test) {
+        return None;
+    }
+    let chosen = std::env::var_os("INTACT_DAMAGE_INDEX").filter(|p| !p.is_empty());
+    Some(chosen.map_or_else(|| PathBuf::from(DEFAULT), PathBuf::from))
 }
 
-/// Whether this run keeps the index (root's do).
-pub fn keeps() -> bool {
-    rustix::process::geteuid().is_root()
+/// Where this run keeps the index, if it does (root's runs do).
+pub fn kept() -> Option<PathBuf> {
+    path().filter(|_| rustix::process::geteuid().is_root())
 }
 
-/// Adds `entries` (damage found, or ended) to the index, durably, without their paths; its
-/// folder is made `0755` and the index `0644`, neither through a symlink.
-pub fn append(entries: &[Entry]) -> io::Result<()> {
-    let path = path();
-    let dir = crate::fs::atomic::parent(&path);
+/// Adds `entries` (damage found, or ended) to the index at `path`, durably, without their
+/// paths; its folder is made `0755` and the index `0644`, neither through a symlink.
+pub fn append(path: &Path, entries: &[Entry]) -> io::Result<()> {
+    let dir = crate::fs::atomic::parent(path);
     match std::fs::DirBuilder::new().mode(0o755).create(dir) {
         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
         _ => {}
@@ -61,11 +64,11 @@ pub fn append(entries: &[Entry]) -> io::Result<()> {
             ..e.clone()
         })
         .collect();
-    if std::fs::symlink_metadata(&path).is_ok_and(|m| m.len() > COMPACT_AT) {
-        let mut kept = read_from(&path)?;
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.len() > COMPACT_AT) {
+        let mut kept = read_from(path)?;
         kept.extend(unnamed);
         let text: String = journal::outstanding(kept).iter().map(Entry::line).collect();
-        let temp = crate::fs::atomic::Temp::beside(&path)?;
+        let temp = crate::fs::atomic::Temp::beside(path)?;
         temp.file().write_all(text.as_bytes())?;
         temp.file()
             .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
@@ -76,7 +79,7 @@ pub fn append(entries: &[Entry]) -> io::Result<()> {
         .append(true)
         .mode(0o644)
         .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)?;
+        .open(path)?;
     let lines: String = unnamed.iter().map(Entry::line).collect();
     f.write_all(lines.as_bytes())?;
     f.sync_data()
@@ -85,7 +88,7 @@ pub fn append(entries: &[Entry]) -> io::Result<()> {
 /// Adds the damage the index knows (and has not seen end) to `known`, if the index is one to
 /// trust: root's, in a folder of root's, neither writable by anyone else.
 pub fn read_into(known: &mut KnownDamage) {
-    let path = path();
+    let Some(path) = path() else { return };
     let trusty = trusted(crate::fs::atomic::parent(&path)).unwrap_or(false)
         && trusted(&path).unwrap_or(false);
     if !trusty {

@@ -891,14 +891,14 @@ impl State {
             return;
         }
         // Root's damage is the machine's: every run reads the index, whatever its database.
-        if index::keeps()
-            && let Err(e) = index::append(&entries)
+        if let Some(index) = index::kept()
+            && let Err(e) = index::append(&index, &entries)
         {
             self.failed.get_or_insert_with(|| {
                 format!(
                     "the machine's damage index {} could not be written ({e}): runs on other \
                      databases do not know the damage found now",
-                    crate::text::escape(&index::path())
+                    crate::text::escape(&index)
                 )
             });
         }
