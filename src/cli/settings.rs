@@ -165,14 +165,13 @@ impl Settings {
         )
     }
 
-    /// Whether the run records verdicts, and so says what damage earlier runs found that is
-    /// still there (check, update, scrub, repair).
+    /// Whether the run judges the files under its roots (check, update, scrub, repair), and
+    /// so says what damage earlier runs found that is still there, recorded or not.
     pub fn judges(&self) -> bool {
-        self.state.is_some()
-            && matches!(
-                self.verb,
-                Verb::Check | Verb::Update | Verb::Scrub | Verb::Repair
-            )
+        matches!(
+            self.verb,
+            Verb::Check | Verb::Update | Verb::Scrub | Verb::Repair
+        )
     }
 
     /// Reads the manifest `file` for `root` into the configuration: lines it cannot use are

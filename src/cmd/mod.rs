@@ -418,6 +418,29 @@ fn record(s: &Settings, ran: &mut Ran, reporter: &mut Speaker) {
             .fail(format!("writing the metrics {}: {}", escape(path), e));
     }
 }
+/// Without a state database (`--no-state`), a file system meant to be mounted beneath the
+/// tree but not mounted now cannot be seen, so it would pass silently: the damage the
+/// default database knows on it is said (read only), and what /etc/fstab mounts there but
+/// is not mounted is an error.
+fn tell_unmounted_without_state<W: Write, E: Write>(
+    s: &Settings,
+    reporter: &mut Reporter<W, E>,
+) -> io::Result<()> {
+    if let Some(db) = &s.damage_from {
+        for damaged in intact::state::unmounted_damage_at(db, &s.roots) {
+            reporter.outstanding(&damaged)?;
+        }
+    }
+    #[cfg(target_os = "linux")]
+    for point in intact::fs::mounts::not_mounted_under(&s.roots) {
+        reporter.summary.fail(format!(
+            "{}: /etc/fstab mounts a file system here, which is not mounted: its files \
+             were not verified",
+            escape(&point)
+        ));
+    }
+    Ok(())
+}
 
 /// Tells what the state database knows that this run did not see: damage earlier runs found
 /// that is still there (every run that judges says it, until it is dealt with), files gone
@@ -428,8 +451,11 @@ fn tell_what_is_known<W: Write, E: Write>(
     state: Option<&mut State>,
     reporter: &mut Reporter<W, E>,
 ) -> io::Result<()> {
-    let Some(state) = state.filter(|_| s.judges()) else {
+    if !s.judges() {
         return Ok(());
+    }
+    let Some(state) = state else {
+        return tell_unmounted_without_state(s, reporter);
     };
     // A file this run found damaged under another key (its tag stripped since) is said once.
     let said: std::collections::HashSet<String> = reporter

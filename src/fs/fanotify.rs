@@ -13,7 +13,7 @@
 use std::ffi::{CString, OsStr};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -48,7 +48,7 @@ impl Fanotify {
     pub fn new(roots: &[PathBuf]) -> io::Result<Fanotify> {
         let mountinfo = std::fs::read("/proc/self/mountinfo").unwrap_or_default();
         let mut marked: Vec<PathBuf> = roots.to_vec();
-        marked.extend(mounts_under(&mountinfo, roots));
+        marked.extend(super::mounts::mounts_under(&mountinfo, roots));
         // SAFETY: plain flags; the call returns a new descriptor or -1.
         let raw = unsafe {
             libc::fanotify_init(
@@ -131,38 +131,6 @@ impl Fanotify {
         // A directory removed since reads "... (deleted)": nothing left to look at.
         (!path.as_os_str().as_bytes().ends_with(b" (deleted)")).then_some(path)
     }
-}
-
-/// The mount points strictly beneath `roots`, from `/proc/self/mountinfo` (its fifth field,
-/// with spaces, tabs, newlines and backslashes written as octal escapes).
-pub fn mounts_under(mountinfo: &[u8], roots: &[PathBuf]) -> Vec<PathBuf> {
-    let unescape = |field: &[u8]| {
-        let mut out = Vec::with_capacity(field.len());
-        let mut i = 0;
-        while i < field.len() {
-            let octal = field.get(i + 1..i + 4).and_then(|d| {
-                let d = std::str::from_utf8(d).ok()?;
-                u8::from_str_radix(d, 8).ok()
-            });
-            match (field[i], octal) {
-                (b'\\', Some(b)) => {
-                    out.push(b);
-                    i += 4;
-                }
-                (c, _) => {
-                    out.push(c);
-                    i += 1;
-                }
-            }
-        }
-        PathBuf::from(std::ffi::OsString::from_vec(out))
-    };
-    mountinfo
-        .split(|&b| b == b'\n')
-        .filter_map(|line| line.split(|&b| b == b' ').nth(4))
-        .map(unescape)
-        .filter(|m| roots.iter().any(|r| m != r && m.starts_with(r)))
-        .collect()
 }
 
 /// The file system id of `fd` as events carry it (`__kernel_fsid_t`, two words): the low and
@@ -353,17 +321,6 @@ mod tests {
         ev.extend_from_slice(&pid.to_ne_bytes());
         ev.extend(rec);
         ev
-    }
-
-    #[test]
-    fn mounts_beneath_the_trees_are_found() {
-        let info = b"22 27 0:21 / /proc rw - proc proc rw\n\
-            30 27 8:1 / /srv/photos rw - ext4 /dev/sda1 rw\n\
-            31 30 8:2 / /srv/photos/2024\\040trip rw - ext4 /dev/sda2 rw\n\
-            32 30 8:3 / /srv/photosX rw - ext4 /dev/sda3 rw\n";
-        let found = mounts_under(info, &[PathBuf::from("/srv/photos")]);
-        assert_eq!(found, vec![PathBuf::from("/srv/photos/2024 trip")]);
-        assert!(mounts_under(info, &[PathBuf::from("/home")]).is_empty());
     }
 
     #[test]

@@ -9,6 +9,8 @@ pub mod device;
 pub mod fanotify;
 pub mod hash;
 pub mod mapped;
+#[cfg(target_os = "linux")]
+pub mod mounts;
 pub mod sys;
 pub mod walk;
 pub mod xattr;

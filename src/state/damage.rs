@@ -3,12 +3,13 @@
 
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, params};
 
-use super::journal;
 use super::rows::{digest_from_key, digest_key};
+use super::{Damaged, journal};
 use crate::core::tag::Damage;
 use crate::engine::KnownDamage;
 
@@ -121,4 +122,57 @@ pub(super) fn replay(conn: &Connection, path: &Path, insert: bool) -> io::Result
         keep.push(e);
     }
     journal::rewrite(path, &keep)
+}
+
+/// The damage the database at `db` and its journal remember under `roots` on a file system
+/// that is not mounted now, read without writing anything: a `--no-state` run cannot see
+/// those files, and would otherwise pass them silently.
+pub fn unmounted_damage_at(db: &Path, roots: &[PathBuf]) -> Vec<Damaged> {
+    let mut found: Vec<(i64, Damaged)> =
+        journal::outstanding(journal::read(&journal::path_of(db)).unwrap_or_default())
+            .into_iter()
+            .map(|e| {
+                let damaged = Damaged {
+                    path: e.path,
+                    status: Some(e.status),
+                    found: Some(e.found),
+                };
+                (e.fs, damaged)
+            })
+            .collect();
+    let conn = db
+        .exists()
+        .then(|| super::sqlite::open(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).ok())
+        .flatten();
+    if let Some(conn) = conn {
+        let rows = conn
+            .prepare("SELECT fs, path, status, found FROM damage")
+            .and_then(|mut stmt| {
+                stmt.query_map([], |r| {
+                    let path: Vec<u8> = r.get(1)?;
+                    let damaged = Damaged {
+                        path: PathBuf::from(std::ffi::OsString::from_vec(path)),
+                        status: r.get(2)?,
+                        found: r.get(3)?,
+                    };
+                    Ok((r.get(0)?, damaged))
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()
+            });
+        // A database of schema 3 keeps no damage table: the journal has it all the same.
+        found.extend(rows.unwrap_or_default());
+    }
+    let roots: Vec<PathBuf> = roots.iter().map(|r| super::absolute(r)).collect();
+    found.retain(|(fs, d)| {
+        let path = d.path.as_os_str().as_bytes();
+        roots
+            .iter()
+            .any(|r| super::paths::within(path, r.as_os_str().as_bytes()))
+            && d.path.symlink_metadata().is_err()
+            && super::unmounted(&d.path, *fs).is_some()
+    });
+    let mut said: Vec<Damaged> = found.into_iter().map(|(_, d)| d).collect();
+    said.sort_by(|a, b| a.path.cmp(&b.path));
+    said.dedup_by(|a, b| a.path == b.path);
+    said
 }

@@ -49,8 +49,8 @@ pub(crate) mod sqlite;
 mod writer;
 mod written;
 
-pub use damage::known_damage_at;
 use damage::{JOURNAL_COMPACT_AT, load_damage, replay};
+pub use damage::{known_damage_at, unmounted_damage_at};
 pub(crate) use layout::lay_out;
 pub(crate) use locks::wait_for_locks;
 pub use locks::{LOCK_WAIT, on_lock_waits};

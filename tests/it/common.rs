@@ -144,6 +144,8 @@ pub struct Cmd {
     env: Vec<(OsString, OsString)>,
     /// Resource limits set in the child before exec.
     limits: Vec<(libc::__rlimit_resource_t, u64)>,
+    /// A file the child sees as /etc/fstab, in a mount namespace of its own.
+    fstab: Option<std::ffi::CString>,
 }
 
 impl Cmd {
@@ -154,6 +156,7 @@ impl Cmd {
             limit: None,
             env: Vec::new(),
             limits: Vec::new(),
+            fstab: None,
         }
     }
 
@@ -203,6 +206,14 @@ impl Cmd {
             .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
     }
 
+    /// Runs with `file` as its /etc/fstab (root): bound over the machine's in a mount
+    /// namespace of the run's own, which the machine never sees.
+    pub fn fstab(mut self, file: &Path) -> Self {
+        use std::os::unix::ffi::OsStrExt;
+        self.fstab = Some(std::ffi::CString::new(file.as_os_str().as_bytes()).unwrap());
+        self
+    }
+
     pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
         self.env
             .push((key.as_ref().to_os_string(), value.as_ref().to_os_string()));
@@ -237,6 +248,25 @@ impl Cmd {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if let Some(fstab) = self.fstab.clone() {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: unshare and mount are plain system calls, on strings made before the
+            // fork; they run in the child before exec.
+            unsafe {
+                c.pre_exec(move || {
+                    let none = std::ptr::null();
+                    let (root, etc) = (c"/".as_ptr(), c"/etc/fstab".as_ptr());
+                    let private = libc::MS_REC | libc::MS_PRIVATE;
+                    if libc::unshare(libc::CLONE_NEWNS) != 0
+                        || libc::mount(none, root, none, private, std::ptr::null()) != 0
+                        || libc::mount(fstab.as_ptr(), etc, none, libc::MS_BIND, none.cast()) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         if !self.limits.is_empty() {
             use std::os::unix::process::CommandExt;
             let limits = self.limits.clone();

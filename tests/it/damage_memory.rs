@@ -667,6 +667,67 @@ fn damage_on_a_sub_mount_not_mounted_now_is_still_said() {
     assert!(r.stdout.contains("m/a"), "{}", r.stdout);
 }
 
+/// With no state database (`--no-state`) a sub-mount that is not mounted cannot be seen:
+/// the damage the default database knows on it is said all the same (exit 1), and a file
+/// system /etc/fstab mounts beneath the tree, not mounted now, is an error (exit 3), not a
+/// pass; mounted, or one fstab leaves to be mounted by hand (`noauto`), it is no trouble.
+#[test]
+fn a_sub_mount_not_mounted_is_said_by_a_run_with_no_state() {
+    require_faults!();
+    let t = Tree::new();
+    let root = t.path("tree");
+    t.write("tree/b", data(4000, 1));
+    let disk = crate::faultfs::LoopFs::ext4(t.root(), 8, &[]);
+    let m = root.join("m");
+    fs::create_dir_all(&m).unwrap();
+    let mounted = Bind::new(&disk.root, &m);
+    let a = m.join("a");
+    fs::write(&a, data(4000, 2)).unwrap();
+    intact!("tag", "-q", &root).expect_code(0);
+    flip_byte(&a, 100);
+    cmd!("check", "-q", &root)
+        .days_later(1)
+        .run()
+        .expect_code(1);
+    drop(mounted);
+    assert!(!a.exists());
+    let r = cmd!("check", "--no-state", &root).days_later(2).run();
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("m/a: found damaged"), "{}", r.stdout);
+
+    // A tree no database knows: only fstab says what should be mounted in it.
+    let other = t.path("other");
+    t.write("other/b", data(4000, 3));
+    let usb = other.join("usb");
+    fs::create_dir_all(&usb).unwrap();
+    intact!("tag", "-q", "--no-state", &other).expect_code(0);
+    let fstab = t.path("fstab");
+    let line = |options: &str| {
+        let point = usb.to_str().unwrap().replace(' ', "\\040");
+        format!(
+            "# the machine's\nUUID=0000 / ext4 defaults 0 1\nUUID=1234 {point} ext4 {options} 0 2\n"
+        )
+    };
+    fs::write(&fstab, line("defaults,nofail")).unwrap();
+    let r = cmd!("check", "--no-state", &other).fstab(&fstab).run();
+    assert_eq!(r.code, 3, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr
+            .contains("usb: /etc/fstab mounts a file system here, which is not mounted"),
+        "{}",
+        r.stderr
+    );
+    let _mounted = Bind::new(&disk.root, &usb);
+    let r = cmd!("check", "--no-state", &other).fstab(&fstab).run();
+    assert!(!r.stderr.contains("fstab"), "{}", r.stderr);
+    drop(_mounted);
+    fs::write(&fstab, line("noauto,user")).unwrap();
+    cmd!("check", "-q", "--no-state", &other)
+        .fstab(&fstab)
+        .run()
+        .expect_code(0);
+}
+
 /// A damage journal with lines that are not entries, or that is not a file, hides the
 /// damage it recorded: every run says so (exit 3), not once.
 #[test]

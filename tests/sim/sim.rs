@@ -2,7 +2,7 @@
 //! night after night of churn, rot, the owner's repairs and the shipped unit's run, each
 //! night checked against the ground truth.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -505,11 +505,25 @@ impl Life {
                 mass.files.len(),
                 ran.code
             ));
+            // A file with several names is known by one, the first the walk meets: the
+            // first in path order (the files are), unless a name is new that day.
+            let named_today: HashSet<Id> = mass
+                .files
+                .iter()
+                .filter(|(rel, id, _)| mass.linked.contains(id) && mass.named.contains(rel))
+                .map(|(_, id, _)| *id)
+                .collect();
+            let mut said: HashSet<Id> = HashSet::new();
             for (rel, id, c) in mass.files {
                 self.world.churned.push((night, c.size));
                 // (One moved that day was known, and is said gone, under its name before.)
                 let known = c.born < mass.night && !mass.named.contains(&rel);
-                if known && !self.world.contents.contains_key(&id) {
+                let its_name = !mass.linked.contains(&id) || said.insert(id);
+                if known
+                    && its_name
+                    && !named_today.contains(&id)
+                    && !self.world.contents.contains_key(&id)
+                {
                     self.world.deleted.push((night, rel));
                 }
             }
