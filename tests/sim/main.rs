@@ -192,7 +192,7 @@ fn table(seed: u64, s: &Setup, m: &sim::Summary) -> String {
          | files gone at once: an alarm (exit 3) until brought back by repair --missing or confirmed | yes: {} brought back, {} confirmed |\n\
          | status's files removed are the files deleted (30 days) | yes (up to {} listed) |\n\
          | every set written verifies with par2cmdline | yes ({} sets) |\n\
-         | sets within 1.25x a fresh protect's share of the data and of what changed since the monthly protect; moved aside within 1.1x redundancy of what changed in 30 nights, a pack index a change | yes (at most {:.2} / {:.2} of the bound) |\n\
+         | sets within 1.25x a fresh protect's share of the data and of what changed since the monthly protect; moved aside within 1.1x what changed in 30 nights, two pack indexes a change | yes (at most {:.2} / {:.2} of the bound) |\n\
          | every file not damaged proven good within a cycle and two nights; no temp file left | yes |\n\
          | database bytes a file, first {k} nights / last {k} (at most 1.25x over 40 nights or more) | {:.0} / {:.0} |\n\
          | peak RSS, first {k} nights / last {k} (at most 1.25x) | {:.1} / {:.1} MiB |\n\
