@@ -1497,14 +1497,17 @@ mod tests {
             "{value_bytes:?}"
         );
         assert_eq!(count(&first, VERIFIED), n as i64);
-        let before: Vec<Vec<u8>> = first
-            .conn
-            .prepare("SELECT entries FROM dirs ORDER BY first")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
+        let pages = |state: &State| -> Vec<Vec<u8>> {
+            state
+                .conn
+                .prepare("SELECT entries FROM dirs ORDER BY first")
+                .unwrap()
+                .query_map([], |r| r.get(0))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap()
+        };
+        let before = pages(&first);
         drop(first);
         let again = record();
         assert_eq!(
@@ -1512,15 +1515,7 @@ mod tests {
             keys.len() as i64,
             "a proof a page"
         );
-        let after: Vec<Vec<u8>> = again
-            .conn
-            .prepare("SELECT entries FROM dirs ORDER BY first")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        assert_eq!(before, after, "pages rewritten");
+        assert_eq!(before, pages(&again), "pages rewritten");
         let run = again.run.unwrap();
         let seen = format!("SELECT count(*) FROM files WHERE seen = {run}");
         assert_eq!(count(&again, &seen), n as i64);

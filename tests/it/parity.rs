@@ -685,19 +685,7 @@ fn the_nightly_scrub_protects_new_and_edited_files() {
     let src = tree(&t);
     let db = t.path("state.db");
     intact!("protect", "-q", "--state", &db, &src).expect_code(0);
-    let nightly = || {
-        intact!(
-            "scrub",
-            "--json",
-            "--state",
-            &db,
-            "--update",
-            "--protect",
-            &src
-        )
-        .expect_code(0)
-        .json()
-    };
+    let nightly = || nightly_protect(&db, &src);
     let r = nightly();
     assert_eq!(r.summary["actions"]["protected"], 31, "{}", r.summary);
     let sets = index_files(&src.join(".intact-parity"));
@@ -939,19 +927,7 @@ fn an_edit_repacks_its_pack_the_same_night_and_keeps_only_what_it_needs() {
     intact!("protect", "-q", "--state", &db, &src).expect_code(0);
     let store = src.join(".intact-parity");
     let pack_bytes = dir_bytes(&store.join("packs"));
-    let nightly = || {
-        intact!(
-            "scrub",
-            "--json",
-            "--state",
-            &db,
-            "--update",
-            "--protect",
-            &src
-        )
-        .expect_code(0)
-        .json()
-    };
+    let nightly = || nightly_protect(&db, &src);
     t.write("src/f050", data(16_000, 1050));
     let r = nightly();
     assert_eq!(r.summary["actions"]["protected"], 200, "{}", r.summary);
@@ -1085,4 +1061,19 @@ fn the_grace_of_stale_parity_counts_from_the_day_it_was_moved_aside() {
     assert!(
         !store.join("stale").exists() || fs::read_dir(store.join("stale")).unwrap().count() == 0
     );
+}
+
+/// The nightly unit's `scrub --update --protect` of `src`, which finds nothing wrong.
+fn nightly_protect(db: &Path, src: &Path) -> Json {
+    intact!(
+        "scrub",
+        "--json",
+        "--state",
+        db,
+        "--update",
+        "--protect",
+        src
+    )
+    .expect_code(0)
+    .json()
 }
