@@ -16,6 +16,7 @@ use cmd::{archive, export, generate, notify, protect, repair, scan, scrub, statu
 use intact::report::Exit;
 
 fn main() -> ExitCode {
+    no_core_dumps();
     let cli = Cli::parse();
     raise_file_limit();
     room_for_descriptors();
@@ -91,6 +92,17 @@ fn room_for_descriptors() {
 
 /// Files are opened ahead of the workers, a few batches' worth: more than the 1,024
 /// descriptors many systems allow by default. The hard limit is ours to take.
+/// No core file: the process holds notification tokens and repository passwords (from its
+/// environment), which a core file would leave on disk for whoever can read it.
+fn no_core_dumps() {
+    use rustix::process::{Resource, Rlimit, setrlimit};
+    let none = Rlimit {
+        current: Some(0),
+        maximum: Some(0),
+    };
+    let _ = setrlimit(Resource::Core, none);
+}
+
 fn raise_file_limit() {
     use rustix::process::{Resource, getrlimit, setrlimit};
     let mut limit = getrlimit(Resource::Nofile);

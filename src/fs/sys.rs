@@ -222,11 +222,27 @@ pub fn open_beneath(
     }
 }
 
-/// Opens a file to read, never through a symlink at its end, never blocking on a FIFO.
-pub fn open_nofollow(path: &std::path::Path) -> io::Result<File> {
-    use rustix::fs::{Mode, OFlags};
-    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
-    Ok(File::from(rustix::fs::open(path, flags, Mode::empty())?))
+/// Opens a regular file to read: never through a symlink at its end, never blocking on a
+/// FIFO or a device (opened `O_NONBLOCK`, cleared once `fstat` says it is a regular file),
+/// never taking a terminal for the controlling one. Anything else is refused: a FIFO that
+/// anyone who can write a tree or a parity store plants must not stop a run.
+pub fn open_regular(path: &std::path::Path) -> io::Result<File> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    let flags =
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::NOCTTY;
+    let fd = rustix::fs::open(path, flags, Mode::empty())?;
+    if FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode) != FileType::RegularFile {
+        return Err(io::Error::other("not a regular file"));
+    }
+    rustix::fs::fcntl_setfl(&fd, rustix::fs::fcntl_getfl(&fd)? - OFlags::NONBLOCK)?;
+    Ok(File::from(fd))
+}
+
+/// The bytes of a regular file (see [`open_regular`]).
+pub fn read_regular(path: &std::path::Path) -> io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    io::Read::read_to_end(&mut open_regular(path)?, &mut bytes)?;
+    Ok(bytes)
 }
 
 /// Open flag that reads around the page cache.

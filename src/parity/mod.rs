@@ -267,7 +267,7 @@ impl Store {
 
     /// Opens an existing store for reading.
     pub fn read(dir: &Path) -> io::Result<Store> {
-        let marker = std::fs::read(dir.join(MARKER))?;
+        let marker = crate::fs::sys::read_regular(&dir.join(MARKER))?;
         // A tree's own store goes where the tree goes: its root is its parent, wherever the
         // tree has moved. A store elsewhere names its root in the marker.
         let recorded = marker
@@ -288,7 +288,7 @@ impl Store {
                 let p = e.path();
                 if is_index(&p)
                     && let Some(id) = pack_id(&p)
-                    && let Ok(bytes) = std::fs::read(&p)
+                    && let Ok(bytes) = crate::fs::sys::read_regular(&p)
                 {
                     let (digests, described) = pack_summary(&bytes);
                     sizes.insert(id, (digests.len(), described));
@@ -701,7 +701,7 @@ impl Store {
     pub fn find(&self, digest: &Digest) -> Option<io::Result<Found>> {
         let index = self.index_of(digest)?;
         Some((|| {
-            let bytes = std::fs::read(&index)?;
+            let bytes = crate::fs::sys::read_regular(&index)?;
             let set = load_set(&index)?;
             let digests = pack_digests(&bytes);
             if digests.is_empty() {
@@ -966,12 +966,12 @@ fn load_set(index: &Path) -> io::Result<par2::Set> {
     };
     let stem = name.strip_suffix(ext.as_str()).unwrap_or(&name).to_string();
     // An unreadable index or volume costs its packets, not the set.
-    let mut files: Vec<File> = File::open(index).into_iter().collect();
+    let mut files: Vec<File> = crate::fs::sys::open_regular(index).into_iter().collect();
     for e in std::fs::read_dir(dir)?.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         if name.starts_with(&format!("{stem}.vol"))
             && name.ends_with(&ext)
-            && let Ok(file) = File::open(e.path())
+            && let Ok(file) = crate::fs::sys::open_regular(&e.path())
         {
             files.push(file);
         }

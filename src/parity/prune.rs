@@ -187,7 +187,7 @@ impl Store {
         let mut sets = sets_in(&dir)?;
         for id in ids {
             let stem = hex::encode(id);
-            let Ok(bytes) = std::fs::read(dir.join(format!("{stem}.par2"))) else {
+            let Ok(bytes) = crate::fs::sys::read_regular(&dir.join(format!("{stem}.par2"))) else {
                 continue;
             };
             let (members, _) = members(&bytes);
@@ -227,7 +227,7 @@ impl Store {
             .join(day(SystemTime::now()).to_string())
             .join("packs");
         for Retired { files, index } in retired {
-            let Ok(bytes) = std::fs::read(&index) else {
+            let Ok(bytes) = crate::fs::sys::read_regular(&index) else {
                 continue;
             };
             let unsettled =
@@ -282,7 +282,7 @@ impl Store {
             {
                 continue;
             }
-            let (members, bytes) = match std::fs::read(&index) {
+            let (members, bytes) = match crate::fs::sys::read_regular(&index) {
                 Ok(bytes) => members(&bytes),
                 // Volumes whose index is gone (a killed run): of no use.
                 Err(e) if e.kind() == io::ErrorKind::NotFound => (Vec::new(), 0),
@@ -316,7 +316,7 @@ impl Store {
                 continue;
             }
             if set > 0 {
-                let gone = slices_of(&std::fs::read(&index)?, |d| !live.holds(d));
+                let gone = slices_of(&crate::fs::sys::read_regular(&index)?, |d| !live.holds(d));
                 if !aside_trimmed(&files, &index, gone, &stale.join("packs"))? {
                     pruned.spent += 1;
                     drop_set(files)?;
@@ -400,7 +400,7 @@ impl Store {
             let contents: Vec<Digest> = match algo {
                 _ if name == "packs" => {
                     let index = dir.join(format!("{stem}.par2.{STALE_EXT}"));
-                    std::fs::read(&index)
+                    crate::fs::sys::read_regular(&index)
                         .map(|b| members(&b).0.into_iter().map(|(_, d)| d).collect())
                         .unwrap_or_default()
                 }
@@ -495,7 +495,7 @@ fn aside_trimmed(files: &[PathBuf], index: &Path, keep: u64, to: &Path) -> io::R
     let Some(volume) = files.iter().find(|f| !is_index(f)) else {
         return Ok(false);
     };
-    let bytes = std::fs::read(volume)?;
+    let bytes = crate::fs::sys::read_regular(volume)?;
     // intact's volumes hold their recovery packets first, each a header (magic, length at
     // 8, type at 48) and its body.
     let (mut end, mut kept) = (0usize, 0u64);
@@ -523,7 +523,7 @@ fn aside_trimmed(files: &[PathBuf], index: &Path, keep: u64, to: &Path) -> io::R
     let temp = crate::fs::atomic::Temp::beside(&to.join(&name))?;
     let mut out = temp.file();
     std::io::Write::write_all(&mut out, &bytes[..end])?;
-    std::io::Write::write_all(&mut out, &std::fs::read(index)?)?;
+    std::io::Write::write_all(&mut out, &crate::fs::sys::read_regular(index)?)?;
     temp.commit(name.as_ref())?;
     std::fs::remove_file(volume)?;
     Ok(true)

@@ -1,8 +1,11 @@
 //! Nothing outside the named trees is ever read, tagged, listed or archived, whatever a
 //! manifest says or a concurrent rename does; and hostile input costs bounded memory.
 
-use std::os::unix::fs::symlink;
+use std::fs;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt, symlink};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use sha2::Digest as _;
 
@@ -116,4 +119,65 @@ fn a_directory_swapped_for_a_symlink_mid_run_never_leads_outside() {
             }
         }
     });
+}
+
+/// A FIFO named like a parity set (a pack's index and volume, a file's own set), planted by
+/// a user who can write the store, stops no run of root's: `status`, `protect`, `check` and
+/// `repair` read only regular files there (opened without blocking, refused unless `fstat`
+/// says regular), finish within their limit, and the repair still restores the damage.
+#[test]
+fn a_fifo_named_like_a_parity_set_hangs_no_run() {
+    require_root!();
+    let t = Tree::new();
+    for i in 0..20 {
+        t.write(format!("tree/f{i:02}"), data(4000, i));
+    }
+    t.write("tree/big", data(300_000, 99));
+    let root = t.path("tree");
+    intact!("tag", "-q", &root).expect_code(0);
+    intact!("protect", "-q", &root).expect_code(0);
+    let store = root.join(".intact-parity");
+    let own = std::fs::read_dir(&store)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("sha256-")
+        })
+        .expect("the large file's own set");
+    let ff = "f".repeat(32);
+    let fifos = [
+        store.join(format!("packs/{ff}.par2")),
+        store.join(format!("packs/{ff}.vol00+01.par2")),
+        own.join(format!("{}.par2", "f".repeat(64))),
+    ];
+    for fifo in &fifos {
+        let dir = fifo.parent().unwrap();
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o777)).unwrap();
+        let made = Command::new("setpriv")
+            .args([
+                "--reuid=nobody",
+                "--regid=nogroup",
+                "--clear-groups",
+                "mkfifo",
+            ])
+            .arg(fifo)
+            .status()
+            .unwrap();
+        assert!(made.success(), "mkfifo as nobody");
+    }
+    flip_byte(&root.join("f03"), 100);
+    let limit = Duration::from_secs(60);
+    for verb in ["status", "check", "protect"] {
+        let r = cmd!(verb, &root).within(limit).run();
+        assert!(r.code >= 0, "{verb}: killed ({})", r.code);
+    }
+    cmd!("repair", &root).within(limit).run().expect_code(0);
+    assert_eq!(fs::read(root.join("f03")).unwrap(), data(4000, 3));
+    for fifo in &fifos {
+        assert!(fs::symlink_metadata(fifo).unwrap().file_type().is_fifo());
+    }
 }

@@ -115,6 +115,22 @@ fn write_slowly(path: &Path, parts: &[&[u8]]) {
 /// in folders made since (nested), moved in from outside the tree; an edited file is
 /// re-tagged; `status` says the tree is watched while it is, and not once the service is
 /// killed. As root (fanotify on the whole file system) and as a user (inotify).
+/// The service holds its secrets (notification tokens, repository passwords) for days: it
+/// can leave no core file, whatever limit it was started with.
+#[test]
+fn the_service_can_dump_no_core() {
+    let t = Tree::new();
+    t.write("tree/a", data(100, 1));
+    let w = Watch::start(&[t.path("tree").as_os_str()], false);
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", w.child.id())).unwrap();
+    let core = limits
+        .lines()
+        .find(|l| l.starts_with("Max core file size"))
+        .expect("a core limit");
+    let soft_hard: Vec<&str> = core.split_whitespace().skip(4).take(2).collect();
+    assert_eq!(soft_hard, ["0", "0"], "{core}");
+}
+
 #[test]
 fn files_are_tagged_seconds_after_they_are_written() {
     for nobody in [false, true] {

@@ -181,7 +181,7 @@ impl Repository for Restic {
         output(&mut c, "restic", watch)?;
         for p in paths {
             let restored = into.path().join(OsStr::from_bytes(p));
-            if let Ok(mut file) = crate::fs::sys::open_nofollow(&restored) {
+            if let Ok(mut file) = crate::fs::sys::open_regular(&restored) {
                 got(p, &mut file);
             }
         }

@@ -372,7 +372,7 @@ fn rebuild(
             Some((_, _, target)) => Some(target),
             None => paths[j].as_ref(),
         };
-        match path.map(|p| crate::fs::sys::open_nofollow(p)) {
+        match path.map(|p| crate::fs::sys::open_regular(p)) {
             None => Ok(None),
             Some(Ok(f)) => Ok(Some(Box::new(f))),
             Some(Err(e)) if e.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -398,7 +398,7 @@ fn rebuild(
     for (i, at, target) in targets {
         work.offer(i, from, &mut |sink| {
             // A file gone (`--missing`) is rebuilt whole.
-            let mut current = match crate::fs::sys::open_nofollow(&target) {
+            let mut current = match crate::fs::sys::open_regular(&target) {
                 Ok(f) => Some(f),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => None,
                 Err(e) => return Err(e),
@@ -439,7 +439,7 @@ pub(super) fn read_file(
     path: &Path,
     sink: &mut dyn FnMut(Chunk<'_>) -> io::Result<()>,
 ) -> io::Result<()> {
-    let mut file = crate::fs::sys::open_nofollow(path)?;
+    let mut file = crate::fs::sys::open_regular(path)?;
     crate::fs::sys::advise_sequential(&file);
     let size = file.metadata()?.len();
     pour(&mut file, size, sink)
