@@ -871,9 +871,11 @@ impl Plan {
     /// verified in this cycle first, then least recently verified first, walk order among
     /// equals; within `budget` of bytes. With `untagged_too` (`--update`), files new or
     /// changed since tagged come before all others, whatever the cycle, so that new content
-    /// is protected the same night. A budgeted scrub ends with its cycle (the next one begins
-    /// a new cycle); one without a budget verifies every file. A byte budget is spent once
-    /// the bytes of the files started reach it: the file that reaches it is the last.
+    /// is protected the same night, and on top of the byte budget: it is the cycle's, which
+    /// a night's new files would otherwise stretch without end (the time budget bounds them
+    /// all). A budgeted scrub ends with its cycle (the next one begins a new cycle); one
+    /// without a budget verifies every file. A byte budget is spent once the bytes of the
+    /// files started reach it: the file that reaches it is the last.
     pub fn queue(&self, budget: Budget, untagged_too: bool, now: i64) -> rusqlite::Result<Queue> {
         let conn = self.conn();
         let older = budget.older_than.map(|s| now - s);
@@ -891,10 +893,11 @@ impl Plan {
             conn.execute_batch(
                 "DROP TABLE IF EXISTS queue;
                  CREATE TABLE queue (id INTEGER PRIMARY KEY, path BLOB, size INTEGER, \
-                 root INTEGER);",
+                 root INTEGER, cost INTEGER);",
             )?;
             conn.execute(
-                "INSERT INTO queue (path, size, root) SELECT path, size, root FROM plan \
+                "INSERT INTO queue (path, size, root, cost) SELECT path, size, root, \
+                 CASE WHEN ?1 AND changed THEN 0 ELSE size END FROM plan \
                  WHERE (tagged OR ?1) \
                  AND (?2 IS NULL OR verified IS NULL OR verified < ?2 OR (?1 AND changed)) \
                  AND NOT (?4 AND coalesce(checked >= ?3, 0) AND NOT (?1 AND changed)) \
@@ -909,7 +912,7 @@ impl Plan {
                 ],
             )?;
             let (files, bytes): (i64, i64) = conn.query_row(
-                "SELECT count(*), coalesce(sum(size), 0) FROM queue",
+                "SELECT count(*), coalesce(sum(cost), 0) FROM queue",
                 [],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )?;
@@ -925,7 +928,7 @@ impl Plan {
             None => "SELECT count(*), coalesce(sum(size), 0) FROM queue WHERE ?1 IS NULL",
             Some(_) => {
                 "SELECT count(*), coalesce(sum(size), 0) FROM (SELECT id, size, \
-                 sum(size) OVER (ORDER BY id ROWS UNBOUNDED PRECEDING) - size AS before \
+                 sum(cost) OVER (ORDER BY id ROWS UNBOUNDED PRECEDING) - cost AS before \
                  FROM queue) WHERE before < ?1 OR id = (SELECT min(id) FROM queue)"
             }
         };
@@ -1164,7 +1167,8 @@ impl Plan {
 pub struct Queue {
     conn: Arc<Mutex<Connection>>,
     failed: Arc<Mutex<Option<String>>>,
-    page: std::vec::IntoIter<(i64, PathBuf, u64, usize)>,
+    /// Rows: id, path, size, root, and what the file costs of the byte budget.
+    page: std::vec::IntoIter<(i64, PathBuf, u64, usize, u64)>,
     last: i64,
     limit: Option<u64>,
     taken: u64,
@@ -1181,7 +1185,7 @@ impl Queue {
     fn next_page(&mut self) -> rusqlite::Result<()> {
         let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         let mut stmt = conn.prepare_cached(
-            "SELECT id, path, size, root FROM queue WHERE id > ?1 ORDER BY id LIMIT ?2",
+            "SELECT id, path, size, root, cost FROM queue WHERE id > ?1 ORDER BY id LIMIT ?2",
         )?;
         let rows = stmt
             .query_map(params![self.last, PAGE], |r| {
@@ -1191,6 +1195,7 @@ impl Queue {
                     PathBuf::from(std::ffi::OsStr::from_bytes(&path)),
                     r.get::<_, i64>(2)? as u64,
                     r.get::<_, i64>(3)? as usize,
+                    r.get::<_, i64>(4)? as u64,
                 ))
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -1206,7 +1211,7 @@ impl Iterator for Queue {
         if self.done {
             return None;
         }
-        let (id, path, size, root) = match self.page.next() {
+        let (id, path, size, root, cost) = match self.page.next() {
             Some(row) => row,
             None => {
                 // A database that fails mid-scrub ends the queue (the run says so); what was
@@ -1223,13 +1228,14 @@ impl Iterator for Queue {
         };
         if let Some(limit) = self.limit
             && self.started
+            && cost > 0
             && self.taken >= limit
         {
             self.done = true;
             return None;
         }
         self.started = true;
-        self.taken += size;
+        self.taken += cost;
         self.last = id;
         Some(Entry::File {
             path,

@@ -238,7 +238,7 @@ pub struct ScrubArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub max_time: Option<std::time::Duration>,
     /// Verify at most this much data (e.g. 500G, 1.5T, 200MB; K, M, G, T are powers of 1024,
-    /// kB, MB, GB, TB of 1000)
+    /// kB, MB, GB, TB of 1000); with --update, new and edited files are read on top
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_bytes: Option<u64>,
     /// Verify at most this share of the data tagged under PATH (as SnapRAID's scrub -p)

@@ -1059,3 +1059,39 @@ fn a_folder_of_100000_files_takes_bounded_memory() {
         assert!(kib < 40 << 10, "{args:?}: {kib} KiB\n{}", run.stderr);
     }
 }
+
+/// A night's new files are read on top of the byte budget, which is the cycle's: a tree that
+/// grows by a fifth a night under `--update --max-percent 25` still completes its cycle in
+/// four nights, and every new file is tagged the night it appears (when new files spent
+/// the budget first, the cycle took five times as long).
+#[test]
+fn new_files_do_not_stretch_the_cycle() {
+    let t = Tree::new();
+    for i in 0..100 {
+        t.write(format!("tree/old/f{i:03}"), data(4000, i));
+    }
+    let tree = t.path("tree");
+    let db = t.path("state.db");
+    intact!("tag", "-q", "--state", &db, &tree).expect_code(0);
+    let mut added = 0;
+    for night in 1..=4 {
+        for _ in 0..20 {
+            t.write(format!("tree/new/n{added:03}"), data(4000, 1000 + added));
+            added += 1;
+        }
+        let r = cmd!("scrub", "--json", "--update", "--state", &db)
+            .args(["--max-percent", "25"])
+            .arg(&tree)
+            .days_later(night)
+            .run()
+            .expect_code(0)
+            .json();
+        assert_eq!(r.count("new"), 20, "night {night}: {}", r.summary);
+        assert_eq!(
+            r.summary["cycle"]["complete"],
+            night == 4,
+            "night {night}: {}",
+            r.summary
+        );
+    }
+}

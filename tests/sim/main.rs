@@ -165,19 +165,7 @@ fn main() -> ExitCode {
 
 /// The invariants held and what was measured, as the long run's note quotes them.
 fn table(seed: u64, s: &Setup, m: &sim::Summary) -> String {
-    let span = |nights: &[sim::Measured]| {
-        let n = nights.len().max(1) as f64;
-        let per_file = nights
-            .iter()
-            .map(|x| x.db_bytes as f64 / x.files.max(1) as f64)
-            .sum::<f64>()
-            / n;
-        let rss = nights.iter().map(|x| x.max_rss_kib).max().unwrap_or(0) as f64 / 1024.0;
-        let secs = nights.iter().map(|x| x.seconds).sum::<f64>() / n;
-        (per_file, rss, secs)
-    };
-    let k = m.nights.len().min(20);
-    let (first, last) = (span(&m.nights[..k]), span(&m.nights[m.nights.len() - k..]));
+    let (first, last, k, _) = sim::ends(&m.nights);
     let files = |i: usize| m.nights.get(i).map_or(0, |x| x.files);
     format!(
         "simulator: seed {seed}: {} nights held, {} -> {} files at --max-percent {}\n\
@@ -194,8 +182,8 @@ fn table(seed: u64, s: &Setup, m: &sim::Summary) -> String {
          | every set written verifies with par2cmdline | yes ({} sets) |\n\
          | sets within 1.25x a fresh protect's share of the data and of what changed since the monthly protect; moved aside within 1.1x what changed in 30 nights, two pack indexes a change | yes (at most {:.2} / {:.2} of the bound) |\n\
          | every file not damaged proven good within a cycle and two nights; no temp file left | yes |\n\
-         | database bytes a file, first {k} nights / last {k} (at most 1.25x over 40 nights or more) | {:.0} / {:.0} |\n\
-         | peak RSS, first {k} nights / last {k} (at most 1.25x) | {:.1} / {:.1} MiB |\n\
+         | database bytes a file, first {k} nights / last {k} its database knew the whole tree (at most 1.25x over 40 nights or more) | {:.0} / {:.0} |\n\
+         | peak RSS, mean of the first {k} nights / last {k} (at most 1.25x) | {:.1} / {:.1} MiB |\n\
          | seconds a night, first {k} nights / last {k} | {:.2} / {:.2} |\n",
         m.nights.len(),
         files(0),
@@ -220,11 +208,11 @@ fn table(seed: u64, s: &Setup, m: &sim::Summary) -> String {
         m.sets_verified,
         m.worst_store,
         m.worst_stale,
-        first.0,
-        last.0,
-        first.1,
-        last.1,
-        first.2,
-        last.2,
+        first.per_file,
+        last.per_file,
+        first.rss_mib,
+        last.rss_mib,
+        first.seconds,
+        last.seconds,
     )
 }

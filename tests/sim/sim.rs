@@ -71,6 +71,37 @@ pub struct Measured {
     pub db_bytes: u64,
     pub max_rss_kib: u64,
     pub seconds: f64,
+    /// The database knew the whole tree (it was not lost or rebuilt within a cycle).
+    pub whole: bool,
+}
+
+/// The means of some nights: database bytes a file, peak RSS (MiB), seconds.
+pub struct Span {
+    pub per_file: f64,
+    pub rss_mib: f64,
+    pub seconds: f64,
+}
+
+/// The first and the last `k` (at most 20) of the nights whose database knew the whole tree
+/// (one filling again after a loss is no baseline), `k`, and how many such nights there were.
+pub fn ends(nights: &[Measured]) -> (Span, Span, usize, usize) {
+    let whole: Vec<&Measured> = nights.iter().filter(|m| m.whole).collect();
+    let span = |ns: &[&Measured]| {
+        let n = ns.len().max(1) as f64;
+        let mean = |f: &dyn Fn(&Measured) -> f64| ns.iter().map(|m| f(m)).sum::<f64>() / n;
+        Span {
+            per_file: mean(&|m| m.db_bytes as f64 / m.files.max(1) as f64),
+            rss_mib: mean(&|m| m.max_rss_kib as f64 / 1024.0),
+            seconds: mean(&|m| m.seconds),
+        }
+    };
+    let k = whole.len().min(20);
+    (
+        span(&whole[..k]),
+        span(&whole[whole.len() - k..]),
+        k,
+        whole.len(),
+    )
 }
 
 /// What a life came to.
@@ -276,6 +307,7 @@ impl Life {
                 db_bytes: db_bytes(&self.db),
                 max_rss_kib: ran.max_rss_kib,
                 seconds: ran.seconds,
+                whole: self.reset.is_none_or(|r| night > r + deadline(&setup) + 1),
             };
             if setup.verbose {
                 eprintln!(
@@ -301,30 +333,21 @@ impl Life {
     }
 }
 
-/// What stays flat over a long life (40 nights or more): the database's bytes a file and
-/// the nightly run's peak memory, the last 20 nights against the first 20 (at most 1.25
-/// times). Time a night is reported, not asserted.
+/// What stays flat over a long life (40 nights or more whose database knew the whole
+/// tree): the database's bytes a file and the nightly run's peak memory, the last 20 such
+/// nights against the first 20 (at most 1.25 times). Time a night is reported, not asserted.
 fn flat(nights: &[Measured]) -> Result<(), String> {
-    if nights.len() < 40 {
+    let (first, last, _, whole) = ends(nights);
+    if whole < 40 {
         return Ok(());
     }
-    let mean = |ns: &[Measured], f: &dyn Fn(&Measured) -> f64| {
-        ns.iter().map(f).sum::<f64>() / ns.len() as f64
-    };
-    let (first, last) = (&nights[..20], &nights[nights.len() - 20..]);
-    let per_file = |m: &Measured| m.db_bytes as f64 / m.files.max(1) as f64;
-    let rss = |m: &Measured| m.max_rss_kib as f64;
-    for (what, f) in [
-        (
-            "database bytes a file",
-            &per_file as &dyn Fn(&Measured) -> f64,
-        ),
-        ("peak RSS", &rss),
+    for (what, a, b) in [
+        ("database bytes a file", first.per_file, last.per_file),
+        ("peak RSS (MiB)", first.rss_mib, last.rss_mib),
     ] {
-        let (a, b) = (mean(first, f), mean(last, f));
         if b > 1.25 * a {
             return Err(format!(
-                "{what} grew from {a:.0} (the first 20 nights) to {b:.0} (the last 20)"
+                "{what} grew from {a:.1} (the first 20 nights) to {b:.1} (the last 20)"
             ));
         }
     }
