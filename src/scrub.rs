@@ -243,6 +243,27 @@ fn moved(conn: &Connection, u: &Unmet, to: Option<&[u8]>, mark: bool) -> rusqlit
     let (Some(e), Some(to)) = (entry, to) else {
         return Ok(());
     };
+    share_history(conn, u, &e)?;
+    if mark {
+        state::settle_moved(conn, "state.", to, e)?;
+    }
+    Ok(())
+}
+
+/// A file still where its entry says, but met by the walk under another of its names first
+/// (a hard link made since, earlier in walk order): that name is the same file, with the
+/// same history. Unknown there, it counted as not yet checked in its cycle, and a link made
+/// every night held the cycle open for good.
+fn also_named(conn: &Connection, u: &Unmet) -> rusqlite::Result<()> {
+    match state::entry_at(conn, "state.", &u.gone.path)? {
+        Some(e) => share_history(conn, u, &e),
+        None => Ok(()),
+    }
+}
+
+/// Gives the walk's unknown rows of the file of `u` (its file system, inode and tag) the
+/// history of its entry `e`.
+fn share_history(conn: &Connection, u: &Unmet, e: &state::entries::Entry) -> rusqlite::Result<()> {
     conn.execute(
         "UPDATE plan SET known = 1, verified = ?4, checked = ?5, status = ?6, \
          protected = ?7, archived = ?8, archived_in = ?9 \
@@ -259,9 +280,6 @@ fn moved(conn: &Connection, u: &Unmet, to: Option<&[u8]>, mark: bool) -> rusqlit
             e.archived_in
         ],
     )?;
-    if mark {
-        state::settle_moved(conn, "state.", to, e)?;
-    }
     Ok(())
 }
 
@@ -596,7 +614,9 @@ impl Plan {
         use state::entries::{find, split};
         use state::pages::{keys, load, page_of};
         let conn = self.conn();
-        let mut stmt = conn.prepare("SELECT abs, fs, ino, tagged, size FROM plan ORDER BY seq")?;
+        let mut stmt = conn.prepare(
+            "SELECT abs, fs, ino, tagged, size, verified, checked FROM plan ORDER BY seq",
+        )?;
         let mut rows = stmt.query([])?;
         // The directory and page read, and where in it the next file likely is.
         let (mut dir, mut pages, mut page) = (Vec::new(), Vec::new(), None);
@@ -607,6 +627,8 @@ impl Plan {
                 ino: r.get(2)?,
                 tagged: r.get(3)?,
                 size: r.get::<_, i64>(4)?.max(0) as u64,
+                verified: r.get(5)?,
+                checked: r.get(6)?,
             };
             let (d, name) = split(r.get_ref(0)?.as_blob()?);
             if d != dir.as_slice() {
@@ -758,7 +780,7 @@ impl Plan {
         let mut unmounted: Vec<(PathBuf, u64)> = Vec::new();
         for u in unmet(&conn)? {
             match fate(&conn, &u, alarm_at.is_some()) {
-                Fate::Stays { outdated: false } => {}
+                Fate::Stays { outdated: false } => also_named(&conn, &u)?,
                 Fate::Stays { outdated: true } if mark => {
                     // Damaged content stays known until it is dealt with.
                     let damaged: bool = conn
@@ -954,7 +976,7 @@ impl Plan {
     pub fn cycle_progress(&self) -> rusqlite::Result<(u64, u64)> {
         let (mut files, mut bytes) = (0, 0);
         self.now(|f, e| {
-            if f.tagged && e.is_some_and(|e| e.checked >= Some(self.cycle_started)) {
+            if f.tagged && e.map_or(f.checked, |e| e.checked) >= Some(self.cycle_started) {
                 (files, bytes) = (files + 1, bytes + f.size);
             }
         })?;
@@ -967,10 +989,11 @@ impl Plan {
     pub fn ages(&self) -> rusqlite::Result<(u64, Option<i64>)> {
         let damaged = self.damaged_now()?;
         let (mut never, mut oldest) = (0, None::<i64>);
-        self.now(|f, e| match e.and_then(|e| e.verified.map(|v| (e, v))) {
+        self.now(|f, e| match e.map_or(f.verified, |e| e.verified) {
             None => never += 1,
-            Some((e, v)) => {
-                if f.tagged && !damaged.contains(&(e.fs, e.ino, e.key.clone())) {
+            Some(v) => {
+                let damaged = e.is_some_and(|e| damaged.contains(&(e.fs, e.ino, e.key.clone())));
+                if f.tagged && !damaged {
                     oldest = Some(oldest.map_or(v, |o| o.min(v)));
                 }
             }
@@ -1013,7 +1036,7 @@ impl Plan {
     pub fn unchecked_since(&self, at: i64) -> rusqlite::Result<u64> {
         let mut n = 0;
         self.now(|f, e| {
-            if f.tagged && e.is_none_or(|e| e.checked.is_none_or(|c| c < at)) {
+            if f.tagged && e.map_or(f.checked, |e| e.checked).is_none_or(|c| c < at) {
                 n += 1;
             }
         })?;
@@ -1357,6 +1380,10 @@ struct PlanFile {
     ino: i64,
     tagged: bool,
     size: u64,
+    /// Its history as the plan knows it: under another of its names (a hard link the walk
+    /// met first), the file has no entry of its own.
+    verified: Option<i64>,
+    checked: Option<i64>,
 }
 
 /// A tagged file, as the state database knows it (`status -v`).

@@ -122,8 +122,11 @@ pub struct State {
     pending_since: Option<i64>,
     /// This run's row in `runs`.
     run: Option<i64>,
-    /// The first error met while recording; recording stops there.
+    /// What went wrong to say: the database's first error (recording stops there), or else
+    /// a damage journal or index that could not be written (the database still records).
     pub failed: Option<String>,
+    /// Recording stopped: the database could not be written.
+    stopped: bool,
     /// SQLite found the database damaged: it should be moved aside.
     pub broken: bool,
     /// The damage journal beside the database (none in memory), and what is to be written
@@ -292,6 +295,7 @@ impl State {
             pending_since: None,
             run: None,
             failed: None,
+            stopped: false,
             broken: false,
         }
     }
@@ -527,7 +531,7 @@ impl State {
     /// as a scrub records files gone: their entries go, and they are kept as files gone for
     /// [`crate::scrub::GONE_KEPT`] (`repair --missing` brings them back).
     pub fn record_gone(&mut self, files: &[Missing]) {
-        if files.is_empty() || self.failed.is_some() {
+        if files.is_empty() || self.stopped {
             return;
         }
         self.commit();
@@ -708,7 +712,7 @@ impl State {
         let (Some(run), true) = (self.run, durable) else {
             return;
         };
-        if self.failed.is_some() {
+        if self.stopped {
             return;
         }
         let result = self.conn.execute(
@@ -722,7 +726,7 @@ impl State {
 
     /// Queues the row for `fact` about the file of `report`, at `path` (absolute).
     fn add(&mut self, report: &FileReport, path: PathBuf, fact: Fact, key: Vec<u8>, t: i64) {
-        if self.failed.is_some() {
+        if self.stopped {
             return;
         }
         // A repaired file is a new inode under the old name, of its good size (the report's
@@ -826,7 +830,7 @@ impl State {
     fn hand_over(&mut self, commit: bool) {
         self.pending_since = None;
         self.journal();
-        if self.failed.is_some() {
+        if self.stopped {
             self.pending.clear();
             return;
         }
@@ -922,17 +926,19 @@ impl State {
     fn fail(&mut self, e: rusqlite::Error) {
         self.broken |= is_damage(&e);
         self.pending.clear();
-        self.failed.get_or_insert_with(|| {
-            let place = self
-                .path
-                .as_deref()
-                .map_or("in memory".into(), crate::text::escape);
-            format!(
-                "the state database {place} could not be written ({}); nothing more was \
-                 recorded this run, so the next run knows nothing of what this one found",
-                why(&e)
-            )
-        });
+        if std::mem::replace(&mut self.stopped, true) {
+            return;
+        }
+        // The database's failure is the one to say (a journal's said before is the lesser).
+        let place = self
+            .path
+            .as_deref()
+            .map_or("in memory".into(), crate::text::escape);
+        self.failed = Some(format!(
+            "the state database {place} could not be written ({}); nothing more was recorded \
+             this run, so the next run knows nothing of what this one found",
+            why(&e)
+        ));
     }
 
     /// The files this run saw that were never proven good, and the oldest verification

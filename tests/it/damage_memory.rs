@@ -789,3 +789,35 @@ fn a_damaged_file_moved_is_remembered_when_the_database_is_lost() {
     assert!(r.stdout.contains("moved/f04"), "{}", r.stdout);
     intact!("status", "-q", "--state", &db, &root).expect_code(1);
 }
+
+/// A machine damage index that cannot be written (here: in a folder anyone can write, which
+/// intact refuses) is said, and costs nothing else: the database still records the run's
+/// verdicts, the damage and the cycle's progress (the run that met damage recorded nothing
+/// at all, so its files were read again and again and the cycle never ended).
+#[test]
+fn a_damage_index_that_cannot_be_written_loses_no_verdict() {
+    require_root!();
+    let t = Tree::new();
+    let (root, _) = damaged_tree(&t);
+    let open = t.path("open");
+    fs::create_dir_all(&open).unwrap();
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+    let db = t.path("state.db");
+    let r = cmd!("scrub", "--json", "--state", &db, &root)
+        .env("INTACT_DAMAGE_INDEX", open.join("index"))
+        .days_later(1)
+        .run()
+        .expect_code(1);
+    let j = r.json();
+    assert!(
+        j.summary["errors"].to_string().contains("damage index"),
+        "{}",
+        j.summary
+    );
+    assert_eq!(j.summary["cycle"]["files_checked"], 3, "{}", j.summary);
+    assert_eq!(j.summary["cycle"]["complete"], true, "{}", j.summary);
+    let out = intact!("status", "-q", "--state", &db, &root)
+        .expect_code(1)
+        .stdout;
+    assert!(out.contains("tree/a"), "{out}");
+}

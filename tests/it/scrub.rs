@@ -1095,3 +1095,41 @@ fn new_files_do_not_stretch_the_cycle() {
         );
     }
 }
+
+/// A hard link made every night, its name earlier in walk order than the file's (the walk
+/// meets the file there first), is the same file with the same history: the cycle still
+/// ends every two nights at `--max-percent 50`, where it stayed open for good (the new name
+/// counted as not yet checked, the run read it alone and began no new cycle).
+#[test]
+fn a_hard_link_made_every_night_does_not_hold_the_cycle_open() {
+    let t = Tree::new();
+    for i in 10..30 {
+        t.write(format!("tree/a/f{i}"), data(4000, i));
+    }
+    let tree = t.path("tree");
+    let db = t.path("state.db");
+    intact!("tag", "-q", "--state", &db, &tree).expect_code(0);
+    for night in 1..=8u32 {
+        if night > 2 {
+            fs::hard_link(
+                tree.join(format!("a/f{}", 10 + night)),
+                tree.join(format!("a/a{night}")),
+            )
+            .unwrap();
+        }
+        let r = cmd!("scrub", "--json", "--update", "--state", &db)
+            .args(["--max-percent", "50"])
+            .arg(&tree)
+            .days_later(night)
+            .run()
+            .expect_code(0)
+            .json();
+        assert_eq!(r.summary["files"], 10, "night {night}: {}", r.summary);
+        assert_eq!(
+            r.summary["cycle"]["complete"],
+            night % 2 == 0,
+            "night {night}: {}",
+            r.summary
+        );
+    }
+}
