@@ -762,13 +762,7 @@ fn a_file_repaired_then_deleted_comes_back_whole() {
     let (photo, good, db, from) = cut_short_and_backed_up(&t);
     repair_from(&t, &db, &from, &[]).expect_code(0);
     assert_eq!(fs::read(&photo).unwrap(), good);
-    fs::remove_file(&photo).unwrap();
-    cmd!("scrub", "-q", "--state", &db, t.path("src"))
-        .days_later(2)
-        .run()
-        .expect_code(0);
-    repair_from(&t, &db, &from, &["--missing"]).expect_code(0);
-    assert_eq!(fs::read(&photo).unwrap(), good);
+    deleted_comes_back(&t, &photo, &good, &db, &from);
 }
 
 /// A file found damaged, then deleted before it was repaired: `repair --missing` brings back
@@ -778,11 +772,16 @@ fn a_file_repaired_then_deleted_comes_back_whole() {
 fn a_damaged_file_deleted_comes_back_whole() {
     let t = Tree::new();
     let (photo, good, db, from) = cut_short_and_backed_up(&t);
-    fs::remove_file(&photo).unwrap();
-    cmd!("scrub", "-q", "--state", &db, t.path("src"))
+    deleted_comes_back(&t, &photo, &good, &db, &from);
+}
+
+/// `photo` deleted, a scrub finds it gone, and `repair --missing` brings back `good`.
+fn deleted_comes_back(t: &Tree, photo: &Path, good: &[u8], db: &Path, from: &str) {
+    fs::remove_file(photo).unwrap();
+    cmd!("scrub", "-q", "--state", db, t.path("src"))
         .days_later(2)
         .run()
         .expect_code(0);
-    repair_from(&t, &db, &from, &["--missing"]).expect_code(0);
-    assert_eq!(fs::read(&photo).unwrap(), good);
+    repair_from(t, db, from, &["--missing"]).expect_code(0);
+    assert_eq!(fs::read(photo).unwrap(), good);
 }

@@ -132,6 +132,15 @@ impl Json {
     }
 }
 
+/// Whether the program `tool` is on the PATH.
+pub fn has(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_intact")
 }

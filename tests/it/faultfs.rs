@@ -440,12 +440,7 @@ pub fn unsupported() -> Option<String> {
         return Some("no /dev/fuse".into());
     }
     for tool in ["losetup", "mkfs.ext4", "mount", "umount"] {
-        let found = std::process::Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .stdout(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !found {
+        if !crate::common::has(tool) {
             return Some(format!("no {tool}"));
         }
     }

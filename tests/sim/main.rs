@@ -113,12 +113,7 @@ fn unsupported() -> Option<String> {
         "restic",
         "par2",
     ] {
-        let found = std::process::Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .stdout(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !found {
+        if !common::has(tool) {
             return Some(format!("no {tool}"));
         }
     }
