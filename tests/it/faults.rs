@@ -146,7 +146,8 @@ fn a_file_truncated_while_hashed_is_never_tagged_and_nothing_crashes() {
         fs::File::create(&p).unwrap().set_len(4 << 30).unwrap();
         // Quiet for longer than a timestamp tick, so the read starts at once...
         std::thread::sleep(Duration::from_millis(50));
-        let child = Command::new(bin())
+        let child = Cmd::new(&[])
+            .command()
             .args([
                 "tag".as_ref(),
                 "--algo".as_ref(),
@@ -238,7 +239,8 @@ fn ctrl_c_stops_cleanly_without_a_tag() {
     let t = Tree::new();
     let p = t.path("huge");
     fs::File::create(&p).unwrap().set_len(16 << 30).unwrap();
-    let child = Command::new(bin())
+    let child = Cmd::new(&[])
+        .command()
         .args(["tag".as_ref(), "--json".as_ref(), p.as_os_str()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -399,7 +399,8 @@ fn compat_tags_for_tagged_files_need_no_read_and_blake3_files_get_sha256() {
     assert_eq!(intact_tag(&b).algo, "blake3", "intact's own tag changed");
     // The compat variable sets the default.
     let c = t.write("c", b"env");
-    let out = Command::new(bin())
+    let out = Cmd::new(&[])
+        .command()
         .env("INTACT_COMPAT", "shatag")
         .arg("tag")
         .arg(&c)
