@@ -261,13 +261,17 @@ fn also_named(conn: &Connection, u: &Unmet) -> rusqlite::Result<()> {
     }
 }
 
-/// Gives the walk's unknown rows of the file of `u` (its file system, inode and tag) the
-/// history of its entry `e`.
+/// Gives the walk's rows of the file of `u` (its file system, inode and tag) the history of
+/// its entry `e` where they have none, or an older one: a file's history is its inode's,
+/// whichever of its names it was read under (a folder moved can change which name the walk
+/// meets first, and that name's entry said the file unproven since it was last read there).
 fn share_history(conn: &Connection, u: &Unmet, e: &state::entries::Entry) -> rusqlite::Result<()> {
     conn.execute(
         "UPDATE plan SET known = 1, verified = ?4, checked = ?5, status = ?6, \
-         protected = ?7, archived = ?8, archived_in = ?9 \
-         WHERE fs = ?1 AND ino = ?2 AND digest = ?3 AND known IS NULL",
+         protected = coalesce(?7, protected), archived = coalesce(?8, archived), \
+         archived_in = coalesce(?9, archived_in) \
+         WHERE fs = ?1 AND ino = ?2 AND digest = ?3 \
+         AND (known IS NULL OR coalesce(checked, 0) < coalesce(?5, 0))",
         params![
             u.fs,
             u.ino,
@@ -976,7 +980,9 @@ impl Plan {
     pub fn cycle_progress(&self) -> rusqlite::Result<(u64, u64)> {
         let (mut files, mut bytes) = (0, 0);
         self.now(|f, e| {
-            if f.tagged && e.map_or(f.checked, |e| e.checked) >= Some(self.cycle_started) {
+            if f.tagged
+                && e.map_or(f.checked, |e| e.checked.max(f.checked)) >= Some(self.cycle_started)
+            {
                 (files, bytes) = (files + 1, bytes + f.size);
             }
         })?;
@@ -989,15 +995,18 @@ impl Plan {
     pub fn ages(&self) -> rusqlite::Result<(u64, Option<i64>)> {
         let damaged = self.damaged_now()?;
         let (mut never, mut oldest) = (0, None::<i64>);
-        self.now(|f, e| match e.map_or(f.verified, |e| e.verified) {
-            None => never += 1,
-            Some(v) => {
-                let damaged = e.is_some_and(|e| damaged.contains(&(e.fs, e.ino, e.key.clone())));
-                if f.tagged && !damaged {
-                    oldest = Some(oldest.map_or(v, |o| o.min(v)));
+        self.now(
+            |f, e| match e.map_or(f.verified, |e| e.verified.max(f.verified)) {
+                None => never += 1,
+                Some(v) => {
+                    let damaged =
+                        e.is_some_and(|e| damaged.contains(&(e.fs, e.ino, e.key.clone())));
+                    if f.tagged && !damaged {
+                        oldest = Some(oldest.map_or(v, |o| o.min(v)));
+                    }
                 }
-            }
-        })?;
+            },
+        )?;
         Ok((never, oldest))
     }
 
@@ -1036,7 +1045,10 @@ impl Plan {
     pub fn unchecked_since(&self, at: i64) -> rusqlite::Result<u64> {
         let mut n = 0;
         self.now(|f, e| {
-            if f.tagged && e.map_or(f.checked, |e| e.checked).is_none_or(|c| c < at) {
+            if f.tagged
+                && e.map_or(f.checked, |e| e.checked.max(f.checked))
+                    .is_none_or(|c| c < at)
+            {
                 n += 1;
             }
         })?;

@@ -1133,3 +1133,48 @@ fn a_hard_link_made_every_night_does_not_hold_the_cycle_open() {
         );
     }
 }
+
+/// A file's history is its inode's, whichever of its names it was read under: a file with two
+/// names, whose folder moves make first one name, then the other, the one the walk meets
+/// first, is said proven good when it last was (the name met first kept the history of the
+/// last time it was read there, days older).
+#[test]
+fn a_file_with_two_names_keeps_its_latest_history_whichever_name_comes_first() {
+    let t = Tree::new();
+    let f = t.write("tree/a/x/f", data(5000, 1));
+    t.write("tree/c/other", data(5000, 2));
+    let tree = t.path("tree");
+    fs::hard_link(&f, tree.join("c/l")).unwrap();
+    let db = t.path("state.db");
+    intact!("tag", "-q", "--state", &db, &tree).expect_code(0);
+    let scrub = |day: u32| {
+        cmd!("scrub", "-q", "--state", &db, &tree)
+            .days_later(day)
+            .run()
+            .expect_code(0)
+    };
+    scrub(1);
+    fs::rename(tree.join("a/x"), tree.join("d")).unwrap();
+    scrub(2);
+    fs::create_dir(tree.join("b")).unwrap();
+    fs::rename(tree.join("d"), tree.join("b/x")).unwrap();
+    scrub(3);
+    scrub(4);
+    fs::create_dir(tree.join("e")).unwrap();
+    fs::rename(tree.join("b/x"), tree.join("e/x")).unwrap();
+    let files: Vec<serde_json::Value> = intact!("status", "-v", "--json", "--state", &db, &tree)
+        .expect_code(0)
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|v: &serde_json::Value| v["type"] == "file")
+        .collect();
+    let verified = |name: &str| {
+        files
+            .iter()
+            .find(|v| v["path"].as_str().unwrap().ends_with(name))
+            .map(|v| v["verified"].clone())
+            .unwrap_or_else(|| panic!("{name} in {files:?}"))
+    };
+    assert_eq!(verified("/c/l"), verified("/c/other"), "{files:?}");
+}
