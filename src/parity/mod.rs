@@ -309,7 +309,7 @@ impl Store {
             .flatten()
             .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
         for day in days.map(Some).chain([None]) {
-            let folder = day.map_or_else(|| stale.clone(), |d| stale.join(d.to_string()));
+            let folder = prune::stale_folder(dir, day);
             for (d, id) in packs_in(folder.join("packs")).0 {
                 stale_packed.insert(d, (id, day));
             }
@@ -650,10 +650,7 @@ impl Store {
         if own.exists() {
             return Some(own);
         }
-        let stale = |day: &Option<u32>| {
-            let stale = self.dir.join(STALE_DIR);
-            day.map_or_else(|| stale.clone(), |d| stale.join(d.to_string()))
-        };
+        let stale = |day: &Option<u32>| prune::stale_folder(&self.dir, *day);
         if let Some((id, day)) = self.stale_packed.get(digest) {
             return Some(
                 stale(day)

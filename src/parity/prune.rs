@@ -27,6 +27,16 @@ use crate::core::digest::{Algo, Digest};
 /// in its files' mtimes, which anyone who can write the store can set.
 pub const STALE_DIR: &str = "stale";
 
+/// Where what was moved aside on `day` is in the store at `dir` (`None`: straight in
+/// `stale/`, as an earlier build moved sets aside).
+pub(super) fn stale_folder(dir: &Path, day: Option<u32>) -> PathBuf {
+    let stale = dir.join(STALE_DIR);
+    match day {
+        Some(d) => stale.join(d.to_string()),
+        None => stale,
+    }
+}
+
 /// The day of `t`, as `stale/` names its folders.
 pub fn day(t: SystemTime) -> u32 {
     t.duration_since(SystemTime::UNIX_EPOCH)
@@ -128,10 +138,7 @@ impl Store {
     /// than `keep` ago (unless they can repair a damaged file).
     pub fn prune(&self, live: &Live, keep: Duration) -> io::Result<Pruned> {
         let mut pruned = Pruned::default();
-        let stale = self
-            .dir
-            .join(STALE_DIR)
-            .join(day(SystemTime::now()).to_string());
+        let stale = stale_folder(&self.dir, Some(day(SystemTime::now())));
         for entry in std::fs::read_dir(&self.dir)?.flatten() {
             let dir = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -221,11 +228,7 @@ impl Store {
         packed_again: &HashSet<Digest>,
     ) -> io::Result<Pruned> {
         let mut pruned = Pruned::default();
-        let stale = self
-            .dir
-            .join(STALE_DIR)
-            .join(day(SystemTime::now()).to_string())
-            .join("packs");
+        let stale = stale_folder(&self.dir, Some(day(SystemTime::now()))).join("packs");
         for Retired { files, index } in retired {
             let Ok(bytes) = crate::fs::sys::read_regular(&index) else {
                 continue;
