@@ -40,8 +40,10 @@ pub fn run(a: ScrubArgs) -> anyhow::Result<Exit> {
         return super::drive(s, &mut Pass);
     };
     // Parity for what is visited; none moved aside: a scrub sees only part of the tree.
-    let mut protector = super::protect::protector(&mut s, None, redundancy, None)?;
-    super::drive(s, &mut protector)
+    match super::protect::protector(&mut s, None, redundancy, None)? {
+        Some(mut protector) => super::drive(s, &mut protector),
+        None => super::drive(s, &mut Pass),
+    }
 }
 
 /// Plans the scrub: walks the trees reading tags only (what will not be verified is

@@ -11,6 +11,7 @@ pub mod hash;
 pub mod mapped;
 #[cfg(target_os = "linux")]
 pub mod mounts;
+pub mod owned;
 pub mod sys;
 pub mod walk;
 pub mod xattr;

@@ -36,6 +36,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use crate::core::digest::{Algo, Digest, Hasher};
 use crate::fs::anchor::Anchor;
 use crate::fs::atomic::{Batch, Temp};
+use crate::fs::owned::Owned;
 
 /// The marker file that makes a directory a parity store.
 pub const MARKER: &str = "INTACT-PARITY";
@@ -72,7 +73,9 @@ pub struct Protectee {
 /// An open parity store. Sets are computed by [`Store::run`], which several threads may call
 /// at once; [`Store::add`] decides what goes in which set.
 pub struct Store {
+    /// Where its names are reached: through its held folder (see [`Owned`]).
     dir: PathBuf,
+    held: Owned,
     /// The tree the names in its sets are relative to.
     pub root: PathBuf,
     /// Digests of files in packs, and the pack each is in: an entry per small file of the
@@ -223,7 +226,8 @@ impl Store {
             source,
         };
         let root = root.canonicalize().map_err(io)?;
-        let mut store = Store::create(dir, &root).map_err(io)?;
+        let held = Owned::open(dir, Some(0o755)).map_err(io)?;
+        let mut store = Store::create(held, &root).map_err(io)?;
         if store.root.canonicalize().ok().as_ref() != Some(&root) {
             return Err(OpenError::OtherTree {
                 dir: dir.to_path_buf(),
@@ -234,22 +238,23 @@ impl Store {
         store.redundancy = redundancy;
         store.threads = threads;
         // Set files a killed run was writing.
-        for e in std::fs::read_dir(dir).map_err(io)?.flatten() {
+        let at = store.dir.clone();
+        let mut removed = crate::fs::atomic::remove_stale(&at);
+        for e in std::fs::read_dir(&at).map_err(io)?.flatten() {
             if e.file_type().is_ok_and(|t| t.is_dir()) {
-                store
-                    .removed
-                    .extend(crate::fs::atomic::remove_stale(&e.path()));
+                removed.extend(crate::fs::atomic::remove_stale(&e.path()));
             }
         }
-        store.removed.extend(crate::fs::atomic::remove_stale(dir));
+        store.removed = removed.iter().map(|p| store.held.show(p)).collect();
         Ok(store)
     }
 
-    /// The store at `dir`, made for `root` first if there is none.
-    fn create(dir: &Path, root: &Path) -> io::Result<Store> {
-        std::fs::create_dir_all(dir.join("packs"))?;
-        let marker = dir.join(MARKER);
-        if !marker.exists() {
+    /// The store in `held`, made for `root` first if there is none.
+    fn create(held: Owned, root: &Path) -> io::Result<Store> {
+        let at = held.at();
+        std::fs::create_dir_all(at.join("packs"))?;
+        let marker = at.join(MARKER);
+        if std::fs::symlink_metadata(&marker).is_err() {
             let mut text = b"intact parity store v1\nroot=".to_vec();
             text.extend_from_slice(root.as_os_str().as_encoded_bytes());
             text.push(b'\n');
@@ -257,7 +262,12 @@ impl Store {
             temp.file().write_all(&text)?;
             temp.commit(OsStr::new(MARKER))?;
         }
-        Store::read(dir)
+        Store::read_held(held)
+    }
+
+    /// Where the store is, as given.
+    pub fn shown(&self) -> &Path {
+        self.held.shown()
     }
 
     /// Whether `dir` is a parity store.
@@ -267,6 +277,11 @@ impl Store {
 
     /// Opens an existing store for reading.
     pub fn read(dir: &Path) -> io::Result<Store> {
+        Store::read_held(Owned::open(dir, None)?)
+    }
+
+    fn read_held(held: Owned) -> io::Result<Store> {
+        let (dir, shown) = (held.at().to_path_buf(), held.shown());
         let marker = crate::fs::sys::read_regular(&dir.join(MARKER))?;
         // A tree's own store goes where the tree goes: its root is its parent, wherever the
         // tree has moved. A store elsewhere names its root in the marker.
@@ -274,8 +289,8 @@ impl Store {
             .split(|&b| b == b'\n')
             .find_map(|l| l.strip_prefix(b"root="))
             .map(|r| PathBuf::from(std::ffi::OsStr::from_bytes(r)));
-        let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
-        let root = match (dir.file_name(), parent, recorded) {
+        let parent = shown.parent().filter(|p| !p.as_os_str().is_empty());
+        let root = match (shown.file_name(), parent, recorded) {
             (Some(n), Some(p), _) if n == DEFAULT_DIR => p.to_path_buf(),
             (Some(n), None, _) if n == DEFAULT_DIR => PathBuf::from("."),
             (_, _, Some(r)) => r,
@@ -309,7 +324,7 @@ impl Store {
             .flatten()
             .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
         for day in days.map(Some).chain([None]) {
-            let folder = prune::stale_folder(dir, day);
+            let folder = prune::stale_folder(&dir, day);
             for (d, id) in packs_in(folder.join("packs")).0 {
                 stale_packed.insert(d, (id, day));
             }
@@ -332,7 +347,8 @@ impl Store {
             }
         }
         Ok(Store {
-            dir: dir.to_path_buf(),
+            dir,
+            held,
             root,
             packed: Mutex::new(packed),
             pack_sizes: Mutex::new(pack_sizes),

@@ -217,7 +217,7 @@ impl Protector {
         for store in self.stores.iter() {
             if let Err(e) = store.commit() {
                 failure.get_or_insert(Failure::new(
-                    format!("writing parity in {}", crate::text::escape(&store.dir)),
+                    format!("writing parity in {}", crate::text::escape(store.shown())),
                     e,
                 ));
             }
@@ -395,7 +395,7 @@ impl Protector {
             return Ok(());
         }
         let failed = |store: &Store, e| {
-            let what = format!("moving stale parity aside in {}", escape(&store.dir));
+            let what = format!("moving stale parity aside in {}", escape(store.shown()));
             Failure::new(what, e)
         };
         let mut total = super::Pruned::default();

@@ -363,7 +363,12 @@ impl Store {
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             let Ok(moved) = name.parse::<u32>() else {
-                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                let made = name == "packs"
+                    || name
+                        .split('-')
+                        .next()
+                        .is_some_and(|a| a.parse::<Algo>().is_ok());
+                if made && entry.file_type().is_ok_and(|t| t.is_dir()) {
                     let to = stale.join(today.to_string()).join(&name);
                     std::fs::create_dir_all(stale.join(today.to_string()))?;
                     if std::fs::rename(entry.path(), &to).is_err() {
@@ -426,20 +431,47 @@ impl Store {
 }
 
 /// The files of `dir` by set: the name before its first dot (a digest's hex, a pack's ID),
-/// with `.stale` taken off. Temp files of a run in progress are left out.
+/// with `.stale` taken off. Only files intact made are in it, as the callers move and remove
+/// them: regular files of the user running intact, named as sets are (temp files of a run in
+/// progress are not).
 fn sets_in(dir: &Path) -> io::Result<HashMap<String, Vec<PathBuf>>> {
+    use std::os::unix::fs::MetadataExt;
+    let me = rustix::process::geteuid().as_raw();
     let mut sets: HashMap<String, Vec<PathBuf>> = HashMap::new();
     for e in std::fs::read_dir(dir)?.flatten() {
-        let name = e.file_name();
-        if crate::fs::atomic::temp_pid(&name).is_some() || !e.file_type().is_ok_and(|t| t.is_file())
-        {
+        let Some(name) = e.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        // `DirEntry::metadata` does not follow a symlink.
+        if !is_set_name(&name) || !e.metadata().is_ok_and(|m| m.is_file() && m.uid() == me) {
             continue;
         }
-        let name = name.to_string_lossy();
         let stem = name.split('.').next().unwrap_or_default().to_string();
         sets.entry(stem).or_default().push(e.path());
     }
     Ok(sets)
+}
+
+/// Whether `name` is one intact gives a set's file: `HEX.par2` or `HEX.volA+B.par2`, HEX a
+/// digest's or a pack's, perhaps with `.stale` after it.
+fn is_set_name(name: &str) -> bool {
+    let name = name.strip_suffix(&format!(".{STALE_EXT}")).unwrap_or(name);
+    let Some(rest) = name.strip_suffix(".par2") else {
+        return false;
+    };
+    let (stem, volume) = match rest.split_once('.') {
+        Some((stem, volume)) => (stem, Some(volume)),
+        None => (rest, None),
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let volume_ok = volume.is_none_or(|v| {
+        v.strip_prefix("vol")
+            .and_then(|v| v.split_once('+'))
+            .is_some_and(|(first, count)| digits(first) && digits(count))
+    });
+    matches!(stem.len(), 32 | 64)
+        && stem.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        && volume_ok
 }
 
 /// The content a set named `hex` protects.
@@ -549,4 +581,35 @@ fn aside(file: &Path, to: &Path) -> io::Result<()> {
     let mut name = file.file_name().unwrap_or_default().to_os_string();
     name.push(format!(".{STALE_EXT}"));
     std::fs::rename(file, to.join(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_names_intact_gives_sets_are_taken_for_sets() {
+        let digest = "3f".repeat(32);
+        let pack = "5c".repeat(16);
+        for ok in [
+            format!("{digest}.par2"),
+            format!("{digest}.vol00+12.par2"),
+            format!("{pack}.par2.stale"),
+            format!("{pack}.vol0+3.par2.stale"),
+        ] {
+            assert!(is_set_name(&ok), "{ok}");
+        }
+        for not in [
+            "photo.jpg".to_string(),
+            format!("{digest}.par2.bak"),
+            format!("{digest}x.par2"),
+            format!("{}.par2", "3F".repeat(32)),
+            format!("{pack}.volx+3.par2"),
+            format!("{pack}.vol1.par2"),
+            format!("{}.par2", "ab".repeat(10)),
+            ".par2".to_string(),
+        ] {
+            assert!(!is_set_name(&not), "{not}");
+        }
+    }
 }

@@ -27,6 +27,7 @@ mod progress;
 mod receiver;
 mod repair;
 mod scrub;
+mod security;
 mod sources;
 mod tags;
 mod verdicts;

@@ -1,0 +1,210 @@
+//! What a user who can write a tree can make root's intact do: nothing they could not do
+//! themselves. Each test attacks as `nobody` (setpriv) against root's runs, and checks with a
+//! snapshot of a root-owned decoy folder outside the tree (names, bytes, mtimes, xattrs) that
+//! nothing outside changed, every run under a time limit.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::common::*;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// Runs `program ARGS` as `nobody`; whether it succeeded.
+fn as_nobody(program: &str, args: &[&OsStr]) -> bool {
+    Command::new("setpriv")
+        .args([
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            program,
+        ])
+        .args(args)
+        .status()
+        .unwrap()
+        .success()
+}
+
+/// A root-owned folder outside the tree, laid out as a parity store's moved-aside sets are
+/// (a day folder long past any grace, sets named by digest, a pack) beside files of its own,
+/// all months old: what a followed symlink would have had deleted or moved.
+struct Decoy {
+    dir: PathBuf,
+    before: BTreeMap<PathBuf, (Vec<u8>, i64, Vec<u8>)>,
+}
+
+impl Decoy {
+    fn new(t: &Tree) -> Decoy {
+        let dir = t.path("decoy");
+        let hex = "ab".repeat(32);
+        for (rel, seed) in [
+            ("photos/a.jpg".to_string(), 1),
+            ("notes.txt".to_string(), 2),
+            (format!("19000/sha256-ab/{hex}.par2.stale"), 3),
+            (format!("sha256-ab/{hex}.par2"), 4),
+            (format!("packs/{}.par2", "cd".repeat(16)), 5),
+            (
+                format!("stale/19000/packs/{}.par2.stale", "ef".repeat(16)),
+                6,
+            ),
+        ] {
+            let p = t.write(dir.join(rel), data(3000, seed));
+            setxattr(&p, "user.decoy", b"mine");
+            set_mtime(&p, (1_000_000_000, 0));
+        }
+        let before = Decoy::snapshot(&dir);
+        Decoy { dir, before }
+    }
+
+    fn snapshot(dir: &Path) -> BTreeMap<PathBuf, (Vec<u8>, i64, Vec<u8>)> {
+        let mut all = BTreeMap::new();
+        let mut todo = vec![dir.to_path_buf()];
+        while let Some(d) = todo.pop() {
+            for e in fs::read_dir(&d).unwrap().flatten() {
+                let (p, m) = (e.path(), e.metadata().unwrap());
+                if m.is_dir() {
+                    todo.push(p.clone());
+                }
+                let bytes = if m.is_file() {
+                    fs::read(&p).unwrap()
+                } else {
+                    Vec::new()
+                };
+                let x = getxattr(&p, "user.decoy").unwrap_or_default();
+                all.insert(p, (bytes, m.mtime(), x));
+            }
+        }
+        all
+    }
+
+    fn untouched(&self, after: &str) {
+        let now = Decoy::snapshot(&self.dir);
+        assert_eq!(
+            now.keys().collect::<Vec<_>>(),
+            self.before.keys().collect::<Vec<_>>(),
+            "names outside the tree changed {after}"
+        );
+        assert!(now == self.before, "files outside the tree changed {after}");
+    }
+}
+
+/// A tree `nobody` can write (theirs), with root's files in it, tagged by root.
+fn shared_tree(t: &Tree) -> PathBuf {
+    t.open_to_all();
+    let root = t.path("tree");
+    for i in 0..12 {
+        t.write(format!("tree/f{i:02}"), data(5000, i));
+    }
+    t.write("tree/big", data(400_000, 77));
+    std::os::unix::fs::chown(&root, Some(65534), Some(65534)).unwrap();
+    intact!("tag", "-q", &root).expect_code(0);
+    root
+}
+
+/// Rows 1 and 2 of the review: a store at a symlink, or a store of the user's own with a
+/// symlink in it, made root's `protect` delete files outside the tree (past their grace as
+/// moved-aside sets) and write a marker, packs and sets there. Now such a store is refused,
+/// loudly (exit 3), and the run goes on: every file is still verified.
+#[test]
+fn a_store_a_user_of_the_tree_planted_makes_root_write_or_delete_nothing_outside() {
+    require_root!();
+    let t = Tree::new();
+    let root = shared_tree(&t);
+    let decoy = Decoy::new(&t);
+    let store = root.join(".intact-parity");
+    let verified = |r: &Run| r.json().count("ok");
+
+    // The store's name a symlink to the decoy.
+    assert!(as_nobody(
+        "ln",
+        &["-s".as_ref(), decoy.dir.as_ref(), store.as_ref()]
+    ));
+    let r = cmd!("protect", "--json", &root)
+        .within(LIMIT)
+        .run()
+        .expect_code(3);
+    assert!(r.stdout.contains("refused: a symlink"), "{}", r.stdout);
+    assert_eq!(verified(&r), 13, "the run went on: {}", r.stdout);
+    decoy.untouched("(store a symlink)");
+
+    // A store of the user's own, its `stale` a symlink to the decoy.
+    fs::remove_file(&store).unwrap();
+    assert!(as_nobody(
+        "mkdir",
+        &["-p".as_ref(), store.join("packs").as_os_str()]
+    ));
+    assert!(as_nobody(
+        "ln",
+        &[
+            "-s".as_ref(),
+            decoy.dir.as_ref(),
+            store.join("stale").as_ref()
+        ]
+    ));
+    let r = cmd!("protect", "-q", &root)
+        .within(LIMIT)
+        .days_later(60)
+        .run()
+        .expect_code(3);
+    assert!(r.stderr.contains("belongs to user 65534"), "{}", r.stderr);
+    decoy.untouched("(stale a symlink in the user's store)");
+
+    // Root's own store: nothing can be put in it, and one swapped for a symlink after it
+    // was made is refused by the nightly scrub and the monthly protect alike.
+    fs::remove_dir_all(&store).unwrap();
+    intact!("protect", "-q", &root).expect_code(0);
+    let meta = fs::symlink_metadata(&store).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (0, 0o755));
+    let planted = store.join("stale");
+    assert!(!as_nobody(
+        "ln",
+        &["-s".as_ref(), decoy.dir.as_ref(), planted.as_ref()]
+    ));
+    assert!(as_nobody(
+        "mv",
+        &[store.as_ref(), root.join("old").as_ref()]
+    ));
+    assert!(as_nobody(
+        "ln",
+        &["-s".as_ref(), decoy.dir.as_ref(), store.as_ref()]
+    ));
+    flip_byte(&root.join("f03"), 10);
+    for verb in [&["scrub", "--update", "--protect"][..], &["protect"]] {
+        let r = cmd!()
+            .args(verb)
+            .args(["--json".as_ref(), root.as_os_str()])
+            .within(LIMIT)
+            .days_later(60)
+            .run()
+            // Damage wins over the failure.
+            .expect_code(1);
+        assert!(
+            r.stdout.contains("refused: a symlink"),
+            "{verb:?}: {}",
+            r.stdout
+        );
+        assert_eq!(r.json().status("f03"), "corrupt", "{verb:?}");
+        decoy.untouched(&format!("({verb:?} on a store swapped for a symlink)"));
+    }
+
+    // A store anyone can write is refused though it is root's (f03's damage, still there,
+    // wins over the failure).
+    fs::remove_file(&store).unwrap();
+    fs::create_dir(&store).unwrap();
+    fs::set_permissions(&store, fs::Permissions::from_mode(0o777)).unwrap();
+    let r = cmd!("protect", "-q", &root)
+        .within(LIMIT)
+        .run()
+        .expect_code(1);
+    assert!(
+        r.stderr.contains("others can write in it (mode 0777)"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(fs::read_dir(&store).unwrap().count(), 0, "wrote in it");
+}
