@@ -20,6 +20,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// One damage found.
@@ -114,14 +115,23 @@ pub fn path_of(db: &Path) -> PathBuf {
 /// same scrub of a healthy tree).
 pub fn append(path: &Path, entries: &[Entry]) -> io::Result<()> {
     let lines: String = entries.iter().map(Entry::line).collect();
-    let mut f = OpenOptions::new().create(true).append(true).open(path)?;
+    // Only the running user's, never through a symlink (it names damaged files).
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(io::Error::other("not a regular file"));
+    }
     f.write_all(lines.as_bytes())?;
     f.sync_data()
 }
 
 /// Every entry in the journal at `path` (none if there is none).
 pub fn read(path: &Path) -> io::Result<Vec<Entry>> {
-    match File::open(path) {
+    match crate::fs::sys::open_regular(path) {
         Ok(f) => read_file(f),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
         Err(e) => Err(e),

@@ -174,14 +174,70 @@ pub(crate) fn leave_the_wal(conn: &Connection) -> rusqlite::Result<()> {
     .map(drop)
 }
 
+/// Makes sure the database at `path` and the files beside it hold no one else's reading: it
+/// names the files of every tree it knows, other users' private folders among them. Its
+/// folder (made `0700`) must be the running user's and writable by no one else (see
+/// [`Owned`](crate::fs::owned::Owned)), so that no one can put a symlink where the database,
+/// its WAL or its damage journal will be written; the database is made `0600` before SQLite
+/// first opens it (SQLite gives the WAL and shared memory the database's mode), and those of
+/// an earlier build (`0644`) become `0600`.
+fn private(path: &Path) -> io::Result<()> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        crate::fs::owned::Owned::open(dir, Some(0o700)).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("the state folder {}: {e}", crate::text::escape(dir)),
+            )
+        })?;
+    }
+    let me = rustix::process::geteuid().as_raw();
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let beside = [
+        path.to_path_buf(),
+        recover::with_suffix(path, "-wal"),
+        recover::with_suffix(path, "-shm"),
+        journal::path_of(path),
+    ];
+    for (i, file) in beside.iter().enumerate() {
+        let opened = match rustix::fs::open(file, flags, Mode::empty()) {
+            Err(rustix::io::Errno::NOENT) if i == 0 => {
+                let create = flags | OFlags::CREATE | OFlags::EXCL;
+                match rustix::fs::open(file, create, Mode::from_raw_mode(0o600)) {
+                    // Another run made it meanwhile.
+                    Err(rustix::io::Errno::EXIST) => rustix::fs::open(file, flags, Mode::empty()),
+                    made => made,
+                }
+            }
+            Err(rustix::io::Errno::NOENT) => continue,
+            opened => opened,
+        };
+        let shown = crate::text::escape(file);
+        let fd = opened.map_err(|e| {
+            io::Error::new(
+                io::Error::from(e).kind(),
+                format!("{shown}: {e} (intact follows no symlink there)"),
+            )
+        })?;
+        let st = rustix::fs::fstat(&fd)?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile || st.st_uid != me {
+            return Err(io::Error::other(format!(
+                "{shown} is not a regular file of the user running intact: refused"
+            )));
+        }
+        if st.st_mode & 0o077 != 0 {
+            rustix::fs::fchmod(&fd, Mode::from_raw_mode(st.st_mode & 0o700))?;
+        }
+    }
+    Ok(())
+}
+
 impl State {
     /// Opens (creating it if need be) the database at `path`. One that is not a database or
     /// is damaged is moved aside (to `state.db.broken-TIME`) and a new one made, which
     /// remembers that ([`State::history_lost`]); the returned note says so.
     pub fn open(path: &Path) -> Result<(State, Option<Rebuilt>), StateError> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)?;
-        }
+        private(path)?;
         match State::open_at(path) {
             Ok(state) => Ok((state, None)),
             Err(StateError::Sql(e)) if is_damage(&e) => {

@@ -150,7 +150,8 @@ fn a_state_database_on_a_full_disk_is_never_silent() {
     require_root!();
     let t = Tree::new();
     let src = tagged_tree(&t);
-    let m = Mount::new("tmpfs", "size=256k", t.path("full"));
+    // A tmpfs is 1777 unless told: a state folder others can write is refused.
+    let m = Mount::new("tmpfs", "size=256k,mode=0755", t.path("full"));
     let db = m.0.join("state.db");
     intact!("check", "-q", "--state", &db, src.join("f0")).expect_code(0);
     fill(&m.0);

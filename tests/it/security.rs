@@ -208,3 +208,53 @@ fn a_store_a_user_of_the_tree_planted_makes_root_write_or_delete_nothing_outside
     );
     assert_eq!(fs::read_dir(&store).unwrap().count(), 0, "wrote in it");
 }
+
+/// Row 5: the state database names the files of every tree it knows, other users' private
+/// folders among them: it, its WAL and shared memory and its damage journal are `0600` in a
+/// `0700` folder (an earlier build's `0644` files are made so), and a journal replaced by a
+/// symlink is refused, not appended to.
+#[test]
+fn the_state_database_and_its_journal_are_private_and_followed_through_no_symlink() {
+    require_root!();
+    let t = Tree::new();
+    let root = t.path("tree");
+    for i in 0..5 {
+        t.write(format!("tree/f{i}"), data(2000, i));
+    }
+    let db = t.path("state/intact/state.db");
+    let mode = |p: &Path| fs::symlink_metadata(p).unwrap().mode() & 0o777;
+    let beside = |suffix: &str| PathBuf::from(format!("{}{suffix}", db.display()));
+    intact!("tag", "-q", "--state", &db, &root).expect_code(0);
+    flip_byte(&root.join("f2"), 7);
+    intact!("check", "-q", "--state", &db, &root).expect_code(1);
+    assert_eq!(mode(db.parent().unwrap()), 0o700);
+    for file in [
+        db.clone(),
+        beside("-wal"),
+        beside("-shm"),
+        beside(".damage"),
+    ] {
+        assert_eq!(mode(&file), 0o600, "{}", file.display());
+    }
+    // An earlier build's files, readable by all, are made private by the next run.
+    for suffix in ["", "-wal", "-shm", ".damage"] {
+        fs::set_permissions(beside(suffix), fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    intact!("check", "-q", "--state", &db, &root).expect_code(1);
+    for suffix in ["", "-wal", "-shm", ".damage"] {
+        assert_eq!(mode(&beside(suffix)), 0o600, "state.db{suffix}");
+    }
+    // A journal swapped for a symlink: nothing is appended to where it points.
+    let decoy = t.write("decoy/passwd", b"root:x:0:0::/root:/bin/sh\n");
+    fs::remove_file(beside(".damage")).unwrap();
+    std::os::unix::fs::symlink(&decoy, beside(".damage")).unwrap();
+    flip_byte(&root.join("f3"), 7);
+    let r = intact!("check", "-q", "--state", &db, &root).expect_code(1);
+    assert!(r.stderr.contains("follows no symlink"), "{}", r.stderr);
+    assert_eq!(fs::read(&decoy).unwrap(), b"root:x:0:0::/root:/bin/sh\n");
+    // A state folder others can write is refused.
+    fs::remove_file(beside(".damage")).unwrap();
+    fs::set_permissions(db.parent().unwrap(), fs::Permissions::from_mode(0o777)).unwrap();
+    let r = intact!("check", "-q", "--state", &db, &root).expect_code(1);
+    assert!(r.stderr.contains("others can write in it"), "{}", r.stderr);
+}

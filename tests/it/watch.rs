@@ -402,6 +402,14 @@ fn excludes_and_own_files_are_left_alone() {
         std::fs::create_dir_all(tree.join("state")).unwrap();
         std::fs::write(tree.join(".intactignore"), "cache/\n").unwrap();
         open_to_everyone(t.root());
+        // The state folder is the runner's alone: one others can write is refused.
+        let uid = if nobody { 65534 } else { 0 };
+        std::os::unix::fs::chown(tree.join("state"), Some(uid), None).unwrap();
+        std::fs::set_permissions(
+            tree.join("state"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
         let db = tree.join("state/state.db");
         let w = Watch::start(
             &[
@@ -416,7 +424,9 @@ fn excludes_and_own_files_are_left_alone() {
         let kept = t.write("tree/kept.txt", b"kept");
         let cached = t.write("tree/cache/c.txt", b"cached");
         let part = t.write("tree/big.part", b"partial download");
-        open_to_everyone(t.root());
+        for written in [&kept, &cached, &part] {
+            open_to_everyone(written);
+        }
         w.until("tagged", || tagged(&kept));
         // Its own writes (the state database's) would start run after run, a second or two
         // apart: it goes quiet (a write seen while a run read the file is one look more).
