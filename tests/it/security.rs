@@ -258,3 +258,32 @@ fn the_state_database_and_its_journal_are_private_and_followed_through_no_symlin
     let r = intact!("check", "-q", "--state", &db, &root).expect_code(1);
     assert!(r.stderr.contains("others can write in it"), "{}", r.stderr);
 }
+
+/// Row 7: a repository word that begins with `-` reached borg's option parser
+/// (`borg:--rsh=./evil.sh` ran evil.sh with `BORG_REPO` set): it is refused before any
+/// program runs.
+#[test]
+fn a_repository_that_would_be_an_option_runs_nothing() {
+    if !has("borg") {
+        skip!("borg not installed");
+    }
+    let t = Tree::new();
+    let f = t.write("tree/f", data(3000, 1));
+    intact!("tag", "-q", &f).expect_code(0);
+    flip_byte(&f, 5);
+    let ran = t.path("evil-ran");
+    let evil = t.write(
+        "evil.sh",
+        format!("#!/bin/sh\ntouch {}\nexec ssh \"$@\"\n", ran.display()),
+    );
+    fs::set_permissions(&evil, fs::Permissions::from_mode(0o755)).unwrap();
+    for from in [format!("borg:--rsh={}", evil.display()), "borg:-e".into()] {
+        let r = cmd!("repair", "--from", &from, t.path("tree"))
+            .env("BORG_REPO", "ssh://nas/./repo")
+            .within(LIMIT)
+            .run()
+            .expect_code(2);
+        assert!(r.stderr.contains("may not begin with '-'"), "{}", r.stderr);
+        assert!(!ran.exists(), "{from} ran a program");
+    }
+}

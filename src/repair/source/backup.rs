@@ -93,8 +93,10 @@ impl Restic {
     fn restic(&self) -> Command {
         let mut c = Command::new("restic");
         c.arg("--no-lock");
+        // By its variable, not in argv: a repository URL may hold a password (`ps` shows
+        // argv to every user).
         if let Some(repo) = &self.repo {
-            c.arg("--repo").arg(repo);
+            c.env("RESTIC_REPOSITORY", repo);
         }
         c
     }
@@ -207,16 +209,15 @@ impl Borg {
     fn borg(&self) -> Command {
         let mut c = Command::new("borg");
         c.arg("--bypass-lock");
+        // By its variable, not in argv (see `Restic::restic`); archives are then `::NAME`.
+        if let Some(repo) = &self.repo {
+            c.env("BORG_REPO", repo);
+        }
         c
     }
 
-    fn location(&self, archive: Option<&str>) -> OsString {
-        let mut loc = self.repo.clone().unwrap_or_default();
-        if let Some(a) = archive {
-            loc.push("::");
-            loc.push(a);
-        }
-        loc
+    fn location(&self, archive: &str) -> OsString {
+        OsString::from(format!("::{archive}"))
     }
 }
 
@@ -232,9 +233,6 @@ impl Repository for Borg {
     fn versions(&self, watch: Watch<'_>) -> Result<Vec<Version>, Unusable> {
         let mut c = self.borg();
         c.args(["list", "--json"]).args(&self.select);
-        if let Some(repo) = &self.repo {
-            c.arg(repo);
-        }
         let out = output(&mut c, "borg", watch)?;
         let listed: serde_json::Value =
             serde_json::from_slice(&out).map_err(|source| Unusable::Output {
@@ -274,7 +272,9 @@ impl Repository for Borg {
             "--format",
             "{type}{path}{size}{mtime}{ctime}",
         ])
-        .arg(self.location(Some(&v.id)));
+        .arg(self.location(&v.id))
+        // Names after `--`: a file named `-x` is no option.
+        .arg("--");
         for dir in within {
             c.arg(OsStr::from_bytes(dir));
         }
@@ -290,7 +290,8 @@ impl Repository for Borg {
     fn dump(&self, v: &Version, path: &[u8]) -> Command {
         let mut c = self.borg();
         c.args(["extract", "--stdout"])
-            .arg(self.location(Some(&v.id)))
+            .arg(self.location(&v.id))
+            .arg("--")
             .arg(OsStr::from_bytes(path));
         c
     }
@@ -304,7 +305,9 @@ impl Repository for Borg {
         got: &mut dyn FnMut(&[u8], &mut dyn Read),
     ) -> Result<(), Unusable> {
         let mut c = self.borg();
-        c.arg("export-tar").arg(self.location(Some(&v.id))).arg("-");
+        c.arg("export-tar")
+            .arg(self.location(&v.id))
+            .args(["-", "--"]);
         for p in paths {
             c.arg(OsStr::from_bytes(p));
         }
@@ -361,6 +364,14 @@ pub(super) fn parse(from: &Path, silence: Duration) -> Option<Result<Box<dyn Sea
         .position(|w| w[0].is_ascii_whitespace() && w[1] == b'-')
         .unwrap_or(rest.len());
     let (location, words) = rest.split_at(cut);
+    // A repository that begins with `-` would reach the tool as an option (`borg:--rsh=CMD`
+    // runs CMD).
+    if location.starts_with(b"-") {
+        return Some(Err(format!(
+            "--from {}: a repository may not begin with '-'",
+            escape(from)
+        )));
+    }
     let select = match std::str::from_utf8(words)
         .map_err(|_| format!("--from {}: selectors must be UTF-8", escape(from)))
         .and_then(|w| selectors(tool, w))
@@ -412,13 +423,26 @@ fn selectors(tool: &str, words: &str) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
     let mut words = words.split_whitespace();
     while let Some(w) = words.next() {
-        let flag = w.split('=').next().unwrap_or(w);
+        let (flag, value) = match w.split_once('=') {
+            Some((flag, value)) => (flag, Some(value)),
+            None => (w, None),
+        };
         match known.iter().find(|(f, _)| *f == flag) {
-            Some((_, true)) if !w.contains('=') => {
-                let value = words
-                    .next()
-                    .ok_or_else(|| format!("{tool} selector {w} wants a value"))?;
-                out.extend([w.to_string(), value.to_string()]);
+            // Passed on as `--flag=VALUE` (the long name): a value can never become an
+            // option of its own.
+            Some((_, true)) => {
+                let value = match value {
+                    Some(v) => v,
+                    None => words
+                        .next()
+                        .ok_or_else(|| format!("{tool} selector {w} wants a value"))?,
+                };
+                let long = match flag {
+                    "-H" => "--host",
+                    "-a" => "--glob-archives",
+                    long => long,
+                };
+                out.push(format!("{long}={value}"));
             }
             Some(_) => out.push(w.to_string()),
             None if tool == "restic" && !w.starts_with('-') => out.push(w.to_string()),
@@ -1245,8 +1269,13 @@ impl FromCommand {
     /// one there).
     pub fn new(template: &str, silence: Duration) -> Result<FromCommand, String> {
         let parts = parts(template)?;
-        let first = template.split_whitespace().next().unwrap_or("");
-        if (first == "ssh" || first.ends_with("/ssh")) && parts.contains(&Part::Path) {
+        // ssh wherever it is the program run: first, or after `env`, `nice`, `timeout`, a
+        // pipe or `&&` (`timeout 60 ssh nas cat {}` ran hostile names on the remote).
+        let runs_ssh = template
+            .split(|c: char| c.is_whitespace() || ";|&()`".contains(c))
+            .map(|w| w.trim_matches(['\'', '"']))
+            .any(|w| w == "ssh" || w.ends_with("/ssh"));
+        if runs_ssh && parts.contains(&Part::Path) {
             return Err(format!(
                 "--from-command {template:?}: ssh hands the path to a shell on the other host, \
                  which parses it again; use {{ssh}} there (quoted for both shells)"
@@ -1403,12 +1432,12 @@ mod tests {
     fn selectors_are_the_tools_own_and_no_others() {
         let ok = |tool, w: &str| selectors(tool, w).unwrap();
         assert_eq!(
-            ok("restic", " --host nas --tag=daily 1a2b3c4d"),
-            ["--host", "nas", "--tag=daily", "1a2b3c4d"]
+            ok("restic", " --host nas --tag=daily 1a2b3c4d -H -x"),
+            ["--host=nas", "--tag=daily", "1a2b3c4d", "--host=-x"]
         );
         assert_eq!(
             ok("borg", " -a 'nas-*' --last 30"),
-            ["-a", "'nas-*'", "--last", "30"]
+            ["--glob-archives='nas-*'", "--last=30"]
         );
         for (tool, bad) in [
             ("restic", " --repo /elsewhere"),
@@ -1432,9 +1461,9 @@ mod tests {
             ("borg:ssh://nas/./b", "borg:ssh://nas/./b"),
             (
                 "restic:/My Backups -H nas --path /srv",
-                "restic:/My Backups -H nas --path /srv",
+                "restic:/My Backups --host=nas --path=/srv",
             ),
-            ("borg:/b::a1 --last 3", "borg:/b::a1 --last 3"),
+            ("borg:/b::a1 --last 3", "borg:/b::a1 --last=3"),
         ] {
             assert_eq!(
                 parse(Path::new(from), Duration::from_secs(1))
@@ -1445,6 +1474,18 @@ mod tests {
             );
         }
         assert!(parse(Path::new("/backup/photos"), Duration::from_secs(1)).is_none());
+        // A repository that would be an option is refused, not passed on.
+        for from in [
+            "borg:--rsh=./evil.sh",
+            "borg:-e",
+            "restic:--password-command=x",
+        ] {
+            let parsed = parse(Path::new(from), Duration::from_secs(1)).unwrap();
+            assert!(
+                parsed.is_err_and(|e| e.contains("may not begin with '-'")),
+                "{from}"
+            );
+        }
     }
 
     #[test]
@@ -1473,6 +1514,10 @@ mod tests {
             "cat '/srv/{}'",
             "ssh nas cat /srv/{}",
             "/usr/bin/ssh nas cat {}",
+            "timeout 60 ssh nas cat {}",
+            "env LC_ALL=C ssh nas cat {}",
+            "nice -n 19 ssh nas cat {}",
+            "cd /srv && ssh nas cat {}",
             "cat /srv/file",
         ] {
             assert!(FromCommand::new(bad, s).is_err(), "{bad}");
