@@ -298,7 +298,12 @@ pub struct StateArgs {
     /// The state database: when each file was last verified, damage found, copies made
     /// [default: $XDG_STATE_HOME/intact/state.db; /var/lib/intact/state.db for root;
     /// ~/.local/state/intact/state.db]
-    #[arg(long, value_name = "FILE", env = "INTACT_STATE")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "INTACT_STATE",
+        hide_env_values = true
+    )]
     pub state: Option<PathBuf>,
     /// Record nothing in the state database (the run verifies just the same); wins over
     /// --state and INTACT_STATE
@@ -326,10 +331,21 @@ pub struct NotifyArgs {
     )]
     pub notify: Vec<String>,
     /// An Apprise configuration file of URLs to tell (keep it `chmod 600`)
-    #[arg(long, value_name = "FILE", env = "INTACT_NOTIFY_CONFIG")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "INTACT_NOTIFY_CONFIG",
+        hide_env_values = true
+    )]
     pub notify_config: Option<PathBuf>,
     /// While something stays wrong, remind at most this often [default: every run]
-    #[arg(long, value_name = "DURATION", env = "INTACT_REMIND_EVERY", value_parser = parse_duration)]
+    #[arg(
+        long,
+        value_name = "DURATION",
+        env = "INTACT_REMIND_EVERY",
+        value_parser = parse_duration,
+        hide_env_values = true
+    )]
     pub remind_every: Option<std::time::Duration>,
     /// After a run that verified what it planned and found nothing wrong, fetch this URL
     /// (healthchecks.io, Uptime Kuma's push monitor), so that silence from intact itself
@@ -347,7 +363,8 @@ pub struct NotifyArgs {
         long,
         value_name = "SOURCE",
         env = "INTACT_REPAIR_FROM",
-        value_delimiter = ' '
+        value_delimiter = ' ',
+        hide_env_values = true
     )]
     pub repair_from: Vec<String>,
     /// How long a delivery (apprise, sendmail, curl) may take before it is stopped
@@ -725,7 +742,8 @@ pub struct Compat {
         value_enum,
         value_delimiter = ',',
         env = "INTACT_COMPAT",
-        value_name = "FORMATS"
+        value_name = "FORMATS",
+        hide_env_values = true
     )]
     pub compat: Vec<CompatArg>,
 }
@@ -825,6 +843,29 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         super::Cli::command().debug_assert();
+    }
+
+    /// Settings from the environment hold secrets (tokens, URLs with passwords): `--help`
+    /// names each variable and never prints its value.
+    #[test]
+    fn help_never_shows_a_variable_s_value() {
+        fn check(c: &clap::Command, seen: &mut usize) {
+            for a in c.get_arguments().filter(|a| a.get_env().is_some()) {
+                *seen += 1;
+                assert!(
+                    a.is_hide_env_values_set(),
+                    "{} --{}: hide_env_values",
+                    c.get_name(),
+                    a.get_id()
+                );
+            }
+            for sub in c.get_subcommands() {
+                check(sub, seen);
+            }
+        }
+        let mut seen = 0;
+        check(&super::Cli::command(), &mut seen);
+        assert!(seen > 5, "{seen} arguments from the environment");
     }
 
     #[test]
