@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::ffi::OsStr;
 use std::fs;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -1177,4 +1177,151 @@ fn a_file_with_two_names_keeps_its_latest_history_whichever_name_comes_first() {
             .unwrap_or_else(|| panic!("{name} in {files:?}"))
     };
     assert_eq!(verified("/c/l"), verified("/c/other"), "{files:?}");
+}
+
+/// The units' sandbox (issue 67): each unit's exposure, as `systemd-analyze security`
+/// scores it, is within its bar; and the scrub unit's command, run as its sandbox runs it
+/// where systemd is not PID 1 (its capability bounding set, no new privileges, no core file,
+/// umask 077), still does its whole job (tags a new file another user keeps unreadable in a
+/// folder of theirs, finds damage, gives parity, tells the owner, writes metrics node_exporter
+/// can read) with only the system calls its filter allows, traced with strace.
+#[test]
+fn the_units_sandbox_holds_every_call_intact_makes() {
+    require_root!();
+    let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/systemd");
+    for (unit, bar) in [
+        ("intact-scrub@.service", 4.9),
+        ("intact-watch@.service", 4.9),
+        ("intact-failure@.service", 1.0),
+    ] {
+        let out = Command::new("systemd-analyze")
+            .args(["security", "--offline=true", "--no-pager"])
+            .arg(units.join(unit))
+            .output()
+            .expect("systemd-analyze (systemd) is installed");
+        let said = String::from_utf8_lossy(&out.stdout);
+        let score: f64 = said
+            .lines()
+            .find_map(|l| l.split("Overall exposure level for ").nth(1))
+            .and_then(|l| {
+                l.split(": ")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("{unit}: no score in {said}"));
+        assert!(score <= bar, "{unit}: exposure {score} over {bar}\n{said}");
+    }
+    let text = fs::read_to_string(units.join("intact-scrub@.service")).unwrap();
+    let setting = |key: &str| -> Vec<String> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix(&format!("{key}=")))
+            .flat_map(|v| v.split_whitespace().map(String::from))
+            .collect()
+    };
+    // Every call the filter allows: its groups expanded as systemd expands them.
+    fn expand(name: &str, into: &mut BTreeSet<String>) {
+        if !name.starts_with('@') {
+            into.insert(name.to_string());
+            return;
+        }
+        let out = Command::new("systemd-analyze")
+            .args(["syscall-filter", "--no-pager", name])
+            .output()
+            .unwrap();
+        for l in String::from_utf8_lossy(&out.stdout).lines().skip(1) {
+            let l = l.trim();
+            if !l.is_empty() && !l.starts_with('#') {
+                expand(l, into);
+            }
+        }
+    }
+    let mut allowed = BTreeSet::new();
+    for name in setting("SystemCallFilter") {
+        expand(&name, &mut allowed);
+    }
+    assert!(allowed.len() > 100, "{allowed:?}");
+    let caps: Vec<String> = setting("CapabilityBoundingSet")
+        .iter()
+        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+        .collect();
+
+    let t = Tree::new();
+    let (tree, _) = tagged_tree(&t, 30, 5_000);
+    let damaged = tree.join("d1/f004");
+    flip_byte(&damaged, 9);
+    // Another user's new file, unreadable but to them, in a folder of theirs.
+    let theirs = t.write("tree/alice/new.jpg", data(3000, 9));
+    for (p, mode) in [(&theirs, 0o400), (&tree.join("alice"), 0o700)] {
+        std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
+        fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let receiver = crate::receiver::Receiver::http();
+    let metrics = t.path("metrics/m.prom");
+    fs::create_dir_all(metrics.parent().unwrap()).unwrap();
+    let mut args = unit_command(
+        &text,
+        &[
+            ("/var/lib/intact/state.db", &t.path("state/state.db")),
+            ("%f", &tree),
+            ("${INTACT_METRICS_DIR}", &metrics),
+        ],
+    );
+    args.splice(
+        1..1,
+        [
+            "--protect".to_string(),
+            "--notify".into(),
+            receiver.json_url(),
+        ],
+    );
+    let inner = cmd!().args(&args).command();
+    let trace = t.path("trace");
+    let mut c = Command::new("setpriv");
+    c.arg(format!("--bounding-set=-all,{}", caps.join(",")))
+        .args(["--no-new-privs", "strace", "-f", "-c", "-o"])
+        .arg(&trace)
+        .args([
+            "prlimit",
+            "--core=0",
+            "sh",
+            "-c",
+            "umask 077 && exec \"$@\"",
+            "sh",
+        ])
+        .arg(inner.get_program())
+        .args(inner.get_args());
+    for (k, v) in inner.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    // As at night: the data is cold.
+    fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    let out = c.output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("corrupt"), "{said}");
+    assert!(getxattr(&theirs, TAG).is_some(), "not tagged: {said}");
+    assert!(tree.join(".intact-parity/INTACT-PARITY").exists(), "{said}");
+    assert_eq!(receiver.wait_for(1).len(), 1, "{said}");
+    let mode = fs::metadata(&metrics).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o644, "metrics node_exporter cannot read");
+    let traced = fs::read_to_string(&trace).unwrap();
+    let used: Vec<&str> = traced
+        .lines()
+        .filter(|l| !l.starts_with('%') && !l.starts_with('-'))
+        .filter_map(|l| l.split_whitespace().last())
+        .filter(|&s| s != "total")
+        .collect();
+    assert!(used.len() > 20, "{traced}");
+    let refused: Vec<&&str> = used.iter().filter(|s| !allowed.contains(**s)).collect();
+    assert!(refused.is_empty(), "calls the filter refuses: {refused:?}");
 }
