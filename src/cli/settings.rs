@@ -98,10 +98,28 @@ impl Settings {
             !matches!(std::fs::symlink_metadata(r),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound)
         });
-        let failures = absent
+        let mut failures: Vec<String> = absent
             .iter()
             .map(|r| format!("{}: no such file or directory", intact::text::escape(r)))
             .collect();
+        // As root, a PATH that another user could point elsewhere is not followed.
+        let roots = if rustix::process::geteuid().is_root() {
+            let swappable = |r: &PathBuf| match intact::fs::chase::unsafe_step(r) {
+                Ok(Some(why)) => Some(format!(
+                    "{}: not followed as root: {why}",
+                    intact::text::escape(r)
+                )),
+                _ => None,
+            };
+            let (refused, roots): (Vec<_>, Vec<_>) = roots
+                .into_iter()
+                .map(|r| (swappable(&r), r))
+                .partition(|(why, _)| why.is_some());
+            failures.extend(refused.into_iter().filter_map(|(why, _)| why));
+            roots.into_iter().map(|(_, r)| r).collect()
+        } else {
+            roots
+        };
         Ok(Settings {
             verb,
             config,

@@ -4,6 +4,7 @@
 
 pub mod anchor;
 pub mod atomic;
+pub mod chase;
 pub mod device;
 #[cfg(target_os = "linux")]
 pub mod fanotify;

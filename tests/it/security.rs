@@ -287,3 +287,41 @@ fn a_repository_that_would_be_an_option_runs_nothing() {
         assert!(!ran.exists(), "{from} ran a program");
     }
 }
+
+/// Row 3: a tree PATH through a folder another user owns was followed wherever they pointed
+/// it: `mv bob bob.old; ln -s /root/only bob` made root's nightly `scrub --update` tag root's
+/// private files. As root, a PATH with a step another user can swap is not followed (exit 3),
+/// while a tree of theirs under root's folders stays fine.
+#[test]
+fn a_tree_path_another_user_can_swap_is_not_followed_as_root() {
+    require_root!();
+    let t = Tree::new();
+    t.open_to_all();
+    let shared = t.path("tU");
+    let bob = shared.join("bob");
+    t.write("tU/bob/photo", data(2000, 1));
+    for p in [&shared, &bob, &bob.join("photo")] {
+        std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
+    }
+    let db = t.path("state/state.db");
+    cmd!("scrub", "--update", "-q", "--state", &db, &bob)
+        .within(LIMIT)
+        .run()
+        .expect_code(0);
+    let private = t.write("root-only/shadow", b"root's own");
+    fs::set_permissions(&private, fs::Permissions::from_mode(0o600)).unwrap();
+    assert!(as_nobody(
+        "mv",
+        &[bob.as_ref(), shared.join("bob.old").as_ref()]
+    ));
+    assert!(as_nobody(
+        "ln",
+        &["-s".as_ref(), t.path("root-only").as_ref(), bob.as_ref()]
+    ));
+    let r = cmd!("scrub", "--update", "-q", "--state", &db, &bob)
+        .within(LIMIT)
+        .run()
+        .expect_code(3);
+    assert!(r.stderr.contains("not followed as root"), "{}", r.stderr);
+    assert_eq!(getxattr(&private, TAG), None, "root's file was tagged");
+}
