@@ -35,7 +35,7 @@ pub fn unsafe_step(path: &Path) -> io::Result<Option<String>> {
         let last = todo.is_empty();
         let is_link = next_st.file_type().is_symlink();
         // The tree's own folder may be anyone's (but not a link planted where it was).
-        if !(last && !is_link)
+        if (!last || is_link)
             && let Some(why) = transition(&at, &st, &next, &next_st, me)
         {
             return Ok(Some(why));
