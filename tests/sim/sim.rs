@@ -536,7 +536,10 @@ impl Life {
                 .filter(|(rel, id, _)| mass.linked.contains(id) && mass.named.contains(rel))
                 .map(|(_, id, _)| *id)
                 .collect();
-            let mut said: HashSet<Id> = HashSet::new();
+            // A content whose other name was deleted since, its last, is said gone under
+            // that one (the long run's night 103: a name lost in the mass deletion, the
+            // link made that night deleted 25 nights later, the deletion then confirmed).
+            let mut said: HashSet<Id> = self.world.deleted_ids.clone();
             for (rel, id, c) in mass.files {
                 self.world.churned.push((night, c.size));
                 // (One moved that day was known, and is said gone, under its name before.)

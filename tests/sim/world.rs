@@ -96,6 +96,9 @@ pub struct World {
     /// Names deleted (the night before which), whose content had no other name and had met
     /// a nightly run: each is a file gone that intact must say, for 30 days.
     pub deleted: Vec<(u32, PathBuf)>,
+    /// The contents of those: said gone under that name (intact says a file with several
+    /// names gone under one).
+    pub deleted_ids: std::collections::HashSet<Id>,
     /// Bytes of content edited away or deleted, by night: what stale parity may keep.
     pub churned: Vec<(u32, u64)>,
     /// Names given today (moves, renames, links): no run has seen a file under them yet.
@@ -130,6 +133,7 @@ impl World {
             night: 1,
             rot_made: 0,
             deleted: Vec::new(),
+            deleted_ids: Default::default(),
             churned: Vec::new(),
             named_today: Default::default(),
         }
@@ -330,6 +334,7 @@ impl World {
             // (One moved today is known, and said gone, under the name it had.)
             if self.contents[&id].born < self.night && !self.named_today.contains(&rel) {
                 self.deleted.push((self.night, rel));
+                self.deleted_ids.insert(id);
             }
         }
         self.forget_if_unnamed(id);
