@@ -106,8 +106,55 @@ pub fn percent(part: u64, whole: u64) -> String {
     format!("{p}%")
 }
 
+/// `s` with the password of every URL in it (`scheme://user:PASSWORD@host`) replaced by
+/// `***`: a repository URL (restic's `rest:https://u:pw@host/`) is said in error lines, reports
+/// and the messages sent to outside services, which must carry no secret.
+pub fn redact(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        let authority = tail.find(['/', ' ', '\t']).map_or(tail, |end| &tail[..end]);
+        match authority
+            .rfind('@')
+            .and_then(|a| authority[..a].find(':').map(|c| (c, a)))
+        {
+            Some((colon, a)) => {
+                out.push_str(&authority[..=colon]);
+                out.push_str("***");
+                out.push_str(&authority[a..]);
+            }
+            None => out.push_str(authority),
+        }
+        rest = &tail[authority.len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn passwords_in_urls_are_never_said() {
+        assert_eq!(
+            redact("restic:rest:https://u:pw@host:8000/repo --host nas"),
+            "restic:rest:https://u:***@host:8000/repo --host nas"
+        );
+        assert_eq!(
+            redact("a s3://k:s@b/x and sftp://me@nas/r"),
+            "a s3://k:***@b/x and sftp://me@nas/r"
+        );
+        for plain in [
+            "/backup/restic",
+            "borg:ssh://nas/./b",
+            "restic:sftp:me@nas:/r",
+            "",
+        ] {
+            assert_eq!(redact(plain), plain);
+        }
+    }
+
     use super::*;
     use std::ffi::OsStr;
     use std::os::unix::ffi::OsStrExt;

@@ -516,7 +516,8 @@ fn what_to_do(ctx: &Context, f: &Findings, vanished: bool) -> String {
         } else {
             ctx.repair_from
                 .iter()
-                .map(|s| format!("--from {}", shell_word(s)))
+                // Sent to outside services: a repository's password is not.
+                .map(|s| format!("--from {}", shell_word(&crate::text::redact(s))))
                 .collect::<Vec<_>>()
                 .join(" ")
         };

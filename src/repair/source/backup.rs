@@ -466,10 +466,13 @@ fn stamp(line: &serde_json::Value) -> String {
 /// A repository's name for reports (`prefix` its tool's), or the environment variable it
 /// comes from, with its selectors.
 fn named(prefix: &str, repo: &Option<OsString>, select: &[String]) -> String {
+    // Said in reports and messages: never a password in the repository's URL.
     let mut name = format!(
         "{prefix}{}",
-        repo.as_deref()
-            .map_or_else(|| "(from the environment)".into(), |r| escape(Path::new(r)))
+        repo.as_deref().map_or_else(
+            || "(from the environment)".into(),
+            |r| crate::text::redact(&escape(Path::new(r)))
+        )
     );
     for s in select {
         name.push(' ');
