@@ -39,7 +39,7 @@ impl Owned {
                     std::fs::create_dir_all(parent)?;
                 }
                 let mode = create.unwrap_or(0o700);
-                match rustix::fs::mkdir(path, Mode::from_raw_mode(mode)) {
+                match rustix::fs::mkdir(path, Mode::from_raw_mode(mode as rustix::fs::RawMode)) {
                     Ok(()) | Err(rustix::io::Errno::EXIST) => {}
                     Err(e) => return Err(e.into()),
                 }
@@ -48,7 +48,7 @@ impl Owned {
                 let st = rustix::fs::fstat(&fd)?;
                 // Ours if it was made just now: the umask does not choose its mode.
                 if st.st_uid == rustix::process::geteuid().as_raw() {
-                    rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))?;
+                    rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode as rustix::fs::RawMode))?;
                 }
                 fd
             }
