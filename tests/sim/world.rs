@@ -5,7 +5,7 @@
 //! moved, hard links made, and rot (a byte flipped below the file system or through it with
 //! the mtime put back, an edit that puts the old mtime back, a truncation under the mtime).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
@@ -103,6 +103,8 @@ pub struct World {
     pub churned: Vec<(u32, u64)>,
     /// Names given today (moves, renames, links): no run has seen a file under them yet.
     pub named_today: std::collections::HashSet<PathBuf>,
+    /// Names deleted today of contents that kept another.
+    unnamed_today: HashMap<Id, Vec<PathBuf>>,
 }
 
 /// Files deleted at once by mistake: what they were, to be brought back.
@@ -136,6 +138,7 @@ impl World {
             deleted_ids: Default::default(),
             churned: Vec::new(),
             named_today: Default::default(),
+            unnamed_today: Default::default(),
         }
     }
 
@@ -247,6 +250,7 @@ impl World {
     pub fn day(&mut self, night: u32, ops: usize, rot: u32, disk: &Disk) {
         self.night = night;
         self.named_today.clear();
+        self.unnamed_today.clear();
         for _ in 0..ops {
             match self.rng.u32(0..100) {
                 0..35 => self.add(night),
@@ -329,10 +333,22 @@ impl World {
         fs::remove_file(self.path(&rel)).unwrap();
         let id = self.names.remove(&rel).unwrap();
         self.note(format!("delete {}", rel.display()));
-        if !self.names.values().any(|i| *i == id) {
+        if self.names.values().any(|i| *i == id) {
+            self.unnamed_today.entry(id).or_default().push(rel);
+        } else {
             self.churned.push((self.night, self.contents[&id].size));
-            // (One moved today is known, and said gone, under the name it had.)
-            if self.contents[&id].born < self.night && !self.named_today.contains(&rel) {
+            // A file with several names, all deleted today, is said gone under the one the
+            // last run knew it by: the first in path order (the walk's), not new today. (One
+            // moved today is known, and said gone, under the name it had.)
+            let known = self
+                .unnamed_today
+                .remove(&id)
+                .unwrap_or_default()
+                .into_iter()
+                .chain([rel])
+                .filter(|n| !self.named_today.contains(n))
+                .min();
+            if let Some(rel) = known.filter(|_| self.contents[&id].born < self.night) {
                 self.deleted.push((self.night, rel));
                 self.deleted_ids.insert(id);
             }
