@@ -20,7 +20,7 @@ use rustix::fs::{FileType, Mode, OFlags};
 #[derive(Debug)]
 pub struct Owned {
     /// Keeps the folder the path below leads to.
-    _fd: OwnedFd,
+    fd: OwnedFd,
     /// Where it is reached: through the handle where the system allows it, else the path.
     at: PathBuf,
     /// The path it was opened by, for messages.
@@ -83,10 +83,16 @@ impl Owned {
             path.to_path_buf()
         };
         Ok(Owned {
-            _fd: fd,
+            fd,
             at,
             shown: path.to_path_buf(),
         })
+    }
+
+    /// The folder's handle, for calls relative to it (`*at`).
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.fd.as_fd()
     }
 
     /// Where names in the folder are reached.

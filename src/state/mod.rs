@@ -181,52 +181,81 @@ pub(crate) fn leave_the_wal(conn: &Connection) -> rusqlite::Result<()> {
 /// its WAL or its damage journal will be written; the database is made `0600` before SQLite
 /// first opens it (SQLite gives the WAL and shared memory the database's mode), and those of
 /// an earlier build (`0644`) become `0600`.
+///
+/// The files that exist are looked at and changed by name beneath the held folder, never
+/// opened: closing any descriptor of a file drops every POSIX lock the process holds on it,
+/// SQLite's own among them (a watch opens the database again for each run while its first
+/// connection lives; another process's connection then took itself for the last one and
+/// deleted the WAL the watch went on writing, its rows lost).
 fn private(path: &Path) -> io::Result<()> {
-    use rustix::fs::{FileType, Mode, OFlags};
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        crate::fs::owned::Owned::open(dir, Some(0o700)).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("the state folder {}: {e}", crate::text::escape(dir)),
-            )
-        })?;
-    }
+    use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(io::Error::other(format!(
+            "{}: not a file's path",
+            crate::text::escape(path)
+        )));
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let folder = crate::fs::owned::Owned::open(dir, Some(0o700)).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("the state folder {}: {e}", crate::text::escape(dir)),
+        )
+    })?;
     let me = rustix::process::geteuid().as_raw();
-    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
     let beside = [
-        path.to_path_buf(),
-        recover::with_suffix(path, "-wal"),
-        recover::with_suffix(path, "-shm"),
-        journal::path_of(path),
+        PathBuf::from(name),
+        recover::with_suffix(Path::new(name), "-wal"),
+        recover::with_suffix(Path::new(name), "-shm"),
+        journal::path_of(Path::new(name)),
     ];
     for (i, file) in beside.iter().enumerate() {
-        let opened = match rustix::fs::open(file, flags, Mode::empty()) {
+        let shown = crate::text::escape(&dir.join(file));
+        let st = match rustix::fs::statat(folder.fd(), file, AtFlags::SYMLINK_NOFOLLOW) {
             Err(rustix::io::Errno::NOENT) if i == 0 => {
-                let create = flags | OFlags::CREATE | OFlags::EXCL;
-                match rustix::fs::open(file, create, Mode::from_raw_mode(0o600)) {
-                    // Another run made it meanwhile.
-                    Err(rustix::io::Errno::EXIST) => rustix::fs::open(file, flags, Mode::empty()),
-                    made => made,
+                // Not there: no connection of this process can hold it, so a descriptor
+                // made and closed here drops no lock.
+                let create = OFlags::WRONLY
+                    | OFlags::CREATE
+                    | OFlags::EXCL
+                    | OFlags::NOFOLLOW
+                    | OFlags::CLOEXEC;
+                match rustix::fs::openat(folder.fd(), file, create, Mode::from_raw_mode(0o600)) {
+                    // Another run made it meanwhile: looked at as any other.
+                    Ok(_) | Err(rustix::io::Errno::EXIST) => {}
+                    Err(e) => {
+                        return Err(io::Error::new(
+                            io::Error::from(e).kind(),
+                            format!("{shown}: {e}"),
+                        ));
+                    }
                 }
+                rustix::fs::statat(folder.fd(), file, AtFlags::SYMLINK_NOFOLLOW)?
             }
             Err(rustix::io::Errno::NOENT) => continue,
-            opened => opened,
+            st => {
+                st.map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("{shown}: {e}")))?
+            }
         };
-        let shown = crate::text::escape(file);
-        let fd = opened.map_err(|e| {
-            io::Error::new(
-                io::Error::from(e).kind(),
-                format!("{shown}: {e} (intact follows no symlink there)"),
-            )
-        })?;
-        let st = rustix::fs::fstat(&fd)?;
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile || st.st_uid != me {
             return Err(io::Error::other(format!(
-                "{shown} is not a regular file of the user running intact: refused"
+                "{shown} is not a regular file of the user running intact (intact follows no \
+                 symlink there): refused"
             )));
         }
         if st.st_mode & 0o077 != 0 {
-            rustix::fs::fchmod(&fd, Mode::from_raw_mode(st.st_mode & 0o700))?;
+            // By name, and it follows a symlink: none can be put there since the look above,
+            // in a folder no one else can write.
+            rustix::fs::chmodat(
+                folder.fd(),
+                file,
+                Mode::from_raw_mode(st.st_mode & 0o700),
+                AtFlags::empty(),
+            )?;
         }
     }
     Ok(())
@@ -1215,6 +1244,38 @@ mod tests {
             .execute_batch("BEGIN IMMEDIATE; ROLLBACK")
             .expect("lock still held after the commit");
         drop(state);
+    }
+
+    /// Opening the database again in a process whose connection lives (a watch, once a run)
+    /// keeps that connection's locks: closing any descriptor of a file drops all of the
+    /// process's POSIX locks on it, and another process's connection then took itself for
+    /// the last, deleting the WAL the first went on writing.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn opening_again_keeps_the_locks_of_a_connection_that_lives() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let (first, _) = State::open(&db).unwrap();
+        let shm = std::fs::metadata(recover::with_suffix(&db, "-shm")).unwrap();
+        let held = || {
+            let me = std::process::id().to_string();
+            let inode = format!(":{}", shm.ino());
+            std::fs::read_to_string("/proc/locks")
+                .unwrap()
+                .lines()
+                .filter(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    f.len() > 5 && f[1] == "POSIX" && f[4] == me && f[5].ends_with(&inode)
+                })
+                .count()
+        };
+        let before = held();
+        assert!(before > 0, "a live connection holds its shared memory's lock");
+        for _ in 0..2 {
+            drop(State::open(&db).unwrap());
+            assert_eq!(held(), before, "the first connection's locks");
+        }
+        drop(first);
     }
 
     /// A run's archived copies count once its archive is durable, and never if it failed or
