@@ -52,7 +52,7 @@ pub fn drive_for_findings(
     sink: &mut dyn Sink,
 ) -> anyhow::Result<(Exit, intact::notify::Findings)> {
     if s.background {
-        for e in intact::fs::sys::lowest_priority() {
+        for e in intact::fs::sys::lower_priority(intact::fs::sys::Gentle::Idle) {
             eprintln!("intact: warning: could not lower priority: {e}");
         }
     }

@@ -55,10 +55,9 @@ pub fn run(a: WatchArgs) -> anyhow::Result<Exit> {
         ));
     };
     let setup = s.notify.take();
-    // Idle CPU and I/O priority, once for the service's life.
-    for e in intact::fs::sys::lowest_priority() {
-        eprintln!("intact: warning: could not lower priority: {e}");
-    }
+    // Its runs step back for the machine (below); the loop keeps its priority: starved on
+    // a busy machine it would record no write it saw and let the kernel's queue overflow
+    // into looks at the whole trees.
     s.background = false;
     super::on_signals(true)?;
     let (mut events, fallback) =
@@ -140,8 +139,21 @@ pub fn run(a: WatchArgs) -> anyhow::Result<Exit> {
                 seen: &mut seen,
             };
             // What a run finds is in the log and told to the owner; the service's own exit
-            // code says whether it could watch.
-            let (_, found) = super::drive_for_findings(batch, &mut looked)?;
+            // code says whether it could watch. It runs on a thread of its own at low
+            // priority (its readers inherit it): not the idle class of a background scrub,
+            // which a machine that is never idle would never serve, and a file is to be
+            // tagged seconds after it is written.
+            let (_, found) = std::thread::scope(|scope| {
+                scope
+                    .spawn(|| {
+                        for e in intact::fs::sys::lower_priority(intact::fs::sys::Gentle::Low) {
+                            eprintln!("intact: warning: could not lower priority: {e}");
+                        }
+                        super::drive_for_findings(batch, &mut looked)
+                    })
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })?;
             held.merge(&found);
             state.forget_writes(&looked.tagged, started);
         }

@@ -315,9 +315,20 @@ pub fn is_rotational(dev: u64) -> Option<bool> {
     }
 }
 
-/// Lowest CPU and I/O priority for this thread and those it starts later: nice 19 and, on
-/// Linux, `SCHED_IDLE` and the idle I/O class. Returns what could not be set.
-pub fn lowest_priority() -> Vec<io::Error> {
+/// How far a thread steps back for the rest of the machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gentle {
+    /// Nice 19 and the lowest best-effort I/O level: served little, but served, on a machine
+    /// that is never idle (the watch's tagging, which must not wait for the machine to rest).
+    Low,
+    /// Nice 19, `SCHED_IDLE` and the idle I/O class: served only when nothing else wants the
+    /// CPU or the disk (a background scrub).
+    Idle,
+}
+
+/// Lowers the CPU and I/O priority of this thread and of those it starts later (Linux keeps
+/// both per thread). Returns what could not be set.
+pub fn lower_priority(how: Gentle) -> Vec<io::Error> {
     let mut failed = Vec::new();
     // SAFETY: plain syscalls on the calling thread with valid arguments.
     unsafe {
@@ -326,19 +337,27 @@ pub fn lowest_priority() -> Vec<io::Error> {
         }
         #[cfg(target_os = "linux")]
         {
-            let param = libc::sched_param { sched_priority: 0 };
-            if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
-                failed.push(io::Error::last_os_error());
+            if how == Gentle::Idle {
+                let param = libc::sched_param { sched_priority: 0 };
+                if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
+                    failed.push(io::Error::last_os_error());
+                }
             }
-            // ioprio_set(IOPRIO_WHO_PROCESS, 0, IOPRIO_PRIO_VALUE(IOPRIO_CLASS_IDLE, 0))
+            // ioprio_set(IOPRIO_WHO_PROCESS, 0, IOPRIO_PRIO_VALUE(class, level))
             const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+            const IOPRIO_CLASS_BE: libc::c_int = 2;
             const IOPRIO_CLASS_IDLE: libc::c_int = 3;
             const IOPRIO_CLASS_SHIFT: libc::c_int = 13;
-            let prio = IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT;
+            let prio = match how {
+                Gentle::Low => (IOPRIO_CLASS_BE << IOPRIO_CLASS_SHIFT) | 7,
+                Gentle::Idle => IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT,
+            };
             if libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, prio) != 0 {
                 failed.push(io::Error::last_os_error());
             }
         }
+        #[cfg(not(target_os = "linux"))]
+        let _ = how;
     }
     failed
 }
@@ -347,27 +366,35 @@ pub fn lowest_priority() -> Vec<io::Error> {
 mod tests {
     use super::*;
 
+    /// Each level as it says, kept by threads started afterwards; the thread that asked
+    /// is the only one lowered (the watch's loop keeps its priority while its runs step back).
     #[test]
-    fn lowest_priority_is_inherited_by_later_threads() {
-        std::thread::spawn(|| {
-            assert!(super::lowest_priority().is_empty());
-            // SAFETY: plain queries of the calling thread.
-            let (nice, policy) = unsafe {
-                (
-                    libc::getpriority(libc::PRIO_PROCESS, 0),
-                    libc::sched_getscheduler(0),
-                )
-            };
-            assert_eq!(nice, 19);
-            assert_eq!(policy, libc::SCHED_IDLE);
-            // SAFETY: as above, in a thread started afterwards.
-            let child = std::thread::spawn(|| unsafe { libc::sched_getscheduler(0) })
-                .join()
-                .unwrap();
-            assert_eq!(child, libc::SCHED_IDLE);
-        })
-        .join()
-        .unwrap();
+    fn lowered_priority_is_inherited_by_later_threads_only() {
+        // SAFETY: plain queries of the calling thread.
+        let now = || unsafe {
+            let ioprio = libc::syscall(libc::SYS_ioprio_get, 1, 0);
+            (
+                libc::getpriority(libc::PRIO_PROCESS, 0),
+                libc::sched_getscheduler(0),
+                ioprio >> 13,
+                ioprio & 0xff,
+            )
+        };
+        let before = now();
+        for (how, policy, class, level) in [
+            (Gentle::Low, libc::SCHED_OTHER, 2, 7),
+            (Gentle::Idle, libc::SCHED_IDLE, 3, 0),
+        ] {
+            let (lowered, child) = std::thread::spawn(move || {
+                assert!(lower_priority(how).is_empty());
+                (now(), std::thread::spawn(now).join().unwrap())
+            })
+            .join()
+            .unwrap();
+            assert_eq!(lowered, (19, policy, class as i64, level), "{how:?}");
+            assert_eq!(child, lowered, "{how:?}");
+        }
+        assert_eq!(now(), before, "the asking thread only");
     }
 
     /// What the page cache holds is told apart from what it does not, whatever read-ahead

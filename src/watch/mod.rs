@@ -51,8 +51,9 @@ pub enum Seen {
     Lost,
 }
 
-/// A source of events for a set of trees.
-pub trait Events {
+/// A source of events for a set of trees (read between runs on the loop's thread, and at a
+/// run's end on the run's).
+pub trait Events: Send {
     /// Waits at most `timeout` for events, appending what was seen to `seen`.
     fn wait(&mut self, timeout: Duration, seen: &mut Vec<Seen>) -> io::Result<()>;
 

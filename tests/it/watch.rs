@@ -129,6 +129,24 @@ fn the_service_can_dump_no_core() {
         .expect("a core limit");
     let soft_hard: Vec<&str> = core.split_whitespace().skip(4).take(2).collect();
     assert_eq!(soft_hard, ["0", "0"], "{core}");
+    // The loop that records writes keeps the priority it was started with (its runs step
+    // back on threads of their own): field 19 of stat, after the name, is the nice value.
+    let nice = |pid: &str| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let fields: Vec<String> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        fields[16].clone()
+    };
+    assert_eq!(
+        nice(&w.child.id().to_string()),
+        nice("self"),
+        "the watch's loop is not lowered"
+    );
 }
 
 #[test]
