@@ -818,7 +818,7 @@ impl Plan {
                 continue;
             }
             if mark {
-                state::forget(&conn, "state.", &u.path(), u.id())?;
+                let entry = state::forget(&conn, "state.", &u.path(), u.id())?;
                 // Its inode is gone from its name, deleted or replaced: so is its damage.
                 conn.execute(
                     "DELETE FROM state.damage WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
@@ -828,7 +828,8 @@ impl Plan {
                     let g = &u.gone;
                     conn.execute(
                         "INSERT OR REPLACE INTO state.gone (path, fs, ino, digest, size, \
-                         verified, damaged, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                         verified, damaged, at, owner) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, \
+                         ?9)",
                         params![
                             u.path(),
                             u.fs,
@@ -837,7 +838,8 @@ impl Plan {
                             u.size,
                             g.verified,
                             g.damaged,
-                            now
+                            now,
+                            entry.and_then(|e| e.owner).map(|o| o.to_bytes().to_vec())
                         ],
                     )?;
                 }

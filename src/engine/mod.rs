@@ -30,7 +30,7 @@ mod schedule;
 mod worker;
 
 pub(crate) use outcome::cause;
-pub use outcome::{Action, Declined, FileError, FileReport};
+pub use outcome::{Action, Declined, FileError, FileReport, Owner};
 pub use schedule::Carried;
 pub(crate) use schedule::{Held, OpenFiles, Slot, Slots};
 use worker::{Opened, Worker};

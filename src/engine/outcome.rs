@@ -197,6 +197,41 @@ pub(crate) fn cause(e: &io::Error) -> String {
     format!("{hint} ({e})")
 }
 
+/// Who a file belongs to and who may read it, as it was when looked at: what `repair
+/// --missing` gives a file back (another user's private file restored by root must not
+/// become root's, readable by everyone).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owner {
+    /// Its owner.
+    pub uid: u32,
+    /// Its group.
+    pub gid: u32,
+    /// Its permission bits (`0o7777` at most).
+    pub mode: u32,
+}
+
+impl Owner {
+    /// As the state database keeps it: the three fields, little-endian.
+    pub fn to_bytes(self) -> [u8; 12] {
+        let mut b = [0; 12];
+        b[..4].copy_from_slice(&self.uid.to_le_bytes());
+        b[4..8].copy_from_slice(&self.gid.to_le_bytes());
+        b[8..].copy_from_slice(&self.mode.to_le_bytes());
+        b
+    }
+
+    /// What [`Owner::to_bytes`] made; `None` for anything else.
+    pub fn from_bytes(b: &[u8]) -> Option<Owner> {
+        let b: &[u8; 12] = b.try_into().ok()?;
+        let word = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        Some(Owner {
+            uid: word(0),
+            gid: word(4),
+            mode: word(8) & 0o7777,
+        })
+    }
+}
+
 /// The outcome for one path: a value, rendered by the reporter.
 #[derive(Debug)]
 pub struct FileReport {
@@ -220,6 +255,8 @@ pub struct FileReport {
     pub size: Option<u64>,
     /// The file's mtime when it was looked at.
     pub mtime: Option<Timestamp>,
+    /// Its owner, group and mode when it was looked at.
+    pub owner: Option<Owner>,
     /// The tag the verdict is based on.
     pub tag: Option<Tag>,
     /// The digest just computed, if the data was read.
@@ -256,6 +293,7 @@ impl FileReport {
             copy: None,
             size: None,
             mtime: None,
+            owner: None,
             tag: None,
             digest: None,
             skip: None,

@@ -120,6 +120,8 @@ pub(crate) struct Want {
     pub path: PathBuf,
     /// Its path relative to its root.
     pub rel: PathBuf,
+    /// A file gone: its owner, group and mode, where the database knew them.
+    pub owner: Option<crate::engine::Owner>,
 }
 
 impl Repairer {
@@ -203,6 +205,8 @@ impl Sink for Repairer {
                 mtime: tag.mtime,
                 path: report.path.clone(),
                 rel: report.relative(&self.work.roots).to_path_buf(),
+                // A damaged file keeps the original's, taken from it as it is replaced.
+                owner: None,
             };
             self.target(report, want, false);
         } else {
@@ -247,6 +251,7 @@ impl Sink for Repairer {
                 mtime: None,
                 path,
                 rel,
+                owner: m.owner,
             };
             self.target(report, want, true);
         }

@@ -22,7 +22,7 @@ use super::{Options, Want, keep_at, kept_note};
 use crate::archive::Chunk;
 use crate::core::digest::Hasher;
 use crate::core::tag::{Timestamp, names};
-use crate::engine::{Declined, FileReport};
+use crate::engine::{Declined, FileReport, Owner};
 use crate::fs::anchor::Anchor;
 use crate::fs::atomic::{self, Syncs, Temp};
 use crate::fs::xattr;
@@ -219,7 +219,10 @@ fn skip(mut file: &File, n: u64) -> io::Result<()> {
 /// way into a temp file in its last directory (made again, beneath the root, if it is gone
 /// too); only bytes that hash to the content it had become the file, under its name and
 /// never over another file that took it since. It gets a new tag of that content (the mtime
-/// is the restore's: the database keeps none), mode 0644, the restoring user as owner.
+/// is the restore's: the database keeps none) and the owner, group and mode the database
+/// recorded; where it recorded none (an earlier intact's database), or they cannot be given
+/// (a user restoring another user's file), the file is the restoring user's, mode 0600,
+/// and the report says so: never readable by more people than it was.
 pub(super) fn restore_missing(
     anchor: &Anchor,
     want: &Want,
@@ -230,7 +233,7 @@ pub(super) fn restore_missing(
         .path
         .file_name()
         .ok_or(Refused::Target(Declined::Unnamed))?;
-    let dir = dirs_beneath(anchor, &want.rel, opts.dry_run).map_err(target)?;
+    let dir = dirs_beneath(anchor, &want.rel, opts.dry_run, want.owner).map_err(target)?;
     if let Some(dir) = &dir
         && rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).is_ok()
     {
@@ -244,25 +247,65 @@ pub(super) fn restore_missing(
     let Some(mut temp) = temp else {
         return Ok(Staged::Planned);
     };
-    let tagged = (|| -> io::Result<()> {
+    let tagged = (|| -> io::Result<Option<String>> {
         temp.file().set_len(len)?;
-        rustix::fs::fchmod(temp.file(), Mode::from_raw_mode(0o644))?;
+        let warning = give_back(temp.file(), want.owner)?;
         let (now, _) = crate::fs::walk::Stat::of(temp.file())?;
         let value = crate::core::tag::encode(&want.digest, len, now.mtime, Timestamp::now().sec);
-        xattr::write_intact(temp.file(), &value)
+        xattr::write_intact(temp.file(), &value)?;
+        Ok(warning)
     })();
-    tagged.map_err(target)?;
+    let warning = tagged.map_err(target)?;
     match temp.commit_new(name) {
-        Ok(()) => Ok(Staged::Done(Restored::default())),
+        Ok(()) => Ok(Staged::Done(Restored {
+            kept: None,
+            warning,
+        })),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(target(Declined::PathTaken)),
         Err(e) => Err(target(e)),
     }
 }
 
+/// Gives a file brought back its recorded owner, group and mode (the owner first: a change
+/// of owner clears set-user-ID bits); else makes it the restoring user's, 0600. What could
+/// not be given is returned, to be said.
+fn give_back(file: &File, owner: Option<Owner>) -> io::Result<Option<String>> {
+    let private = |why: String| -> io::Result<Option<String>> {
+        rustix::fs::fchmod(file, Mode::from_raw_mode(0o600))?;
+        Ok(Some(format!(
+            "{why}: it is the restoring user's, mode 0600"
+        )))
+    };
+    let Some(o) = owner else {
+        return private(
+            "its owner and mode were not recorded (a database of an earlier intact)".into(),
+        );
+    };
+    let (uid, gid) = (
+        rustix::fs::Uid::from_raw(o.uid),
+        rustix::fs::Gid::from_raw(o.gid),
+    );
+    if let Err(e) = rustix::fs::fchown(file, Some(uid), Some(gid)) {
+        return private(format!(
+            "it could not be given back to user {} and group {} ({e})",
+            o.uid, o.gid
+        ));
+    }
+    rustix::fs::fchmod(file, Mode::from_raw_mode(o.mode as rustix::fs::RawMode))?;
+    Ok(None)
+}
+
 /// The directory `rel` (a file's path relative to its root) is in, opened beneath the root
-/// component by component without following symlinks, each that is gone made again (mode
-/// 0755) unless this is a dry run (then `None` where one is gone).
-fn dirs_beneath(anchor: &Anchor, rel: &Path, dry_run: bool) -> io::Result<Option<OwnedFd>> {
+/// component by component without following symlinks, each that is gone made again unless
+/// this is a dry run (then `None` where one is gone). A folder made again is `0700`, its
+/// parent's owner's, or in a sticky folder (`/tmp`'s kind, where each keeps their own) the
+/// file's recorded owner's: never a folder of the restoring user's in someone else's tree.
+fn dirs_beneath(
+    anchor: &Anchor,
+    rel: &Path,
+    dry_run: bool,
+    owner: Option<Owner>,
+) -> io::Result<Option<OwnedFd>> {
     let mut dir = anchor.open_dir(anchor.root())?;
     let parent = rel.parent().unwrap_or(Path::new(""));
     for part in parent.components() {
@@ -274,8 +317,21 @@ fn dirs_beneath(anchor: &Anchor, rel: &Path, dry_run: bool) -> io::Result<Option
             Ok(next) => next,
             Err(rustix::io::Errno::NOENT) if dry_run => return Ok(None),
             Err(rustix::io::Errno::NOENT) => {
-                rustix::fs::mkdirat(&dir, part, Mode::from_raw_mode(0o755))?;
-                rustix::fs::openat(&dir, part, flags, Mode::empty())?
+                rustix::fs::mkdirat(&dir, part, Mode::from_raw_mode(0o700))?;
+                let made = rustix::fs::openat(&dir, part, flags, Mode::empty())?;
+                let parent = rustix::fs::fstat(&dir)?;
+                let sticky = parent.st_mode & libc::S_ISVTX as rustix::fs::RawMode != 0;
+                let (uid, gid) = match owner {
+                    Some(o) if sticky => (o.uid, o.gid),
+                    _ => (parent.st_uid, parent.st_gid),
+                };
+                // As a user, a folder can only be one's own: left so.
+                let _ = rustix::fs::fchown(
+                    &made,
+                    Some(rustix::fs::Uid::from_raw(uid)),
+                    Some(rustix::fs::Gid::from_raw(gid)),
+                );
+                made
             }
             Err(e) => return Err(e.into()),
         };
@@ -684,4 +740,33 @@ fn copy_to(original: &File, name: &OsStr, path: &Path) -> io::Result<PathBuf> {
     let _ = xattr::mark_kept_damaged(temp.file(), &kept_note(name));
     temp.commit_new(path.file_name().unwrap_or(path.as_os_str()))?;
     Ok(path.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    /// A file brought back with no owner recorded is the restoring user's, 0600, and says so;
+    /// with one, it is given it (here the restoring user's own, as any user may).
+    #[test]
+    fn a_file_brought_back_is_never_more_readable_than_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let file = File::create(&path).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .unwrap();
+        let said = give_back(&file, None).unwrap().unwrap();
+        assert!(said.contains("not recorded"), "{said}");
+        assert!(said.contains("mode 0600"), "{said}");
+        assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o7777, 0o600);
+        let me = std::fs::metadata(&path).unwrap();
+        let recorded = Owner {
+            uid: me.uid(),
+            gid: me.gid(),
+            mode: 0o640,
+        };
+        assert_eq!(give_back(&file, Some(recorded)).unwrap(), None);
+        assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o7777, 0o640);
+    }
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::entries::{Copied, Entry, find, split};
+use super::entries::{Copied, Entry, Owner, find, split};
 use super::pages;
 use super::paths::within;
 use super::rows::{Fact, Row};
@@ -222,8 +222,10 @@ impl Held {
         }
         let found = find(&self.entries, name);
         // Proven good, the same file under the same tag and size as its entry says.
-        let same =
-            |e: &Entry| (e.fs, e.ino, &e.key, e.size) == (row.fs, row.ino, &row.key, row.size);
+        let same = |e: &Entry| {
+            (e.fs, e.ino, &e.key, e.size, e.owner)
+                == (row.fs, row.ino, &row.key, row.size, row.owner)
+        };
         match found {
             // Marked only, while every row of the directory is such a proof (the common
             // case, and what costs a check of many small files).
@@ -413,18 +415,19 @@ struct Held {
 }
 
 /// What a directory's entries are, in 24 bytes: the sum of a hash of each entry's name, file
-/// system, inode, tag and size (XXH3, 128 bits: a cache's check, not a security one), and
+/// system, inode, tag, size and owner where known (XXH3, 128 bits: a cache's check, not a
+/// security one; a file given to another user or made private is an entry to rewrite), and
 /// their number. A run whose proofs sum to it proved every entry good, unchanged. Prints
 /// stored by earlier builds (BLAKE3's) no longer match: each such directory has its entries
 /// read once, by the next run that proves it, which stores its print anew.
 struct Print;
 
 impl Print {
-    fn of(name: &[u8], fs: i64, ino: i64, key: &[u8], size: i64) -> u128 {
+    fn of(name: &[u8], fs: i64, ino: i64, key: &[u8], size: i64, owner: Option<Owner>) -> u128 {
         // The fields end to end, hashed in one call; on the stack unless a name is longer
         // than Linux allows. Once a file, on the writer's one thread: BLAKE3 (300 ns on 100
         // bytes) was two fifths of the writer's time on 20,000 files of 4 KiB.
-        let len = 40 + name.len() + key.len();
+        let len = 52 + name.len() + key.len();
         let (mut stack, mut heap) = ([0u8; 384], Vec::new());
         let buf = match stack.get_mut(..len) {
             Some(b) => b,
@@ -433,6 +436,7 @@ impl Print {
                 &mut heap[..]
             }
         };
+        let owned = owner.map(Owner::to_bytes);
         let mut at = 0;
         for part in [
             &(name.len() as u64).to_le_bytes()[..],
@@ -442,6 +446,7 @@ impl Print {
             &(key.len() as u64).to_le_bytes(),
             key,
             &size.to_le_bytes(),
+            owned.as_ref().map_or(&[][..], |o| &o[..]),
         ] {
             buf[at..at + part.len()].copy_from_slice(part);
             at += part.len();
@@ -450,12 +455,19 @@ impl Print {
     }
 
     fn of_row(row: &Row) -> u128 {
-        Print::of(split(&row.path).1, row.fs, row.ino, &row.key, row.size)
+        Print::of(
+            split(&row.path).1,
+            row.fs,
+            row.ino,
+            &row.key,
+            row.size,
+            row.owner,
+        )
     }
 
     fn of_entries(entries: &[Entry]) -> (u128, i64) {
         let sum = entries.iter().fold(0u128, |s, e| {
-            s.wrapping_add(Print::of(&e.name, e.fs, e.ino, &e.key, e.size))
+            s.wrapping_add(Print::of(&e.name, e.fs, e.ino, &e.key, e.size, e.owner))
         });
         (sum, entries.len() as i64)
     }
@@ -627,6 +639,9 @@ pub(super) fn apply(e: &mut Entry, row: &Row, seen: Option<i64>, copied: Option<
     }
     e.size = row.size;
     e.seen = seen;
+    if row.owner.is_some() {
+        e.owner = row.owner;
+    }
     if let Some(was) = &row.was {
         e.was = was.clone();
     }
@@ -695,11 +710,11 @@ mod tests {
         };
         let key = [1u8; 33];
         for name in [&b"a"[..], &[b'n'; 255], &[b'x'; 700]] {
-            assert_eq!(Print::of(name, 7, -9, &key, 4096), fed(name, &key));
+            assert_eq!(Print::of(name, 7, -9, &key, 4096, None), fed(name, &key));
         }
         assert_ne!(
-            Print::of(b"a", 7, -9, &key, 4096),
-            Print::of(b"a", 7, -9, &key, 4097)
+            Print::of(b"a", 7, -9, &key, 4096, None),
+            Print::of(b"a", 7, -9, &key, 4097, None)
         );
     }
 }

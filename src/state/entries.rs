@@ -7,10 +7,15 @@
 //! system, inode, the digest key's length (u8) and key, size, then verified, checked,
 //! protected, archived, archived_in and seen (i64 each, i64::MIN for none), and the last
 //! verdict's length (u8) and name, and the key of the tag before the last re-tag (u8 length,
-//! then the key; none mostly). Times are Unix milliseconds.
+//! then the key; none mostly), then, where the top bit of the name's length is set (schema
+//! 6: no name is 32 KiB long, so an entry of schema 5 reads as one whose owner is not
+//! known), the file's owner, group and mode ([`Owner::to_bytes`]). Times are Unix
+//! milliseconds.
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+
+pub use crate::engine::Owner;
 
 /// A field that holds nothing.
 const NONE: i64 = i64::MIN;
@@ -45,7 +50,12 @@ pub struct Entry {
     /// The digest key of the tag it carried before it was last re-tagged, if it was (a file
     /// moved and edited: its old entry is not a file deleted).
     pub was: Vec<u8>,
+    /// Its owner, group and mode when last looked at (not known to schema 5).
+    pub owner: Option<Owner>,
 }
+
+/// The top bit of an entry's name length: its owner follows its other fields.
+const OWNED: u16 = 1 << 15;
 
 /// `path` as the database files it: its directory, and its name there.
 pub fn split(path: &[u8]) -> (&[u8], &[u8]) {
@@ -76,8 +86,9 @@ pub fn bytes(path: &Path) -> &[u8] {
 pub fn encode(entries: &[Entry]) -> Vec<u8> {
     let mut v = Vec::with_capacity(entries.len() * 128);
     for e in entries {
-        let name = &e.name[..e.name.len().min(u16::MAX as usize)];
-        v.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        let name = &e.name[..e.name.len().min(OWNED as usize - 1)];
+        let flag = if e.owner.is_some() { OWNED } else { 0 };
+        v.extend_from_slice(&(name.len() as u16 | flag).to_le_bytes());
         v.extend_from_slice(name);
         v.extend_from_slice(&e.fs.to_le_bytes());
         v.extend_from_slice(&e.ino.to_le_bytes());
@@ -101,6 +112,9 @@ pub fn encode(entries: &[Entry]) -> Vec<u8> {
         let was = &e.was[..e.was.len().min(u8::MAX as usize)];
         v.push(was.len() as u8);
         v.extend_from_slice(was);
+        if let Some(owner) = e.owner {
+            v.extend_from_slice(&owner.to_bytes());
+        }
     }
     v
 }
@@ -120,8 +134,8 @@ pub fn decode(mut v: &[u8]) -> Option<Vec<Entry>> {
         int(v).map(|t| (t != NONE).then_some(t))
     }
     while !v.is_empty() {
-        let len = u16::from_le_bytes(take(&mut v, 2)?.try_into().ok()?) as usize;
-        let name = take(&mut v, len)?.to_vec();
+        let head = u16::from_le_bytes(take(&mut v, 2)?.try_into().ok()?);
+        let name = take(&mut v, (head & !OWNED) as usize)?.to_vec();
         let (fs, ino) = (int(&mut v)?, int(&mut v)?);
         let len = take(&mut v, 1)?[0] as usize;
         let key = take(&mut v, len)?.to_vec();
@@ -132,6 +146,10 @@ pub fn decode(mut v: &[u8]) -> Option<Vec<Entry>> {
         let status = String::from_utf8(take(&mut v, len)?.to_vec()).ok()?;
         let len = take(&mut v, 1)?[0] as usize;
         let was = take(&mut v, len)?.to_vec();
+        let owner = match head & OWNED {
+            0 => None,
+            _ => Some(Owner::from_bytes(take(&mut v, 12)?)?),
+        };
         entries.push(Entry {
             name,
             fs,
@@ -146,6 +164,7 @@ pub fn decode(mut v: &[u8]) -> Option<Vec<Entry>> {
             seen,
             status,
             was,
+            owner,
         });
     }
     Some(entries)
@@ -242,8 +261,14 @@ mod tests {
                 checked: Some(1_700_000_000_001),
                 seen: Some(7),
                 status: "ok".into(),
+                owner: Some(Owner {
+                    uid: 65534,
+                    gid: 100,
+                    mode: 0o4600,
+                }),
                 ..Entry::default()
             },
+            // Packed as schema 5 packed every entry (no owner): read as such.
             Entry {
                 name: b"b".to_vec(),
                 archived_in: Some(9),

@@ -36,7 +36,7 @@ fn outermost(roots: &[PathBuf]) -> Vec<PathBuf> {
 const COLUMNS: &str = "fs INTEGER, ino INTEGER, digest BLOB, path BLOB, size INTEGER, \
     verified INTEGER, checked INTEGER, status TEXT, damaged INTEGER, protected INTEGER, \
     archived INTEGER, archived_in INTEGER, seen INTEGER, damaged_digest BLOB, gone INTEGER, \
-    dup INTEGER, was BLOB";
+    dup INTEGER, was BLOB, owner BLOB";
 
 /// One row of a laid-out table, as an entry, a file gone or damage without an entry fills it.
 struct Laid {
@@ -54,6 +54,7 @@ struct Laid {
     damaged_digest: Option<Vec<u8>>,
     gone: Option<i64>,
     was: Option<Vec<u8>>,
+    owner: Option<Vec<u8>>,
 }
 
 impl Laid {
@@ -73,6 +74,7 @@ impl Laid {
             damaged_digest: None,
             gone: None,
             was: None,
+            owner: None,
         }
     }
 
@@ -93,7 +95,8 @@ impl Laid {
             self.seen,
             self.damaged_digest,
             self.gone,
-            self.was
+            self.was,
+            self.owner
         ])
         .map(drop)
     }
@@ -131,8 +134,8 @@ pub(crate) fn lay_out(
     {
         let mut insert = tx.prepare(&format!(
             "INSERT INTO {into}.{name} (fs, ino, digest, path, size, verified, checked, status, \
-             damaged, protected, archived, archived_in, seen, damaged_digest, gone, was) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
+             damaged, protected, archived, archived_in, seen, damaged_digest, gone, was, owner) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
         ))?;
         let mut dirs = tx.prepare(&format!(
             "SELECT d.path, d.entries, {PROOF} FROM {from}dirs d \
@@ -140,7 +143,7 @@ pub(crate) fn lay_out(
              WHERE (d.path >= ?1 AND d.path < ?2) OR d.path = ?3 OR d.path = ?4"
         ))?;
         let mut gone = tx.prepare(&format!(
-            "SELECT path, fs, ino, digest, size, verified, damaged, at FROM {from}gone \
+            "SELECT path, fs, ino, digest, size, verified, damaged, at, owner FROM {from}gone \
              WHERE (path >= ?1 AND path < ?2) OR path = ?3"
         ))?;
         let mut used: HashSet<FileKey> = HashSet::new();
@@ -184,6 +187,7 @@ pub(crate) fn lay_out(
                         seen: e.seen,
                         damaged_digest: d.and_then(|d| d.1.clone()),
                         was: (!e.was.is_empty()).then_some(e.was),
+                        owner: e.owner.map(|o| o.to_bytes().to_vec()),
                         ..Laid::new(key, path)
                     };
                     row.insert(&mut insert)?;
@@ -197,6 +201,7 @@ pub(crate) fn lay_out(
                     verified: r.get(5)?,
                     damaged: r.get(6)?,
                     gone: Some(r.get(7)?),
+                    owner: r.get(8)?,
                     ..Laid::new((r.get(1)?, r.get(2)?, r.get(3)?), r.get(0)?)
                 };
                 row.insert(&mut insert)?;

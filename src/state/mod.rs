@@ -338,7 +338,7 @@ impl State {
             transaction(&conn, migrate)?;
             // Schema 3's rows are gone: their pages given back (a database of 20,000 files
             // from 6.6 to 2.4 MiB). Once, and only room: failing (a full disk) loses nothing.
-            if version > 0 {
+            if version > 0 && version < 5 {
                 let _ = conn.execute_batch("VACUUM");
             }
         }
@@ -572,7 +572,7 @@ impl State {
         let mut found: Vec<Missing> = Vec::new();
         let rows = self.lay_out(roots).and_then(|_| {
             self.under_roots(
-                "SELECT ino, digest, path, size, verified, gone IS NOT NULL, fs FROM files \
+                "SELECT ino, digest, path, size, verified, gone IS NOT NULL, fs, owner FROM files \
              WHERE coalesce(seen, 0) != ?3 AND length(digest) > 1 AND dup IS NULL \
              AND NOT EXISTS (SELECT 1 \
              FROM files o WHERE o.fs = files.fs AND o.ino = files.ino AND o.was = files.digest) \
@@ -583,6 +583,7 @@ impl State {
                     let (ino, size, verified): (i64, i64, Option<i64>) =
                         (r.get(0)?, r.get(3)?, r.get(4)?);
                     let (recorded, fs): (bool, i64) = (r.get(5)?, r.get(6)?);
+                    let owner: Option<Vec<u8>> = r.get(7)?;
                     Ok(digest_from_key(&key).map(|digest| Missing {
                         fs,
                         path: PathBuf::from(std::ffi::OsString::from_vec(path)),
@@ -591,6 +592,7 @@ impl State {
                         ino: ino as u64,
                         verified,
                         recorded,
+                        owner: owner.and_then(|o| crate::engine::Owner::from_bytes(&o)),
                     }))
                 },
             )
@@ -625,11 +627,22 @@ impl State {
             for m in files.iter().filter(|m| !m.recorded) {
                 let key = digest_key(&m.digest);
                 let path = bytes(&m.path);
-                forget(conn, "", path, (m.fs, m.ino as i64, &key))?;
+                let owner = forget(conn, "", path, (m.fs, m.ino as i64, &key))?
+                    .and_then(|e| e.owner)
+                    .or(m.owner);
                 conn.execute(
-                    "INSERT OR REPLACE INTO gone (path, fs, ino, digest, size, verified, at) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                    params![path, m.fs, m.ino as i64, key, m.size as i64, m.verified, t],
+                    "INSERT OR REPLACE INTO gone (path, fs, ino, digest, size, verified, at, \
+                     owner) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                    params![
+                        path,
+                        m.fs,
+                        m.ino as i64,
+                        key,
+                        m.size as i64,
+                        m.verified,
+                        t,
+                        owner.map(|o| o.to_bytes().to_vec())
+                    ],
                 )?;
                 conn.execute(
                     "DELETE FROM damage WHERE fs = ?1 AND ino = ?2 AND digest = ?3",
@@ -889,6 +902,7 @@ impl State {
             damage,
             old_ino: report.inode.map(|(_, ino)| ino as i64),
             was,
+            owner: report.owner,
         };
         self.pending_since.get_or_insert(t);
         // A batch's room at once: grown row by row, it was copied ten times over.
@@ -1132,6 +1146,8 @@ pub struct Missing {
     /// still has it where it was (a deletion since the last scrub, or many files gone at
     /// once, not yet taken for deleted).
     pub recorded: bool,
+    /// Its owner, group and mode, where the database knew them.
+    pub owner: Option<crate::engine::Owner>,
 }
 
 /// When a database found damaged was replaced by a new one.
@@ -1270,7 +1286,10 @@ mod tests {
                 .count()
         };
         let before = held();
-        assert!(before > 0, "a live connection holds its shared memory's lock");
+        assert!(
+            before > 0,
+            "a live connection holds its shared memory's lock"
+        );
         for _ in 0..2 {
             drop(State::open(&db).unwrap());
             assert_eq!(held(), before, "the first connection's locks");
@@ -1642,6 +1661,40 @@ mod tests {
         let run = again.run.unwrap();
         let seen = format!("SELECT count(*) FROM files WHERE seen = {run}");
         assert_eq!(count(&again, &seen), n as i64);
+    }
+
+    /// A database of schema 5 is taken up as it is: its entries read as knowing no owner, its
+    /// files gone keep their rows and gain the column, and nothing is rewritten.
+    #[test]
+    fn a_schema_5_database_learns_owners_from_the_next_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let old = Connection::open(&db).unwrap();
+        old.execute_batch(&tables("")).unwrap();
+        old.execute_batch(
+            "ALTER TABLE gone DROP COLUMN owner;
+             INSERT INTO gone (path, fs, ino, digest, size, at) VALUES \
+             (CAST('/t/gone' AS BLOB), 1, 9, x'00', 10, 5000);",
+        )
+        .unwrap();
+        let five = entries::Entry {
+            name: b"kept".to_vec(),
+            fs: 1,
+            ino: 3,
+            status: "ok".into(),
+            ..Default::default()
+        };
+        pages::store_all(&old, "", b"/t", std::slice::from_ref(&five)).unwrap();
+        old.execute_batch("PRAGMA user_version = 5;").unwrap();
+        drop(old);
+        let (state, rebuilt) = State::open(&db).unwrap();
+        assert!(rebuilt.is_none());
+        assert_eq!(count(&state, "PRAGMA user_version"), VERSION);
+        assert_eq!(
+            count(&state, "SELECT count(*) FROM gone WHERE owner IS NULL"),
+            1
+        );
+        assert_eq!(pages::load_all(&state.conn, "", b"/t").unwrap(), vec![five]);
     }
 
     /// A database of schema 4 (one value a directory) is cut into pages: every entry still

@@ -22,6 +22,8 @@ pub(super) struct Row {
     pub(super) old_ino: Option<i64>,
     /// The key of the tag the file carried before this run re-tagged it, if another.
     pub(super) was: Option<Vec<u8>>,
+    /// Its owner, group and mode, where the run looked.
+    pub(super) owner: Option<crate::engine::Owner>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -67,7 +67,8 @@ CREATE TABLE IF NOT EXISTS {s}gone (
     size INTEGER NOT NULL,
     verified INTEGER,           -- when it was last proven good
     damaged INTEGER,            -- when damage was found in it, if it was
-    at INTEGER NOT NULL         -- when it was found gone
+    at INTEGER NOT NULL,        -- when it was found gone
+    owner BLOB                  -- its owner, group and mode (src/engine/outcome.rs, Owner)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS {s}runs (
     id INTEGER PRIMARY KEY,
@@ -112,13 +113,15 @@ CREATE TABLE IF NOT EXISTS {s}lost (
 pub(super) const INDEXES: &str = "
 CREATE INDEX IF NOT EXISTS {s}gone_at ON gone (at);
 ";
-pub(super) const VERSION: i64 = 5;
+pub(super) const VERSION: i64 = 6;
 
 /// Brings a database of an older schema to this one. Schema 1 (before the columns existed)
 /// recorded an archived copy only at the end of its run; schema 2 kept no digest of damaged
 /// bytes and forgot files gone at once; schema 3 kept a row a file (`files`), which schema 4
 /// packs by directory, with damage and files gone in tables of their own; schema 5 cuts each
-/// directory's value into pages (a folder of a million files was one value of 130 MB).
+/// directory's value into pages (a folder of a million files was one value of 130 MB);
+/// schema 6 keeps each file's owner, group and mode (in its entry, which schema 5's entries
+/// read as not knowing, and in `gone`).
 pub(super) fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     let has = |table: &str, column: &str| -> rusqlite::Result<bool> {
         conn.query_row(
@@ -129,6 +132,9 @@ pub(super) fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     };
     if has("dirs", "entries")? && !has("dirs", "first")? {
         paginate(conn)?;
+    }
+    if !has("gone", "owner")? {
+        conn.execute_batch("ALTER TABLE gone ADD COLUMN owner BLOB")?;
     }
     if !has("files", "path")? {
         return Ok(());
@@ -251,6 +257,7 @@ fn convert(conn: &Connection) -> rusqlite::Result<()> {
             archived_in: r.get(11)?,
             seen: r.get(12)?,
             was: Vec::new(),
+            owner: None,
         });
         count += 1;
         if count % HELD == 0 {

@@ -803,7 +803,7 @@ fn a_schema_3_database_keeps_its_damage_deletions_and_history() {
         .unwrap()
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 5);
+    assert_eq!(version, 6);
     // A scrub finds the damage again, and what the database knew stands after it.
     let r = cmd!("scrub", "--json", "--state", db, tree)
         .run()

@@ -325,3 +325,97 @@ fn a_tree_path_another_user_can_swap_is_not_followed_as_root() {
     assert!(r.stderr.contains("not followed as root"), "{}", r.stderr);
     assert_eq!(getxattr(&private, TAG), None, "root's file was tagged");
 }
+
+/// Row 4: `repair --missing` brought another user's private file back as root's, mode 0644,
+/// readable by everyone. Now each file gets the owner, group and mode its entry recorded (or,
+/// once a scrub found it gone, its row of files gone), and a folder made again for it is
+/// 0700 and its owner's (in a sticky folder, the file's).
+#[test]
+fn a_file_brought_back_is_its_owner_s_as_private_as_it_was() {
+    require_root!();
+    for scrubbed in [false, true] {
+        brought_back(scrubbed);
+    }
+}
+
+fn brought_back(scrubbed: bool) {
+    let t = Tree::new();
+    t.open_to_all();
+    let root = t.path("tree");
+    let shared = root.join("shared");
+    fs::create_dir_all(&shared).unwrap();
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
+    let own = |p: &Path, uid: u32, gid: u32, mode: u32| {
+        std::os::unix::fs::chown(p, Some(uid), Some(gid)).unwrap();
+        fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
+    };
+    let diary = t.write("tree/shared/nobody/diary.txt", data(3000, 1));
+    let notes = t.write("tree/shared/notes.txt", data(2000, 2));
+    let report = t.write("tree/report.txt", data(1000, 3));
+    // Files that stay: the three gone are not the whole tree (an alarm, not a deletion).
+    for i in 0..5 {
+        t.write(format!("tree/kept{i}"), data(500, 10 + i));
+    }
+    own(&shared.join("nobody"), 65534, 65534, 0o700);
+    own(&diary, 65534, 65534, 0o600);
+    own(&notes, 65534, 65534, 0o640);
+    own(&report, 0, 4, 0o640);
+    let db = t.path("state/state.db");
+    cmd!("tag", "-q", "--state", &db, &root)
+        .within(LIMIT)
+        .run()
+        .expect_code(0);
+    let backup = t.path("backup");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(&root)
+        .arg(&backup)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    assert!(as_nobody(
+        "rm",
+        &["-r".as_ref(), shared.join("nobody").as_ref()]
+    ));
+    assert!(as_nobody("rm", &[notes.as_ref()]));
+    fs::remove_file(&report).unwrap();
+    if scrubbed {
+        cmd!("scrub", "-q", "--state", &db, &root)
+            .within(LIMIT)
+            .run();
+        let known: i64 = rusqlite::Connection::open(&db)
+            .unwrap()
+            .query_row(
+                "SELECT count(*) FROM gone WHERE length(owner) = 12",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(known, 3, "the files gone keep their owners");
+    }
+    let r = cmd!(
+        "repair",
+        "--missing",
+        "--from",
+        &backup,
+        "--state",
+        &db,
+        &root
+    )
+    .within(LIMIT)
+    .run()
+    .expect_code(0);
+    assert!(!r.stdout.contains("mode 0600"), "{}", r.stdout);
+    let is = |p: &Path| {
+        let m = fs::symlink_metadata(p).unwrap();
+        (m.uid(), m.gid(), m.mode() & 0o7777)
+    };
+    assert_eq!(is(&diary), (65534, 65534, 0o600), "{}", r.stdout);
+    assert_eq!(is(&shared.join("nobody")), (65534, 65534, 0o700));
+    assert_eq!(is(&notes), (65534, 65534, 0o640));
+    assert_eq!(is(&report), (0, 4, 0o640));
+    assert_eq!(fs::read(&diary).unwrap(), data(3000, 1));
+    // Its owner reads it, as before.
+    assert!(as_nobody("cat", &[diary.as_ref()]));
+    intact!("check", "-q", "--state", &db, &root).expect_code(0);
+}

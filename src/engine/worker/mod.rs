@@ -264,6 +264,11 @@ impl<'a> Worker<'a> {
             inode: Some((meta.dev, meta.ino)),
             size: Some(meta.size),
             mtime: Some(meta.mtime),
+            owner: Some(crate::engine::Owner {
+                uid: meta.uid,
+                gid: meta.gid,
+                mode: meta.mode & 0o7777,
+            }),
             tag: stored.best().cloned(),
             malformed: stored.malformed.clone(),
             ..FileReport::new(path, Status::New)
