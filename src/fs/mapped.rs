@@ -162,9 +162,22 @@ impl Map {
 
     /// The mapped bytes. Pages past a concurrent truncation read as zeros; check
     /// [`Map::faulted`] after use.
-    pub fn bytes(&self) -> &[u8] {
-        // SAFETY: addr..addr+len is mapped readable for the life of self. The file may change
-        // underneath (as with any shared map); intact discards digests of files that changed.
+    ///
+    /// # Safety
+    ///
+    /// The slice does not hold what a `&[u8]` promises: the file's owner (root reads other
+    /// users' files) may write it through `write(2)` or a shared map of their own at any
+    /// moment, even between two reads of one byte. The caller may only hand the bytes to a
+    /// computation whose branches and memory accesses do not depend on the data (a digest:
+    /// SHA-2, BLAKE3, MD5 and SHA-1 are built so, to be constant-time), whose result is then
+    /// at worst a digest of no version of the file, and must throw that result away when the
+    /// file changed while it was read (the engine compares size, mtime and ctime after each
+    /// hash: `changed-while-read`).
+    pub unsafe fn bytes(&self) -> &[u8] {
+        // SAFETY: addr..addr+len is mapped readable, by this value alone, until Drop: the
+        // owner's writes change the pages' bytes but cannot move, unmap or shorten the map (a
+        // truncation faults, and the handler puts zeros in place), so every address stays
+        // readable. What the bytes may be is the caller's contract above.
         unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
     }
 
@@ -216,11 +229,12 @@ mod tests {
         let file = File::open(&path).unwrap();
         let map = Map::new(&file, 0, 1 << 20).unwrap();
         assert!(map.populate());
-        assert_eq!(map.bytes()[(1 << 20) - 1], 7);
+        // SAFETY (here and below): only this test writes the file, before or after reading.
+        assert_eq!(unsafe { map.bytes() }[(1 << 20) - 1], 7);
         assert!(!map.faulted());
         f.set_len(4096).unwrap();
         // Without the handler this read would be fatal.
-        let sum: u64 = map.bytes().iter().map(|&b| b as u64).sum();
+        let sum: u64 = unsafe { map.bytes() }.iter().map(|&b| b as u64).sum();
         assert_eq!(sum, 7 * 4096);
         assert!(map.faulted());
         drop(map);
