@@ -107,11 +107,15 @@ impl Anchor {
         let Some((root, rel)) = self.beneath(path) else {
             return Ok(rustix::fs::open(path, flags, Mode::empty())?);
         };
-        if let Some(opened) = crate::fs::sys::open_beneath(root, rel, flags) {
-            return opened;
+        match crate::fs::sys::open_beneath(root, rel, flags) {
+            // Deeper than one call takes (PATH_MAX, 4,096 bytes: any user of a tree can nest
+            // folders past it, and what is below was left unverified): one step at a time.
+            Some(Err(e)) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => {}
+            Some(opened) => return opened,
+            None => {}
         }
-        // No openat2 (Linux before 5.6, other systems): one component at a time, none
-        // followed.
+        // No openat2 (Linux before 5.6, other systems), or a path too long for one call:
+        // one component at a time, none followed.
         let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         let mut parts = rel.components().peekable();
         let mut at = rustix::fs::openat(root, ".", dir_flags, Mode::empty())?;

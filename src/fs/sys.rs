@@ -230,12 +230,60 @@ pub fn open_regular(path: &std::path::Path) -> io::Result<File> {
     use rustix::fs::{FileType, Mode, OFlags};
     let flags =
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::NOCTTY;
-    let fd = rustix::fs::open(path, flags, Mode::empty())?;
+    let fd = match rustix::fs::open(path, flags, Mode::empty()) {
+        Err(rustix::io::Errno::NAMETOOLONG) => open_stepwise(path, flags)?,
+        opened => opened?,
+    };
     if FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode) != FileType::RegularFile {
         return Err(io::Error::other("not a regular file"));
     }
     rustix::fs::fcntl_setfl(&fd, rustix::fs::fcntl_getfl(&fd)? - OFlags::NONBLOCK)?;
     Ok(File::from(fd))
+}
+
+/// `path` opened with `flags` one folder at a time, each resolved as one call would resolve
+/// it: a path longer than PATH_MAX (4,096 bytes), which one call refuses (folders nested
+/// that deep by any user of a tree, whose files must still be verified and repaired).
+fn open_stepwise(
+    path: &std::path::Path,
+    flags: rustix::fs::OFlags,
+) -> io::Result<rustix::fd::OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    use std::path::Component;
+    let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let start = if path.is_absolute() { "/" } else { "." };
+    let mut dir = rustix::fs::open(start, dir_flags, Mode::empty())?;
+    let mut parts = path
+        .components()
+        .filter(|c| !matches!(c, Component::RootDir | Component::CurDir))
+        .peekable();
+    while let Some(part) = parts.next() {
+        let last = parts.peek().is_none();
+        let at = if last { flags } else { dir_flags };
+        dir = rustix::fs::openat(&dir, part.as_os_str(), at, Mode::empty())?;
+    }
+    Ok(dir)
+}
+
+/// What `std::fs::symlink_metadata` says of `path`, for paths of any length: one longer than
+/// PATH_MAX is looked at in its folder, opened one step at a time (Linux: the folder is
+/// named by its handle).
+pub fn lstat(path: &std::path::Path) -> io::Result<std::fs::Metadata> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if cfg!(target_os = "linux") && e.raw_os_error() == Some(libc::ENAMETOOLONG) => {
+            use std::os::fd::AsRawFd;
+            let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+                return Err(e);
+            };
+            let flags = rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC;
+            let dir = open_stepwise(parent, flags)?;
+            let at = std::path::PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+            std::fs::symlink_metadata(at.join(name))
+        }
+        looked => looked,
+    }
 }
 
 /// The bytes of a regular file (see [`open_regular`]).

@@ -97,8 +97,8 @@ pub(super) fn replay(conn: &Connection, path: &Path, insert: bool) -> io::Result
     };
     let mut keep: Vec<journal::Entry> = Vec::new();
     for e in journal::outstanding(entries) {
-        let moved = std::fs::symlink_metadata(&e.path)
-            .is_err_and(|err| err.kind() == io::ErrorKind::NotFound);
+        let moved =
+            crate::fs::sys::lstat(&e.path).is_err_and(|err| err.kind() == io::ErrorKind::NotFound);
         if !moved && !e.still_there(&tag_of) {
             continue;
         }
@@ -168,7 +168,7 @@ pub fn unmounted_damage_at(db: &Path, roots: &[PathBuf]) -> Vec<Damaged> {
         roots
             .iter()
             .any(|r| super::paths::within(path, r.as_os_str().as_bytes()))
-            && d.path.symlink_metadata().is_err()
+            && crate::fs::sys::lstat(&d.path).is_err()
             && super::unmounted(&d.path, *fs).is_some()
     });
     let mut said: Vec<Damaged> = found.into_iter().map(|(_, d)| d).collect();

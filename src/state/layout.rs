@@ -212,7 +212,7 @@ pub(crate) fn lay_out(
             if used.contains(key) || !inside(path) {
                 continue;
             }
-            let size = std::fs::symlink_metadata(std::ffi::OsStr::from_bytes(path))
+            let size = crate::fs::sys::lstat(std::ffi::OsStr::from_bytes(path).as_ref())
                 .map_or(0, |m| m.len() as i64);
             let row = Laid {
                 size,

@@ -504,7 +504,7 @@ impl State {
                     });
                     // There, or on a file system not mounted now (its damage cannot be known
                     // to be dealt with: it stays said).
-                    let there = match std::fs::symlink_metadata(&damaged.path) {
+                    let there = match crate::fs::sys::lstat(&damaged.path) {
                         Ok(m) => {
                             m.ino() as i64 == ino && self.fsids.of(m.dev(), &damaged.path) == fs
                         }
@@ -601,7 +601,7 @@ impl State {
             Ok(rows) => {
                 for m in rows {
                     let gone = matches!(
-                        std::fs::symlink_metadata(&m.path),
+                        crate::fs::sys::lstat(&m.path),
                         Err(e) if e.kind() == io::ErrorKind::NotFound
                     );
                     if gone && !found.iter().any(|f| f.path == m.path) {
@@ -688,7 +688,7 @@ impl State {
         }
         let damaged = self.outstanding(roots);
         // A file with other names: only a walk finds them, to say each was repaired.
-        let linked = |d: &Damaged| std::fs::symlink_metadata(&d.path).is_ok_and(|m| m.nlink() > 1);
+        let linked = |d: &Damaged| crate::fs::sys::lstat(&d.path).is_ok_and(|m| m.nlink() > 1);
         if damaged.is_empty() || damaged.iter().any(linked) {
             return None;
         }
@@ -831,7 +831,7 @@ impl State {
         // is the damaged file's: a truncated file's size, recorded, had `--missing` seek
         // only copies of that size, which held none good).
         let (id, size) = match fact {
-            Fact::Repaired => std::fs::symlink_metadata(&path)
+            Fact::Repaired => crate::fs::sys::lstat(&path)
                 .ok()
                 .map(|m| ((m.dev(), m.ino()), m.len()))
                 .unzip(),
