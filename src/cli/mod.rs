@@ -309,6 +309,12 @@ pub struct StateArgs {
     /// --state and INTACT_STATE
     #[arg(long)]
     pub no_state: bool,
+    /// Take each PATH as the tree the state database knows there although it now leads to
+    /// another folder (a tree restored from a backup, its file system made anew): without
+    /// it that is an alarm (exit 3) and nothing under it is verified or recorded, in case a
+    /// disk did not mount or someone pointed the path elsewhere
+    #[arg(long)]
+    pub accept_moved_root: bool,
 }
 
 /// Telling a person. URLs and tokens are secrets: keep them in the environment

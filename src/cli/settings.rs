@@ -45,6 +45,8 @@ pub struct Settings {
     /// Without one (`--no-state`): the database whose damage is known all the same, read
     /// only.
     pub damage_from: Option<PathBuf>,
+    /// Take a PATH that now leads to another folder as the tree the database knows there.
+    pub accept_moved_root: bool,
     /// Where to write Prometheus metrics of the run.
     pub metrics: Option<PathBuf>,
     /// A scrub's plan: what to verify, in which order.
@@ -133,6 +135,7 @@ impl Settings {
             failures,
             state: None,
             damage_from: None,
+            accept_moved_root: false,
             metrics: None,
             scrub: None,
             known_damage_only: false,
@@ -152,6 +155,7 @@ impl Settings {
     pub fn record(&mut self, a: &StateArgs) {
         let db = a.state.clone().or_else(intact::state::default_path);
         (self.state, self.damage_from) = if a.no_state { (None, db) } else { (db, None) };
+        self.accept_moved_root = a.accept_moved_root;
         // A database kept inside a tree is never a file of it.
         if let Some(db) = &self.state {
             self.config.walk.own.database(db);

@@ -48,7 +48,7 @@ pub fn drive(s: Settings, sink: &mut dyn Sink) -> anyhow::Result<Exit> {
 /// As [`drive`], also giving what the run found wrong (`watch` tells the owner of its runs
 /// together).
 pub fn drive_for_findings(
-    s: Settings,
+    mut s: Settings,
     sink: &mut dyn Sink,
 ) -> anyhow::Result<(Exit, intact::notify::Findings)> {
     if s.background {
@@ -61,7 +61,7 @@ pub fn drive_for_findings(
     let mut config = s.config.clone();
     // A wait for the state database's lock is part of the run's time.
     let start = Instant::now();
-    let state = begin(&s, &mut config, &mut reporter);
+    let state = begin(&mut s, &mut config, &mut reporter);
     let mut ran = run(&s, &mut config, sink, &mut reporter, state);
     reporter.summary.elapsed = start.elapsed();
     reporter.summary.interrupted = SIGNALLED.load(Ordering::SeqCst);
@@ -119,7 +119,7 @@ fn speaker(s: &Settings) -> Speaker {
 
 /// Opens the state database (if any) and begins the run's record in it. Without one
 /// (`--no-state`), the damage it and its journal remember is known all the same.
-fn begin(s: &Settings, config: &mut engine::Config, reporter: &mut Speaker) -> Option<State> {
+fn begin(s: &mut Settings, config: &mut engine::Config, reporter: &mut Speaker) -> Option<State> {
     // A journal that cannot be read hides the damage it recorded: said by every run.
     let db = s.state.as_deref().or(s.damage_from.as_deref());
     if let Some(problem) =
@@ -152,6 +152,17 @@ fn begin(s: &Settings, config: &mut engine::Config, reporter: &mut Speaker) -> O
         .state
         .as_deref()
         .and_then(|db| open_state(db, &mut reporter.summary))?;
+    // A PATH that leads to another folder than the tree the database knows there is left out
+    // of the run, loudly: verified against the tree's history, its files would read as the
+    // tree's deleted and new ones, or a swapped folder's as the tree's.
+    let accept = s.accept_moved_root;
+    s.roots.retain(|root| match state.same_root(root, accept) {
+        Ok(()) => true,
+        Err(why) => {
+            reporter.summary.fail(why);
+            false
+        }
+    });
     state.begin_run(s.verb.name(), &s.roots);
     // Every verb that judges data knows the damage found before: those that write
     // (update's rules: archive, protect) would otherwise re-tag a touched damaged file.

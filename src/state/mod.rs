@@ -43,6 +43,7 @@ mod lookup;
 pub(crate) mod pages;
 mod paths;
 mod recover;
+mod roots;
 mod rows;
 mod schema;
 pub(crate) mod sqlite;

@@ -104,6 +104,15 @@ CREATE TABLE IF NOT EXISTS {s}written (
     at INTEGER NOT NULL,        -- the latest write seen
     PRIMARY KEY (fs, ino)
 ) WITHOUT ROWID;
+-- Each tree a run was given, as the database first met it: the file system and the inode of
+-- the folder its path led to (src/state/roots.rs). A table of its own, created on open: no
+-- migration.
+CREATE TABLE IF NOT EXISTS {s}roots (
+    path BLOB PRIMARY KEY,
+    fs INTEGER NOT NULL,
+    ino INTEGER NOT NULL,
+    at INTEGER NOT NULL         -- when it was recorded (first met, or accepted)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS {s}lost (
     at INTEGER NOT NULL,        -- when an earlier database was found damaged and replaced
     aside BLOB,                 -- where it was moved

@@ -1325,3 +1325,69 @@ fn the_units_sandbox_holds_every_call_intact_makes() {
     let refused: Vec<&&str> = used.iter().filter(|s| !allowed.contains(**s)).collect();
     assert!(refused.is_empty(), "calls the filter refuses: {refused:?}");
 }
+
+/// A PATH that leads to another folder than the tree the database knows there (a disk that
+/// did not mount leaves the empty folder under it; a folder swapped) is an alarm, exit 3,
+/// with nothing under it verified or recorded: the tree's files are not taken for deleted,
+/// nor the other folder's for its own. The tree back, all is as before; a copy of it put in
+/// its place (restored from a backup) is taken as the tree once the owner says so.
+#[test]
+fn a_path_that_now_leads_to_another_folder_is_an_alarm_not_the_tree() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 6, 1_000);
+    intact!("scrub", "-q", "--state", &db, &tree).expect_code(0);
+    let aside = t.path("tree.aside");
+    fs::rename(&tree, &aside).unwrap();
+    t.write("tree/stranger.txt", b"not the tree's");
+    for verb in ["scrub", "check", "update"] {
+        let r = intact!(verb, "--state", &db, &tree).expect_code(3);
+        assert!(
+            r.stderr.contains("now another folder"),
+            "{verb}: {}",
+            r.stderr
+        );
+        assert!(!r.stdout.contains("removed"), "{verb}: {}", r.stdout);
+    }
+    assert_eq!(
+        getxattr(&tree.join("stranger.txt"), TAG),
+        None,
+        "update tagged it"
+    );
+    let r = intact!("status", "--state", &db, &tree).expect_code(3);
+    assert!(r.stderr.contains("now another folder"), "{}", r.stderr);
+    fs::remove_dir_all(&tree).unwrap();
+    fs::rename(&aside, &tree).unwrap();
+    let r = intact!("scrub", "--json", "--state", &db, &tree).expect_code(0);
+    assert!(!r.stdout.contains("\"status\":\"removed\""), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("\"removed\":0,\"vanished\":0"),
+        "{}",
+        r.stdout
+    );
+    // A copy in its place (a restore): the same tree once accepted, its history kept.
+    let copied = std::process::Command::new("cp")
+        .args(["-a", "--"])
+        .arg(&tree)
+        .arg(&aside)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    fs::remove_dir_all(&tree).unwrap();
+    fs::rename(&aside, &tree).unwrap();
+    intact!("scrub", "-q", "--state", &db, &tree).expect_code(3);
+    let r = intact!(
+        "scrub",
+        "--accept-moved-root",
+        "--json",
+        "--state",
+        &db,
+        &tree
+    )
+    .expect_code(0)
+    .json();
+    assert_eq!(r.count("ok"), 6, "{:?}", r.files);
+    let r = intact!("status", "--json", "--state", &db, &tree).expect_code(0);
+    let v: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap();
+    assert_eq!(v["never_verified"], 0, "{v}");
+    intact!("scrub", "-q", "--state", &db, &tree).expect_code(0);
+}
