@@ -209,7 +209,7 @@ fn unmet(conn: &Connection) -> rusqlite::Result<Vec<Unmet>> {
 /// What became of `u`; `alarms`: whether a file system not mounted now is told apart (else
 /// its files are gone).
 fn fate(conn: &Connection, u: &Unmet, alarms: bool) -> Fate {
-    let now = std::fs::symlink_metadata(&u.gone.path);
+    let now = crate::fs::sys::lstat(&u.gone.path);
     if now.as_ref().is_ok_and(|m| m.ino() as i64 == u.ino) {
         let met = conn
             .prepare_cached("SELECT 1 FROM plan WHERE fs = ?1 AND ino = ?2 AND digest != ?3")

@@ -249,11 +249,12 @@ pub(super) fn restore_missing(
     };
     let tagged = (|| -> io::Result<Option<String>> {
         temp.file().set_len(len)?;
-        let warning = give_back(temp.file(), want.owner)?;
         let (now, _) = crate::fs::walk::Stat::of(temp.file())?;
         let value = crate::core::tag::encode(&want.digest, len, now.mtime, Timestamp::now().sec);
         xattr::write_intact(temp.file(), &value)?;
-        Ok(warning)
+        // After the tag: a user may tag only a file they may write (one recorded read-only
+        // is made so last); owner and mode leave the mtime the tag holds as it is.
+        give_back(temp.file(), want.owner)
     })();
     let warning = tagged.map_err(target)?;
     match temp.commit_new(name) {
@@ -297,9 +298,9 @@ fn give_back(file: &File, owner: Option<Owner>) -> io::Result<Option<String>> {
 
 /// The directory `rel` (a file's path relative to its root) is in, opened beneath the root
 /// component by component without following symlinks, each that is gone made again unless
-/// this is a dry run (then `None` where one is gone). A folder made again is `0700`, its
-/// parent's owner's, or in a sticky folder (`/tmp`'s kind, where each keeps their own) the
-/// file's recorded owner's: never a folder of the restoring user's in someone else's tree.
+/// this is a dry run (then `None` where one is gone). A folder made again is `0700` and the
+/// file's recorded owner's (else its parent's owner's): never a folder of the restoring
+/// user's in someone else's tree, and one the file's owner can reach.
 fn dirs_beneath(
     anchor: &Anchor,
     rel: &Path,
@@ -320,17 +321,18 @@ fn dirs_beneath(
                 rustix::fs::mkdirat(&dir, part, Mode::from_raw_mode(0o700))?;
                 let made = rustix::fs::openat(&dir, part, flags, Mode::empty())?;
                 let parent = rustix::fs::fstat(&dir)?;
-                let sticky = parent.st_mode & libc::S_ISVTX as rustix::fs::RawMode != 0;
-                let (uid, gid) = match owner {
-                    Some(o) if sticky => (o.uid, o.gid),
-                    _ => (parent.st_uid, parent.st_gid),
-                };
-                // As a user, a folder can only be one's own: left so.
-                let _ = rustix::fs::fchown(
-                    &made,
-                    Some(rustix::fs::Uid::from_raw(uid)),
-                    Some(rustix::fs::Gid::from_raw(gid)),
-                );
+                let (uid, gid) = owner.map_or((parent.st_uid, parent.st_gid), |o| (o.uid, o.gid));
+                // Only a folder of the restoring user's is given away: one another user put
+                // in its place meanwhile is theirs already (and as a user, a folder can only
+                // be one's own).
+                let st = rustix::fs::fstat(&made)?;
+                if st.st_uid == rustix::process::geteuid().as_raw() {
+                    let _ = rustix::fs::fchown(
+                        &made,
+                        Some(rustix::fs::Uid::from_raw(uid)),
+                        Some(rustix::fs::Gid::from_raw(gid)),
+                    );
+                }
                 made
             }
             Err(e) => return Err(e.into()),

@@ -76,10 +76,17 @@ impl FsIds {
         {
             return id;
         }
-        let id = *self
-            .by_dev
-            .entry(dev)
-            .or_insert_with(|| rustix::fs::statvfs(path).map_or(dev as i64, |s| s.f_fsid as i64));
+        // A path too long for one call is asked of the nearest folder above it that is not
+        // (the same file system: a mount that deep is not looked for).
+        let id = *self.by_dev.entry(dev).or_insert_with(|| {
+            let asked = path.ancestors().find_map(|p| match rustix::fs::statvfs(p) {
+                Err(rustix::io::Errno::NAMETOOLONG) => None,
+                asked => Some(asked),
+            });
+            asked
+                .and_then(Result::ok)
+                .map_or(dev as i64, |s| s.f_fsid as i64)
+        });
         self.last = Some((dev, id));
         id
     }

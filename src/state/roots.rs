@@ -9,13 +9,13 @@ use std::path::Path;
 
 use rusqlite::{OptionalExtension, params};
 
-use super::{State, absolute, entries::bytes, now};
+use super::{State, absolute, entries::bytes, now, under};
 
 impl State {
     /// Whether `root` is still the folder the database knows under its path. A root met for
-    /// the first time, or `accept`ed, is recorded as it is now; a file given as a root, or
-    /// one that cannot be looked at (said by the walk), is let be. The error says what
-    /// changed and what to do.
+    /// the first time, `accept`ed, or now another folder but with no file known under it, is
+    /// recorded as it is now; a file given as a root, or one that cannot be looked at (said by
+    /// the walk), is let be. The error says what changed and what to do.
     pub fn same_root(&mut self, root: &Path, accept: bool) -> Result<(), String> {
         let Ok(meta) = crate::fs::sys::lstat(root) else {
             return Ok(());
@@ -25,18 +25,43 @@ impl State {
         }
         let path = absolute(root);
         let now_is = (self.fsids.of(meta.dev(), &path), meta.ino() as i64);
-        let known: Option<(i64, i64, i64)> = self
+        let known = self
             .conn
             .query_row(
                 "SELECT fs, ino, at FROM roots WHERE path = ?1",
                 [bytes(&path)],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, i64>(2)?,
+                    ))
+                },
             )
-            .optional()
-            .unwrap_or(None);
+            .optional();
+        let known = match known {
+            Ok(known) => known,
+            // Unread, it is neither accepted nor overwritten.
+            Err(e) => {
+                self.fail(e);
+                return Ok(());
+            }
+        };
+        // A tree of which nothing is known (emptied and made again) has no history to guard.
+        let (low, high, exact) = under(&path);
+        let history = || {
+            self.conn
+                .query_row(
+                    "SELECT EXISTS (SELECT 1 FROM dirs WHERE (path >= ?1 AND path < ?2) \
+                     OR path = ?3)",
+                    params![low, high, exact],
+                    |r| r.get::<_, bool>(0),
+                )
+                .unwrap_or(true)
+        };
         match known {
             Some((fs, ino, _)) if (fs, ino) == now_is => Ok(()),
-            Some((fs, _, at)) if !accept => {
+            Some((fs, _, at)) if !accept && history() => {
                 let what = if fs == now_is.0 {
                     "another folder"
                 } else {

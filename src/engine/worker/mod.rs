@@ -362,7 +362,7 @@ const INTERRUPTED_REPAIR: &str = "a repair stopped while rewriting it in place: 
      partly rewritten (its mtime moved with them); `intact repair` restores it";
 
 fn is_symlink(path: &Path) -> bool {
-    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+    crate::fs::sys::lstat(path).is_ok_and(|m| m.file_type().is_symlink())
 }
 
 /// Files at most this large are read and hashed by the worker for a sink that reads them

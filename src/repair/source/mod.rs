@@ -216,7 +216,7 @@ impl Search for Tree {
                     if work.want(i).is_none() || cancel.load(Ordering::Relaxed) {
                         break;
                     }
-                    let len = std::fs::symlink_metadata(&path).map(|m| m.len()).ok();
+                    let len = crate::fs::sys::lstat(&path).map(|m| m.len()).ok();
                     if same_file(&path, &target) || size.is_some_and(|s| Some(s) != len) {
                         continue;
                     }
@@ -323,7 +323,7 @@ impl Search for ParityStore {
                 .zip(&found.members)
                 .map(|(f, digest)| {
                     let named = parity::resolve(&store.root, &f.name)
-                        .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.len() == f.len));
+                        .filter(|p| crate::fs::sys::lstat(p).is_ok_and(|m| m.len() == f.len));
                     named.or_else(|| digest.and_then(|d| locate(work.roots(), &d, &mut by_digest)))
                 })
                 .collect();
@@ -474,7 +474,7 @@ fn common_suffix(a: &Path, b: &Path) -> usize {
 }
 
 fn same_file(a: &Path, b: &Path) -> bool {
-    match (std::fs::symlink_metadata(a), std::fs::symlink_metadata(b)) {
+    match (crate::fs::sys::lstat(a), crate::fs::sys::lstat(b)) {
         (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
         _ => false,
     }
