@@ -23,10 +23,16 @@ pub fn run(a: RepairArgs) -> anyhow::Result<Exit> {
         }
     }
     if from.is_empty() && a.from_command.is_empty() {
+        let looked: Vec<String> = a
+            .paths
+            .paths
+            .iter()
+            .map(|p| intact::text::escape(&parity::store_dir(p)))
+            .collect();
         return Err(usage(format!(
             "no sources: give --from ARCHIVE|DIR|STORE|restic:REPO|borg:REPO or \
-             --from-command CMD (no {} found in PATH)",
-            parity::DEFAULT_DIR
+             --from-command CMD (no parity store at {})",
+            looked.join(", ")
         )));
     }
     let commands = a

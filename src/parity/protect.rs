@@ -26,13 +26,87 @@ use crate::fs::walk::Stat;
 use crate::sink::{Failure, Out, Sink};
 use crate::text::escape;
 
-/// Where a tree's parity store is by default: in the tree (beside a file given as PATH).
+/// Where a tree's parity store is by default: in the tree (beside a file given as PATH) when
+/// the tree's folder is the running user's and no one else can write it, or the user made a
+/// store there before; otherwise (root's nightly scrub of a family share, a folder a group
+/// writes) in a folder of stores of the user's own, one a tree ([`OUTSIDE`], named after the
+/// tree's path as systemd names a path), where no user of the tree can reach it.
 pub fn store_dir(path: &Path) -> PathBuf {
-    if path.is_dir() {
-        path.join(DEFAULT_DIR)
+    let tree = if path.is_dir() {
+        path
     } else {
-        crate::fs::atomic::parent(path).join(DEFAULT_DIR)
+        crate::fs::atomic::parent(path)
+    };
+    let me = rustix::process::geteuid().as_raw();
+    let mine = rustix::fs::stat(tree).is_ok_and(|st| st.st_uid == me && st.st_mode & 0o022 == 0);
+    let inside = tree.join(DEFAULT_DIR);
+    // One the user made there before stays theirs to use (it is checked again when opened).
+    let made = || {
+        rustix::fs::lstat(&inside).is_ok_and(|st| {
+            st.st_uid == me
+                && rustix::fs::FileType::from_raw_mode(st.st_mode)
+                    == rustix::fs::FileType::Directory
+        })
+    };
+    match outside() {
+        Some(stores) if !mine && !made() => stores.join(store_name(&crate::state::absolute(tree))),
+        _ => inside,
     }
+}
+
+/// The setting that names the folder of stores kept outside their trees.
+pub const OUTSIDE: &str = "INTACT_STORES";
+
+/// The folder of stores kept outside their trees: `INTACT_STORES`, else `parity` beside the
+/// default state database (`/var/lib/intact/parity` for root).
+fn outside() -> Option<PathBuf> {
+    match std::env::var_os(OUTSIDE).filter(|d| !d.is_empty()) {
+        Some(dir) => Some(PathBuf::from(dir)),
+        None => Some(crate::state::default_path()?.parent()?.join("parity")),
+    }
+}
+
+/// A tree's store's name in the folder of stores: its absolute path as `systemd-escape
+/// --path` writes it (`/srv/nas photos` is `srv-nas\x20photos`), or, past what a name can
+/// hold, its start and a digest of the whole.
+fn store_name(tree: &Path) -> std::ffi::OsString {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = tree.as_os_str().as_bytes();
+    let trimmed: Vec<&[u8]> = bytes
+        .split(|&b| b == b'/')
+        .filter(|p| !p.is_empty())
+        .collect();
+    let mut name = String::new();
+    for (i, part) in trimmed.iter().enumerate() {
+        if i > 0 {
+            name.push('-');
+        }
+        for (j, &b) in part.iter().enumerate() {
+            let plain = b.is_ascii_alphanumeric()
+                || b == b':'
+                || b == b'_'
+                || (b == b'.' && (i, j) != (0, 0));
+            if plain {
+                name.push(b as char);
+            } else {
+                name.push_str(&format!("\\x{b:02x}"));
+            }
+        }
+    }
+    if name.is_empty() {
+        name.push('-');
+    }
+    if name.len() > 200 {
+        let digest = crate::core::digest::digest_bytes(crate::core::digest::Algo::Sha256, bytes);
+        let hex: String = digest.bytes[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        // ASCII (all else is escaped): cut anywhere.
+        name.truncate(150);
+        name = format!("{name}-{hex}");
+    }
+    name.into()
 }
 
 /// Gives verified files parity, in one store per root.
@@ -504,7 +578,7 @@ impl Protector {
                 self.cancel,
                 |path, tags| {
                     if let Some(tag) = tags.iter().find(|t| moved.contains_key(&t.digest))
-                        && let Ok(meta) = std::fs::symlink_metadata(&path)
+                        && let Ok(meta) = crate::fs::sys::lstat(&path)
                         && let Ok(rel) = path.strip_prefix(&store.root)
                     {
                         moved.remove(&tag.digest);
@@ -649,5 +723,29 @@ impl Sink for Protector {
             crate::text::bytes(bytes)
         ));
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store outside its tree is named as `systemd-escape --path` names the tree (what
+    /// that tool printed for each), and a name too long to be one is cut and told apart by
+    /// a digest of the whole path.
+    #[test]
+    fn a_store_outside_is_named_as_systemd_names_its_tree() {
+        for (tree, name) in [
+            ("/srv/nas photos", r"srv-nas\x20photos"),
+            ("/a-b/.c", r"a\x2db-.c"),
+            ("/", "-"),
+            ("/.hidden/x", r"\x2ehidden-x"),
+            ("/tmp/ü", r"tmp-\xc3\xbc"),
+        ] {
+            assert_eq!(store_name(Path::new(tree)), std::ffi::OsString::from(name));
+        }
+        let deep = |last: &str| store_name(&Path::new("/srv").join("d".repeat(300)).join(last));
+        let (a, b) = (deep("a"), deep("b"));
+        assert!(a.len() <= 255 && a != b, "{a:?} {b:?}");
     }
 }

@@ -417,7 +417,7 @@ pub fn faketime() -> PathBuf {
 /// Where runs keep their default state database: one per test and user, never the
 /// machine's. (Tests share nothing through it: a damage one test records would be known to
 /// another whose files reuse the inode numbers and the contents; sharing is tested apart.)
-fn state_home(nobody: bool) -> PathBuf {
+pub fn state_home(nobody: bool) -> PathBuf {
     // No test outlives its process: what earlier test processes left is removed, once.
     static SWEPT: std::sync::Once = std::sync::Once::new();
     SWEPT.call_once(|| {

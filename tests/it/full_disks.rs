@@ -131,7 +131,8 @@ fn tags_that_do_not_fit_are_errors_that_say_so() {
 fn protect_on_a_read_only_file_system_is_an_error_not_a_usage_error() {
     require_root!();
     let t = Tree::new();
-    let m = Mount::new("tmpfs", "size=1m", t.path("ro"));
+    let m = Mount::new("tmpfs", "size=1m,mode=0755", t.path("ro"));
+    // A folder only root writes (tmpfs is 1777 by default): its store is in it.
     fs::write(m.0.join("f"), b"data").unwrap();
     let status = std::process::Command::new("mount")
         .args(["-o", "remount,ro"])

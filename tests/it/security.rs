@@ -119,12 +119,39 @@ fn a_store_a_user_of_the_tree_planted_makes_root_write_or_delete_nothing_outside
     let store = root.join(".intact-parity");
     let verified = |r: &Run| r.json().count("ok");
 
-    // The store's name a symlink to the decoy.
+    // The store's name a symlink to the decoy. Root's store for a tree another user owns is
+    // outside it, by default: the planted one is not even looked at.
     assert!(as_nobody(
         "ln",
         &["-s".as_ref(), decoy.dir.as_ref(), store.as_ref()]
     ));
     let r = cmd!("protect", "--json", &root)
+        .within(LIMIT)
+        .run()
+        .expect_code(0);
+    assert_eq!(verified(&r), 13, "{}", r.stdout);
+    let outside = state_home(false).join("intact/parity");
+    let made: Vec<_> = fs::read_dir(&outside)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    // Named as systemd names the path (the real tool says how).
+    let escaped = Command::new("systemd-escape")
+        .arg("--path")
+        .arg(&root)
+        .output()
+        .expect("systemd-escape (systemd) is installed");
+    let name = String::from_utf8(escaped.stdout)
+        .unwrap()
+        .trim()
+        .to_string();
+    assert!(made.iter().any(|n| *n == *name), "{name} in {made:?}");
+    assert!(fs::symlink_metadata(&store).unwrap().is_symlink());
+    decoy.untouched("(default store outside the tree)");
+    fs::remove_dir_all(outside.join(&name)).unwrap();
+    // Pointed at the tree's own (`--store`), rule 2 holds: refused, loudly.
+    let r = cmd!("protect", "--json", "--store", &store, &root)
         .within(LIMIT)
         .run()
         .expect_code(3);
@@ -146,7 +173,7 @@ fn a_store_a_user_of_the_tree_planted_makes_root_write_or_delete_nothing_outside
             store.join("stale").as_ref()
         ]
     ));
-    let r = cmd!("protect", "-q", &root)
+    let r = cmd!("protect", "-q", "--store", &store, &root)
         .within(LIMIT)
         .days_later(60)
         .run()
@@ -154,10 +181,10 @@ fn a_store_a_user_of_the_tree_planted_makes_root_write_or_delete_nothing_outside
     assert!(r.stderr.contains("belongs to user 65534"), "{}", r.stderr);
     decoy.untouched("(stale a symlink in the user's store)");
 
-    // Root's own store: nothing can be put in it, and one swapped for a symlink after it
-    // was made is refused by the nightly scrub and the monthly protect alike.
+    // Root's own store in the tree: nothing can be put in it, and one swapped for a symlink
+    // after it was made is refused.
     fs::remove_dir_all(&store).unwrap();
-    intact!("protect", "-q", &root).expect_code(0);
+    intact!("protect", "-q", "--store", &store, &root).expect_code(0);
     let meta = fs::symlink_metadata(&store).unwrap();
     assert_eq!((meta.uid(), meta.mode() & 0o777), (0, 0o755));
     let planted = store.join("stale");
@@ -174,30 +201,32 @@ fn a_store_a_user_of_the_tree_planted_makes_root_write_or_delete_nothing_outside
         &["-s".as_ref(), decoy.dir.as_ref(), store.as_ref()]
     ));
     flip_byte(&root.join("f03"), 10);
-    for verb in [&["scrub", "--update", "--protect"][..], &["protect"]] {
-        let r = cmd!()
-            .args(verb)
-            .args(["--json".as_ref(), root.as_os_str()])
-            .within(LIMIT)
-            .days_later(60)
-            .run()
-            // Damage wins over the failure.
-            .expect_code(1);
-        assert!(
-            r.stdout.contains("refused: a symlink"),
-            "{verb:?}: {}",
-            r.stdout
-        );
-        assert_eq!(r.json().status("f03"), "corrupt", "{verb:?}");
-        decoy.untouched(&format!("({verb:?} on a store swapped for a symlink)"));
-    }
+    // The nightly scrub now keeps its parity outside the tree; protect pointed at the
+    // swapped store refuses it.
+    let r = cmd!("scrub", "--update", "--protect", "--json", &root)
+        .within(LIMIT)
+        .days_later(60)
+        .run()
+        .expect_code(1);
+    assert!(!r.stdout.contains("refused"), "{}", r.stdout);
+    assert_eq!(r.json().status("f03"), "corrupt");
+    decoy.untouched("(scrub beside a store swapped for a symlink)");
+    let r = cmd!("protect", "--store", &store, "--json", &root)
+        .within(LIMIT)
+        .days_later(60)
+        .run()
+        // Damage wins over the failure.
+        .expect_code(1);
+    assert!(r.stdout.contains("refused: a symlink"), "{}", r.stdout);
+    assert_eq!(r.json().status("f03"), "corrupt");
+    decoy.untouched("(protect on a store swapped for a symlink)");
 
     // A store anyone can write is refused though it is root's (f03's damage, still there,
     // wins over the failure).
     fs::remove_file(&store).unwrap();
     fs::create_dir(&store).unwrap();
     fs::set_permissions(&store, fs::Permissions::from_mode(0o777)).unwrap();
-    let r = cmd!("protect", "-q", &root)
+    let r = cmd!("protect", "-q", "--store", &store, &root)
         .within(LIMIT)
         .run()
         .expect_code(1);
