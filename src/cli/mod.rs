@@ -251,8 +251,8 @@ pub struct ScrubArgs {
     /// corrupt ones). Without it a scrub writes nothing to the files, as check
     #[arg(long)]
     pub update: bool,
-    /// With --update: also give the files visited parity, in each tree's own store
-    /// (PATH/.intact-parity), as `protect` does, at 10% (--protect=5% for another share): new
+    /// With --update: also give the files visited parity, in each tree's store
+    /// (PATH/.intact-parity; for a tree another user owns, outside it), as `protect` does, at 10% (--protect=5% for another share): new
     /// and edited files are protected the night they are tagged; files whose content has
     /// parity cost nothing; packs of content edited away are rewritten. Other stale parity is
     /// moved aside by `protect`, which sees the whole tree
@@ -470,7 +470,9 @@ pub struct ProtectArgs {
     /// files) can be rebuilt
     #[arg(long, short = 'r', default_value = "10%", value_parser = parse_percent)]
     pub redundancy: f64,
-    /// The parity store [default: PATH/.intact-parity for each PATH]
+    /// The parity store [default: PATH/.intact-parity for each PATH of the running user's that
+    /// no one else can write; else, outside the tree, INTACT_STORES/TREE (/var/lib/intact/parity
+    /// for root)]
     #[arg(long, value_name = "DIR")]
     pub store: Option<PathBuf>,
     /// How long parity no file of the tree needs any more (its file edited or deleted) is
