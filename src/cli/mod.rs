@@ -496,8 +496,9 @@ pub struct RepairArgs {
     /// PAR2 sets, or backup repositories: `restic:REPO` (password from RESTIC_PASSWORD,
     /// RESTIC_PASSWORD_FILE ...; `restic:` for RESTIC_REPOSITORY) and `borg:REPO[::ARCHIVE]`
     /// (BORG_PASSPHRASE ...; `borg:` for BORG_REPO), each perhaps followed by the tool's
-    /// selectors ('restic:REPO --host nas'). Searched in order; PATH/.intact-parity is
-    /// searched last if it exists
+    /// selectors ('restic:REPO --host nas'); `configured`: the sources INTACT_REPAIR_FROM
+    /// names (in the environment, else in /etc/default/intact). Searched in order; each
+    /// PATH's parity store is searched last if it exists
     #[arg(long, short = 'f', value_name = "SOURCE")]
     pub from: Vec<PathBuf>,
     /// A command that prints a good copy of a file, run with `sh -c` for each damaged file,

@@ -14,7 +14,21 @@ pub fn run(a: RepairArgs) -> anyhow::Result<Exit> {
         (None, true) => Keep::Discard,
         (None, false) => Keep::Beside,
     };
-    let mut from = a.from;
+    let mut from = Vec::new();
+    for f in a.from {
+        // The sources the owner configured (what messages print where a source holds a
+        // secret): a folder named so is `./configured`.
+        if f.as_os_str() == "configured" {
+            from.extend(
+                configured()
+                    .map_err(usage)?
+                    .into_iter()
+                    .map(std::path::PathBuf::from),
+            );
+        } else {
+            from.push(f);
+        }
+    }
     // Each PATH's own parity store, if it has one, is searched after the sources named.
     for p in &a.paths.paths {
         let store = parity::store_dir(p);
@@ -68,4 +82,58 @@ pub fn run(a: RepairArgs) -> anyhow::Result<Exit> {
     let mut repairer =
         Repairer::new(&s.roots, &from, commands, opts, &super::STOP).map_err(usage)?;
     super::drive(s, &mut repairer)
+}
+
+/// Where good copies are, as the owner configured them for the units: `INTACT_REPAIR_FROM`,
+/// else its line in /etc/default/intact (the units' settings, which a shell has not read).
+fn configured() -> Result<Vec<String>, String> {
+    let from = match std::env::var("INTACT_REPAIR_FROM") {
+        Ok(v) if !v.trim().is_empty() => v,
+        _ => {
+            let file = std::path::Path::new(SETTINGS);
+            let text = intact::fs::sys::read_regular(file).unwrap_or_default();
+            setting(&String::from_utf8_lossy(&text), "INTACT_REPAIR_FROM").unwrap_or_default()
+        }
+    };
+    let sources: Vec<String> = from.split_whitespace().map(String::from).collect();
+    if sources.is_empty() {
+        return Err(format!(
+            "--from configured: no source is configured (INTACT_REPAIR_FROM, in the \
+             environment or in {SETTINGS})"
+        ));
+    }
+    Ok(sources)
+}
+
+/// The units' settings file.
+const SETTINGS: &str = "/etc/default/intact";
+
+/// The value of `name` in a file of `NAME=value` lines as systemd's `EnvironmentFile=` reads
+/// it (the value perhaps in single or double quotes; `#` lines are comments).
+fn setting(text: &str, name: &str) -> Option<String> {
+    text.lines().rev().find_map(|line| {
+        let value = line.trim().strip_prefix(name)?.strip_prefix('=')?.trim();
+        let unquoted = ['"', '\'']
+            .iter()
+            .find_map(|q| value.strip_prefix(*q)?.strip_suffix(*q))
+            .unwrap_or(value);
+        Some(unquoted.to_string())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::setting;
+
+    #[test]
+    fn a_setting_is_read_as_systemd_reads_the_file() {
+        let text = "# sources\nINTACT_REPAIR_FROM=/old\n INTACT_REPAIR_FROM=\"restic:/r /mnt/b\"\n\
+                    INTACT_REPAIR_FROM_X=no\n";
+        assert_eq!(
+            setting(text, "INTACT_REPAIR_FROM").as_deref(),
+            Some("restic:/r /mnt/b")
+        );
+        assert_eq!(setting("A='x y'", "A").as_deref(), Some("x y"));
+        assert_eq!(setting("# A=x", "A"), None);
+    }
 }

@@ -511,13 +511,17 @@ fn what_to_do(ctx: &Context, f: &Findings, vanished: bool) -> String {
         b.push_str(&format!(
             "See every damaged file and when it was found:\n  intact status -q {trees}\n"
         ));
+        // Sent to outside services: sources that hold a secret (a repository URL's password)
+        // are named by where they are configured, so that the command runs as printed.
+        let secret = ctx.repair_from.iter().any(|s| crate::text::redact(s) != *s);
         let from = if ctx.repair_from.is_empty() {
             "--from BACKUP".to_string()
+        } else if secret {
+            "--from configured".to_string()
         } else {
             ctx.repair_from
                 .iter()
-                // Sent to outside services: a repository's password is not.
-                .map(|s| format!("--from {}", shell_word(&crate::text::redact(s))))
+                .map(|s| format!("--from {}", shell_word(s)))
                 .collect::<Vec<_>>()
                 .join(" ")
         };
@@ -706,7 +710,7 @@ mod tests {
         .into();
         let mut c = ctx();
         c.repair_from = vec!["restic:/backup/repo".into()];
-        let m = compose(&c, &f, &Decision::Alarm { new }).unwrap();
+        let m = compose(&c, &f, &Decision::Alarm { new: new.clone() }).unwrap();
         assert_eq!(m.subject, "intact: 2 damaged files in /srv/photos on nas");
         assert_eq!(m.severity, Severity::Failure);
         assert!(
@@ -738,6 +742,19 @@ mod tests {
         );
         // The new one is listed before the old one.
         assert!(m.body.find("new.jpg").unwrap() < m.body.find("old.jpg").unwrap());
+        // A source with a password is named by where it is configured, the secret nowhere.
+        c.repair_from = vec![
+            "/mnt/copy".into(),
+            "restic:rest:https://u:hunter2@nas/repo".into(),
+        ];
+        let m = compose(&c, &f, &Decision::Alarm { new }).unwrap();
+        assert!(
+            m.body
+                .contains("intact repair /srv/photos --from configured --dry-run"),
+            "{}",
+            m.body
+        );
+        assert!(!m.body.contains("hunter2"), "{}", m.body);
     }
 
     #[test]

@@ -785,3 +785,36 @@ fn deleted_comes_back(t: &Tree, photo: &Path, good: &[u8], db: &Path, from: &str
     repair_from(t, db, from, &["--missing"]).expect_code(0);
     assert_eq!(fs::read(photo).unwrap(), good);
 }
+
+/// `--from configured` is what a message prints where a configured source holds a secret:
+/// it runs as printed, with the sources the owner configured (INTACT_REPAIR_FROM, else its
+/// line in /etc/default/intact), and says so when there are none.
+#[test]
+fn repair_from_configured_uses_the_sources_the_owner_configured() {
+    let t = Tree::new();
+    let root = t.path("tree");
+    let photo = t.write("tree/photo.jpg", data(20_000, 5));
+    intact!("tag", "-q", "--no-state", &root).expect_code(0);
+    let backup = t.path("backup");
+    let copied = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&root)
+        .arg(&backup)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    fs::create_dir(t.path("empty")).unwrap();
+    flip_byte(&photo, 100);
+    let r = cmd!("repair", "--no-state", "--from", "configured", &root)
+        .env(
+            "INTACT_REPAIR_FROM",
+            format!("{} {}", t.path("empty").display(), backup.display()),
+        )
+        .run();
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert_eq!(fs::read(&photo).unwrap(), data(20_000, 5));
+    if !Path::new("/etc/default/intact").exists() {
+        let r = intact!("repair", "--no-state", "--from", "configured", &root).expect_code(2);
+        assert!(r.stderr.contains("no source is configured"), "{}", r.stderr);
+    }
+}
