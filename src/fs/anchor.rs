@@ -116,7 +116,8 @@ impl Anchor {
         }
         // No openat2 (Linux before 5.6, other systems), or a path too long for one call:
         // one component at a time, none followed.
-        let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let dir_flags =
+            crate::fs::sys::passage() | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         let mut parts = rel.components().peekable();
         let mut at = rustix::fs::openat(root, ".", dir_flags, Mode::empty())?;
         while let Some(part) = parts.next() {

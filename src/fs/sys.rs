@@ -250,7 +250,7 @@ fn open_stepwise(
 ) -> io::Result<rustix::fd::OwnedFd> {
     use rustix::fs::{Mode, OFlags};
     use std::path::Component;
-    let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let dir_flags = passage() | OFlags::DIRECTORY | OFlags::CLOEXEC;
     let start = if path.is_absolute() { "/" } else { "." };
     let mut dir = rustix::fs::open(start, dir_flags, Mode::empty())?;
     let mut parts = path
@@ -265,6 +265,15 @@ fn open_stepwise(
     Ok(dir)
 }
 
+/// How a folder is opened only to pass through it: `O_PATH` where there is one (search
+/// permission is enough, as for a path resolved in one call), else for reading.
+pub fn passage() -> rustix::fs::OFlags {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    return rustix::fs::OFlags::PATH;
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    return rustix::fs::OFlags::RDONLY;
+}
+
 /// What `std::fs::symlink_metadata` says of `path`, for paths of any length: one longer than
 /// PATH_MAX is looked at in its folder, opened one step at a time (Linux: the folder is
 /// named by its handle).
@@ -275,9 +284,7 @@ pub fn lstat(path: &std::path::Path) -> io::Result<std::fs::Metadata> {
             let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
                 return Err(e);
             };
-            let flags = rustix::fs::OFlags::RDONLY
-                | rustix::fs::OFlags::DIRECTORY
-                | rustix::fs::OFlags::CLOEXEC;
+            let flags = passage() | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC;
             let dir = open_stepwise(parent, flags)?;
             let at = std::path::PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
             std::fs::symlink_metadata(at.join(name))
