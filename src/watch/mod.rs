@@ -96,7 +96,8 @@ pub fn open(roots: &[PathBuf]) -> io::Result<(Box<dyn Events>, Option<String>)> 
 }
 
 /// Waits at most `timeout` for `fd` (a queue of events) to be readable: whether it is (a
-/// signal ends the wait early, as nothing).
+/// signal ends the wait early, as nothing). Linux's: both sources of events are.
+#[cfg(target_os = "linux")]
 pub(crate) fn readable(fd: &impl std::os::fd::AsFd, timeout: Duration) -> io::Result<bool> {
     let mut poll = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
     let timeout = rustix::event::Timespec::try_from(timeout).ok();
