@@ -152,17 +152,7 @@ fn begin(s: &mut Settings, config: &mut engine::Config, reporter: &mut Speaker) 
         .state
         .as_deref()
         .and_then(|db| open_state(db, &mut reporter.summary))?;
-    // A PATH that leads to another folder than the tree the database knows there is left out
-    // of the run, loudly: verified against the tree's history, its files would read as the
-    // tree's deleted and new ones, or a swapped folder's as the tree's.
-    let accept = s.accept_moved_root;
-    s.roots.retain(|root| match state.same_root(root, accept) {
-        Ok(()) => true,
-        Err(why) => {
-            reporter.summary.fail(why);
-            false
-        }
-    });
+    same_roots(&mut state, s, &mut reporter.summary);
     state.begin_run(s.verb.name(), &s.roots);
     // Every verb that judges data knows the damage found before: those that write
     // (update's rules: archive, protect) would otherwise re-tag a touched damaged file.
@@ -171,6 +161,20 @@ fn begin(s: &mut Settings, config: &mut engine::Config, reporter: &mut Speaker) 
         config.written = Some(std::sync::Arc::new(state.written()));
     }
     Some(state)
+}
+
+/// Leaves out of the run, loudly, each PATH that leads to another folder than the tree the
+/// database knows there: verified against the tree's history, its files would read as the
+/// tree's deleted and new ones, or a swapped folder's as the tree's.
+fn same_roots(state: &mut State, s: &mut Settings, summary: &mut Summary) {
+    let accept = s.accept_moved_root;
+    s.roots.retain(|root| match state.same_root(root, accept) {
+        Ok(()) => true,
+        Err(why) => {
+            summary.fail(why);
+            false
+        }
+    });
 }
 
 /// What a run left to conclude.

@@ -124,17 +124,9 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
         .state
         .as_deref()
         .and_then(|db| super::open_state(db, &mut failures));
-    // A PATH that leads to another folder than the tree the database knows is said, and the
-    // tree's records are not shown as that folder's.
+    // The tree's records are not shown as another folder's.
     if let Some(st) = state.as_mut() {
-        let accept = s.accept_moved_root;
-        s.roots.retain(|root| match st.same_root(root, accept) {
-            Ok(()) => true,
-            Err(why) => {
-                failures.fail(why);
-                false
-            }
-        });
+        super::same_roots(st, s, &mut failures);
     }
     let db = state
         .as_ref()

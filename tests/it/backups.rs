@@ -35,12 +35,7 @@ fn tree(t: &Tree) -> Vec<(PathBuf, Vec<u8>)> {
 /// A copy of `t/src` made with `cp -a` (xattrs, times and hard links kept) at `t/name`.
 fn copy_of_src(t: &Tree, name: &str) -> PathBuf {
     let copy = t.path(name);
-    let copied = Command::new("cp")
-        .arg("-a")
-        .arg(t.path("src"))
-        .arg(&copy)
-        .status();
-    assert!(copied.unwrap().success());
+    copy_tree(&t.path("src"), &copy);
     copy
 }
 
@@ -796,13 +791,7 @@ fn repair_from_configured_uses_the_sources_the_owner_configured() {
     let photo = t.write("tree/photo.jpg", data(20_000, 5));
     intact!("tag", "-q", "--no-state", &root).expect_code(0);
     let backup = t.path("backup");
-    let copied = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(&root)
-        .arg(&backup)
-        .status()
-        .unwrap();
-    assert!(copied.success());
+    copy_tree(&root, &backup);
     fs::create_dir(t.path("empty")).unwrap();
     flip_byte(&photo, 100);
     let r = cmd!("repair", "--no-state", "--from", "configured", &root)

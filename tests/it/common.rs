@@ -716,3 +716,20 @@ pub fn db_change_entries(db: &Path, f: impl Fn(&mut intact::state::entries::Entr
         .unwrap();
     }
 }
+
+/// A copy of the tree `from` at `to` made with `cp -a` (xattrs, owners, modes, times and hard
+/// links kept): a backup as people make one.
+pub fn copy_tree(from: &Path, to: &Path) {
+    let copied = std::process::Command::new("cp")
+        .args(["-a", "--"])
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(
+        copied.success(),
+        "cp -a {} {}",
+        from.display(),
+        to.display()
+    );
+}

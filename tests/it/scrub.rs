@@ -1365,13 +1365,7 @@ fn a_path_that_now_leads_to_another_folder_is_an_alarm_not_the_tree() {
         r.stdout
     );
     // A copy in its place (a restore): the same tree once accepted, its history kept.
-    let copied = std::process::Command::new("cp")
-        .args(["-a", "--"])
-        .arg(&tree)
-        .arg(&aside)
-        .status()
-        .unwrap();
-    assert!(copied.success());
+    copy_tree(&tree, &aside);
     fs::remove_dir_all(&tree).unwrap();
     fs::rename(&aside, &tree).unwrap();
     intact!("scrub", "-q", "--state", &db, &tree).expect_code(3);

@@ -395,13 +395,7 @@ fn brought_back(scrubbed: bool) {
         .run()
         .expect_code(0);
     let backup = t.path("backup");
-    let copied = Command::new("cp")
-        .arg("-a")
-        .arg(&root)
-        .arg(&backup)
-        .status()
-        .unwrap();
-    assert!(copied.success());
+    copy_tree(&root, &backup);
     assert!(as_nobody(
         "rm",
         &["-r".as_ref(), shared.join("nobody").as_ref()]
