@@ -5,13 +5,13 @@
 //!
 //! Secrets stay off command lines (where `ps` shows them to every user): Apprise URLs go in
 //! the child's environment (`APPRISE_URLS`), the heartbeat URL on curl's standard input
-//! (`-K -`). Every child runs in its own process group with no terminal to prompt on, and is
-//! killed with its group once its time is up: a delivery can fail, never hang the run.
+//! (`-K -`). Each runs through [`crate::process`], killed with everything it started once its
+//! time is up: a delivery can fail, never hang the run.
 
-use std::io::{Read, Write};
+use std::io;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use super::Message;
 
@@ -33,36 +33,13 @@ pub enum NotifyError {
     #[error("{program} is not installed ({hint})")]
     Missing {
         /// Which.
-        program: &'static str,
+        program: String,
         /// Where to get it.
         hint: &'static str,
     },
-    /// It could not be started.
-    #[error("could not start {program}: {error}")]
-    Start {
-        /// Which.
-        program: &'static str,
-        /// Why.
-        error: std::io::Error,
-    },
-    /// It said it failed.
-    #[error("{program} failed ({status}){}", if .said.is_empty() { String::new() } else { format!(": {}", .said) })]
-    Failed {
-        /// Which.
-        program: &'static str,
-        /// Its exit status.
-        status: std::process::ExitStatus,
-        /// The last of what it printed on stderr, on one line.
-        said: String,
-    },
-    /// It did not finish in time, and was killed.
-    #[error("{program} did not finish within {} s and was stopped", .after.as_secs())]
-    TimedOut {
-        /// Which.
-        program: &'static str,
-        /// The time it had.
-        after: Duration,
-    },
+    /// It could not be started, failed, or did not finish in time.
+    #[error(transparent)]
+    Run(crate::process::Error),
     /// A `sendmail:` URL without an address.
     #[error("`{0}`: a sendmail URL names the addresses to mail, e.g. sendmail:root@localhost")]
     BadUrl(String),
@@ -134,13 +111,13 @@ fn send(channel: &Channel, m: &Message, timeout: Duration) -> Result<(), NotifyE
             // Where `ps` cannot show them; APPRISE_CONFIG would be read instead of nothing.
             cmd.env("APPRISE_URLS", urls.join(" "))
                 .env_remove("APPRISE_CONFIG");
-            run(cmd, APPRISE, APPRISE_HINT, m.body.as_bytes(), timeout)
+            run(cmd, APPRISE_HINT, m.body.as_bytes(), timeout)
         }
         Channel::AppriseConfig(file) => {
             let mut cmd = Command::new(APPRISE);
             title_args(&mut cmd);
             cmd.arg("--config").arg(file).env_remove("APPRISE_URLS");
-            run(cmd, APPRISE, APPRISE_HINT, m.body.as_bytes(), timeout)
+            run(cmd, APPRISE_HINT, m.body.as_bytes(), timeout)
         }
         Channel::Sendmail(to) => {
             let mut cmd = Command::new(sendmail());
@@ -150,7 +127,6 @@ fn send(channel: &Channel, m: &Message, timeout: Duration) -> Result<(), NotifyE
             let mail = mail(to, m);
             run(
                 cmd,
-                "sendmail",
                 "install a mail transfer agent: msmtp-mta, nullmailer, postfix or exim4",
                 mail.as_bytes(),
                 timeout,
@@ -224,93 +200,28 @@ pub fn heartbeat(url: &str, timeout: Duration) -> Result<(), NotifyError> {
     );
     run(
         cmd,
-        "curl",
         "Debian and Ubuntu: apt install curl",
         config.as_bytes(),
         timeout + Duration::from_secs(5),
     )
 }
 
-/// Runs `cmd` with `input` on its stdin, in its own process group, with no terminal;
-/// kills the group once `timeout` has passed.
+/// Runs `cmd` with `input` on its standard input, within `timeout`; a program that is not
+/// installed is named with where to get it (`hint`).
 fn run(
     mut cmd: Command,
-    program: &'static str,
     hint: &'static str,
     input: &[u8],
     timeout: Duration,
 ) -> Result<(), NotifyError> {
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    crate::process::own_session(&mut cmd);
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(NotifyError::Missing { program, hint });
-        }
-        Err(error) => return Err(NotifyError::Start { program, error }),
-    };
-    // Written and read by threads of their own: a child that reads nothing, or fills its
-    // stderr, cannot block the wait for its end.
-    let mut stdin = child.stdin.take();
-    let input = input.to_vec();
-    std::thread::spawn(move || {
-        if let Some(stdin) = &mut stdin {
-            let _ = stdin.write_all(&input);
-        }
-    });
-    let (said_tx, said_rx) = crossbeam_channel::bounded(1);
-    let mut stderr = child.stderr.take();
-    std::thread::spawn(move || {
-        let mut all = Vec::new();
-        if let Some(e) = &mut stderr {
-            let _ = e.take(64 * 1024).read_to_end(&mut all);
-        }
-        let _ = said_tx.send(all);
-    });
-    let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if start.elapsed() < timeout => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            _ => {
-                crate::process::stop(&mut child);
-                return Err(NotifyError::TimedOut {
-                    program,
-                    after: timeout,
-                });
-            }
-        }
-    };
-    if status.success() {
-        return Ok(());
-    }
-    // What it said, if it said it before long (a grandchild may hold stderr open).
-    let said = said_rx
-        .recv_timeout(Duration::from_secs(1))
-        .map(|b| last_line(&b))
-        .unwrap_or_default();
-    Err(NotifyError::Failed {
-        program,
-        status,
-        said,
+    let watch = crate::process::Watch::within(timeout);
+    crate::process::run(&mut cmd, watch, input, &[0], &mut |out| {
+        io::copy(out, &mut io::sink()).map(|_| ())
     })
-}
-
-/// The last lines of what a program said, on one line, short.
-fn last_line(said: &[u8]) -> String {
-    let text = String::from_utf8_lossy(said);
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    let tail = lines[lines.len().saturating_sub(2)..].join(" / ");
-    let tail: String = tail.chars().filter(|c| !c.is_control()).collect();
-    if tail.chars().count() > 300 {
-        tail.chars().take(300).collect::<String>() + "…"
-    } else {
-        tail
-    }
+    .map_err(|e| match e {
+        crate::process::Error::Missing { program } => NotifyError::Missing { program, hint },
+        e => NotifyError::Run(e),
+    })
 }
 
 #[cfg(test)]
@@ -358,31 +269,16 @@ mod tests {
     }
 
     #[test]
-    fn a_hanging_program_is_stopped_in_time() {
-        let mut cmd = Command::new("sh");
-        cmd.args(["-c", "sleep 30 & sleep 30"]);
-        let start = Instant::now();
-        let r = run(cmd, "sh", "", b"", Duration::from_millis(300));
-        assert!(matches!(r, Err(NotifyError::TimedOut { .. })), "{r:?}");
-        assert!(start.elapsed() < Duration::from_secs(10));
-    }
-
-    #[test]
-    fn a_failing_program_says_why() {
-        let mut cmd = Command::new("sh");
-        cmd.args(["-c", "cat >/dev/null; echo 'no route to host' >&2; exit 1"]);
-        let r = run(cmd, "sh", "", b"hello", Duration::from_secs(20));
-        match r {
-            Err(NotifyError::Failed { said, .. }) => assert_eq!(said, "no route to host"),
-            other => panic!("{other:?}"),
-        }
+    fn a_missing_program_is_named_with_where_to_get_it() {
         let r = run(
             Command::new("/nonexistent/apprise"),
-            "apprise",
-            "apt",
+            "apt install apprise",
             b"",
             Duration::from_secs(1),
         );
-        assert!(matches!(r, Err(NotifyError::Missing { .. })), "{r:?}");
+        assert_eq!(
+            r.unwrap_err().to_string(),
+            "apprise is not installed (apt install apprise)"
+        );
     }
 }

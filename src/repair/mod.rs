@@ -16,7 +16,7 @@
 
 mod replace;
 mod source;
-pub use source::backup::FromCommand;
+pub use source::command::FromCommand;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -257,7 +257,7 @@ fn repair_from_restic_and_borg_repositories() {
             "{tool}: {photo}"
         );
         assert!(
-            photo.contains(&format!("unusable ({tool}:")),
+            photo.contains(&format!("unusable ({tool} failed (exit status: ")),
             "{tool}: {photo}"
         );
         all_good(&t, &now, &tags, &mtimes);

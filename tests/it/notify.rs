@@ -309,7 +309,8 @@ fn a_failed_or_hanging_delivery_is_said_bounded_and_leaves_verdicts_alone() {
         .expect_code(1);
     assert!(start.elapsed() < Duration::from_secs(30));
     assert!(
-        r.stderr.contains("apprise did not finish within 2 s"),
+        r.stderr
+            .contains("apprise did not finish within 2s and was stopped"),
         "{}",
         r.stderr
     );

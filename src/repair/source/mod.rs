@@ -2,9 +2,11 @@
 //! tags), trees of tagged files (a backup, a mirror), parity stores made by `protect`, and
 //! PAR2 sets made by any PAR2 program. Each looks for the wanted contents by digest and
 //! offers what it finds; the repairer verifies every offer, so a source is only ever a lead.
-//! Backups made by other tools (restic, borg, any command) are in [`backup`].
+//! Backups made by other tools (restic, borg) are in [`backup`], any command that prints a
+//! file in [`command`].
 
 pub(super) mod backup;
+pub(super) mod command;
 
 use std::collections::HashMap;
 use std::io::{self, Read};
@@ -18,6 +20,7 @@ use super::Want;
 use crate::archive::{self, Chunk};
 use crate::core::digest::Digest;
 use crate::parity::{self, Store};
+use crate::process;
 use crate::text::escape;
 
 /// Streams a copy's bytes into the sink it is given.
@@ -59,28 +62,9 @@ pub(crate) enum Unusable {
     /// The archive could not be read to its end.
     #[error("unreadable: {0}")]
     Archive(#[from] archive::ReadError),
-    /// The tool that reads it is not installed.
-    #[error("{0} is not installed (no `{0}` on PATH)")]
-    NoTool(String),
-    /// The tool that reads it could not be run.
-    #[error("cannot run {tool}: {source}")]
-    CannotRun {
-        /// The tool.
-        tool: String,
-        /// Why.
-        source: io::Error,
-    },
-    /// The tool failed, saying this (its first few hundred characters, on one line).
-    #[error("{tool}: {said}")]
-    Failed {
-        /// The tool.
-        tool: String,
-        /// What it said, or its exit status.
-        said: String,
-    },
-    /// The tool was stopped: it stayed silent too long, or the run was interrupted.
-    #[error("{0}")]
-    Stopped(io::Error),
+    /// The tool that reads it is not installed, could not be run, failed or was stopped.
+    #[error("{program}{hint}", program = .0, hint = timeout_hint(.0))]
+    Program(#[from] process::Error),
     /// The tool printed what could not be read as what it should print.
     #[error("{what}: {source}")]
     Output {
@@ -89,6 +73,43 @@ pub(crate) enum Unusable {
         /// Why.
         source: serde_json::Error,
     },
+}
+
+/// Streams what `cmd` prints into `sink`, under `watch`; stops it as soon as the sink wants
+/// no more (its error is given back as it was: a copy refused is not a source unusable).
+pub(super) fn stream(
+    cmd: &mut std::process::Command,
+    watch: process::Watch<'_>,
+    sink: &mut dyn FnMut(Chunk<'_>) -> io::Result<()>,
+) -> io::Result<()> {
+    let mut refused = None;
+    let mut buf = vec![0u8; 1 << 20];
+    let ran = process::run(cmd, watch, &[], &[0], &mut |out| loop {
+        match out.read(&mut buf)? {
+            0 => return Ok(()),
+            n => sink(Chunk::Data(&buf[..n])).map_err(|e| {
+                let kept = io::Error::new(e.kind(), e.to_string());
+                refused = Some(e);
+                kept
+            })?,
+        }
+    });
+    match (refused, ran) {
+        (Some(e), _) => Err(e),
+        (None, Ok(())) => Ok(()),
+        (None, Err(e)) => Err(io::Error::other(e)),
+    }
+}
+
+/// What sets how long a backup tool may stay silent, said where it stayed silent too long.
+fn timeout_hint(e: &process::Error) -> &'static str {
+    match e {
+        process::Error::Stopped {
+            why: process::Stop::Silent(_),
+            ..
+        } => " (--source-timeout)",
+        _ => "",
+    }
 }
 
 /// The source at `path`: a restic or borg repository (`restic:REPO`, `borg:REPO`, each
