@@ -106,6 +106,19 @@ pub fn percent(part: u64, whole: u64) -> String {
     format!("{p}%")
 }
 
+/// `word` as one word for a POSIX shell: as it is where that is safe, else single-quoted (in
+/// double quotes where it holds single quotes and nothing a shell expands there).
+pub fn shell_word(word: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "/._-+,:@%=".contains(c);
+    if !word.is_empty() && word.chars().all(safe) {
+        word.to_string()
+    } else if word.contains('\'') && !word.contains(['"', '$', '`', '\\', '!']) {
+        format!("\"{word}\"")
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
 /// `s` with the password of every URL in it (`scheme://user:PASSWORD@host`) replaced by
 /// `***`: a repository URL (restic's `rest:https://u:pw@host/`) is said in error lines, reports
 /// and the messages sent to outside services, which must carry no secret.
@@ -191,5 +204,24 @@ mod tests {
         assert_eq!(time(0), "1970-01-01T00:00:00Z");
         assert_eq!(time(-1), "@-1");
         assert_eq!(time_ms(1_500), "1970-01-01T00:00:01Z");
+    }
+
+    #[test]
+    fn shell_words_are_quoted_only_where_needed() {
+        assert_eq!(shell_word("/srv/photos"), "/srv/photos");
+        assert_eq!(shell_word("/srv/my photos"), "'/srv/my photos'");
+        assert_eq!(shell_word("it's"), r#""it's""#);
+        assert_eq!(shell_word("$(x)"), "'$(x)'");
+        assert_eq!(shell_word("'a b' -x"), r#""'a b' -x""#);
+        assert_eq!(shell_word("'$x'"), r"''\''$x'\'''");
+        // What a shell makes of each: the word itself.
+        for word in ["'a b' -x", "'$x'", "it's", "\"q\" 'r'", "a\\b"] {
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("printf %s {}", shell_word(word)))
+                .output()
+                .unwrap();
+            assert_eq!(String::from_utf8_lossy(&out.stdout), word);
+        }
     }
 }

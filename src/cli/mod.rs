@@ -364,12 +364,12 @@ pub struct NotifyArgs {
     )]
     pub heartbeat: Option<String>,
     /// Where good copies are, as for `repair --from`: shown in the commands a message gives.
-    /// INTACT_REPAIR_FROM holds sources separated by spaces
+    /// Words as sh splits them; a restic: or borg: source's selectors follow it
+    /// (INTACT_REPAIR_FROM="restic:/srv/restic --host nas /mnt/mirror")
     #[arg(
         long,
-        value_name = "SOURCE",
+        value_name = "SOURCES",
         env = "INTACT_REPAIR_FROM",
-        value_delimiter = ' ',
         hide_env_values = true
     )]
     pub repair_from: Vec<String>,

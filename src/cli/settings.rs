@@ -320,16 +320,17 @@ pub fn setup(a: &NotifyArgs) -> anyhow::Result<Option<intact::notify::Setup>> {
     if channels.is_empty() && heartbeat.is_none() {
         return Ok(None);
     }
+    let mut repair_from = Vec::new();
+    for text in &a.repair_from {
+        repair_from.extend(
+            intact::repair::sources(text).map_err(|e| usage(format!("INTACT_REPAIR_FROM {e}")))?,
+        );
+    }
     Ok(Some(intact::notify::Setup {
         channels,
         remind_every: a.remind_every.unwrap_or_default(),
         heartbeat,
-        repair_from: a
-            .repair_from
-            .iter()
-            .flat_map(|s| s.split_whitespace())
-            .map(String::from)
-            .collect(),
+        repair_from,
         timeout: a.notify_timeout,
     }))
 }

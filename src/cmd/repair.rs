@@ -95,7 +95,7 @@ fn configured() -> Result<Vec<String>, String> {
             setting(&String::from_utf8_lossy(&text), "INTACT_REPAIR_FROM").unwrap_or_default()
         }
     };
-    let sources: Vec<String> = from.split_whitespace().map(String::from).collect();
+    let sources = repair::sources(&from).map_err(|e| format!("--from configured: {e}"))?;
     if sources.is_empty() {
         return Err(format!(
             "--from configured: no source is configured (INTACT_REPAIR_FROM, in the \

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 pub use deliver::{Channel, NotifyError, deliver, heartbeat, parse_channels};
 
-use crate::text::escape;
+use crate::text::{escape, shell_word};
 
 /// Names kept per kind of problem: enough to tell what is new since the last message on any
 /// real night; the counts stay exact beyond it.
@@ -279,16 +279,6 @@ fn trees(ctx: &Context) -> String {
 fn tree_args(ctx: &Context) -> String {
     let args: Vec<String> = ctx.roots.iter().map(|r| shell_word(&escape(r))).collect();
     args.join(" ")
-}
-
-/// `word` as one word for a POSIX shell: as it is where that is safe, else single-quoted.
-pub fn shell_word(word: &str) -> String {
-    let safe = |c: char| c.is_ascii_alphanumeric() || "/._-+,:@%=".contains(c);
-    if !word.is_empty() && word.chars().all(safe) {
-        word.to_string()
-    } else {
-        format!("'{}'", word.replace('\'', r"'\''"))
-    }
 }
 
 fn plural(n: u64, one: &str, many: &str) -> String {
@@ -814,13 +804,5 @@ mod tests {
             "{}",
             m.body
         );
-    }
-
-    #[test]
-    fn shell_words_are_quoted_only_where_needed() {
-        assert_eq!(shell_word("/srv/photos"), "/srv/photos");
-        assert_eq!(shell_word("/srv/my photos"), "'/srv/my photos'");
-        assert_eq!(shell_word("it's"), r"'it'\''s'");
-        assert_eq!(shell_word("$(x)"), "'$(x)'");
     }
 }

@@ -537,3 +537,95 @@ fn the_watch_tells_what_it_finds_and_no_all_clear() {
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(rx.messages().len(), 1, "{:?}", rx.messages());
 }
+
+/// The sources the owner configured (a restic repository and its selectors, a folder whose
+/// name has a space) are printed in a message as one `--from` each, and the repair command
+/// the message gives runs as printed.
+#[test]
+fn the_repair_command_a_message_gives_runs_as_printed() {
+    if !have(&[APPRISE, ("command -v restic", "restic")]) {
+        return;
+    }
+    let rx = Receiver::http();
+    let t = Tree::new();
+    let root = tagged(&t, "docs", 3);
+    let repo = t.path("restic repo");
+    let restic = |args: &[&std::ffi::OsStr]| {
+        let ok = Command::new("restic")
+            .env("RESTIC_PASSWORD", "pw")
+            .env("RESTIC_REPOSITORY", &repo)
+            .args(args)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "restic {args:?}");
+    };
+    restic(&["init".as_ref(), "-q".as_ref()]);
+    restic(&[
+        "backup".as_ref(),
+        "-q".as_ref(),
+        "--host".as_ref(),
+        "nas".as_ref(),
+        root.as_os_str(),
+    ]);
+    let mirror = t.path("my mirror");
+    fs::create_dir(&mirror).unwrap();
+    let victim = root.join("d1/f001");
+    let good = fs::read(&victim).unwrap();
+    flip_byte(&victim, 100);
+    let configured = format!(
+        "'restic:{}' --host nas '{}'",
+        repo.display(),
+        mirror.display()
+    );
+    cmd!("check", "-q", &root)
+        .env("INTACT_NOTIFY", rx.json_url())
+        .env("INTACT_REPAIR_FROM", &configured)
+        .within(Duration::from_secs(120))
+        .run()
+        .expect_code(1);
+    let got = rx.wait_for(1);
+    let (_, body, _) = posted(&got[0]);
+    let line = body
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("intact repair "))
+        .unwrap_or_else(|| panic!("no repair command in {body}"));
+    assert!(
+        line.contains(&format!(
+            "--from \"'restic:{}' --host nas\"",
+            repo.display()
+        )),
+        "{line}"
+    );
+    let words = shlex::split(line).unwrap();
+    let from: Vec<&str> = words
+        .windows(2)
+        .filter(|w| w[0] == "--from")
+        .map(|w| w[1].as_str())
+        .collect();
+    let restic_from = format!("'restic:{}' --host nas", repo.display());
+    let mirror_from = mirror.display().to_string();
+    assert_eq!(from, [restic_from.as_str(), mirror_from.as_str()], "{line}");
+    // As printed (the dry run), then without --dry-run: the file is good again.
+    assert_eq!(
+        words.last().map(String::as_str),
+        Some("--dry-run"),
+        "{line}"
+    );
+    let r = cmd!().args(&words[1..]).env("RESTIC_PASSWORD", "pw").run();
+    assert_eq!(r.code, 1, "{line}\n{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("would be repaired from restic:"),
+        "{}",
+        r.stdout
+    );
+    assert_ne!(fs::read(&victim).unwrap(), good, "a dry run repaired");
+    let r = cmd!()
+        .args(&words[1..words.len() - 1])
+        .env("RESTIC_PASSWORD", "pw")
+        .run();
+    assert_eq!(r.code, 0, "{line}\n{}{}", r.stdout, r.stderr);
+    assert_eq!(fs::read(&victim).unwrap(), good);
+}

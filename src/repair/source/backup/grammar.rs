@@ -1,6 +1,8 @@
 //! The words that name a repository: `restic:REPO` or `borg:REPO[::ARCHIVE]`, then the
 //! tool's own selectors from an allow-list, passed on as `--flag=VALUE` so that no word of
-//! the owner's can become an option of the tool's (`borg:--rsh=CMD` would run CMD).
+//! the owner's can become an option of the tool's (`borg:--rsh=CMD` would run CMD). One
+//! grammar for `--from` and for the sources the owner configured (`INTACT_REPAIR_FROM`):
+//! shell words, as `sh` splits them.
 
 use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -10,7 +12,7 @@ use std::time::Duration;
 use super::borg::Borg;
 use super::restic::Restic;
 use super::{Backup, Search};
-use crate::text::escape;
+use crate::text::{escape, shell_word};
 
 /// The selectors of each tool that choose versions, and whether each takes a value: the
 /// tool's own, passed to its listing of versions as they are. Others are refused (one such
@@ -29,45 +31,47 @@ const BORG_SELECTORS: &[(&str, bool)] = &[
     ("--last", true),
 ];
 
-/// `restic:REPO` or `borg:REPO[::ARCHIVE]`, each perhaps followed by its tool's selectors
-/// (from the first word that begins with `-`), if `from` names one; its tool is given up on
-/// once it says nothing for `silence`. Selectors the tool does not have are an error.
+/// `restic:REPO` or `borg:REPO[::ARCHIVE]`, each perhaps followed by its tool's selectors, if
+/// `from` names one: shell words, as `sh` splits them (`'restic:/My Backups' --host nas`); its
+/// tool is given up on once it says nothing for `silence`. Selectors the tool does not have
+/// are an error.
 pub(in crate::repair::source) fn parse(
     from: &Path,
     silence: Duration,
 ) -> Option<Result<Box<dyn Search>, String>> {
     let raw = from.as_os_str().as_bytes();
-    let (tool, rest) = if let Some(rest) = raw.strip_prefix(b"restic:") {
-        ("restic", rest)
-    } else {
-        ("borg", raw.strip_prefix(b"borg:")?)
+    let said = |why: String| Some(Err(format!("--from {}: {why}", escape(from))));
+    // A name that is not UTF-8 is a location alone, as it is.
+    let (first, rest) = match std::str::from_utf8(raw).map(shlex::split) {
+        Ok(Some(mut words)) if !words.is_empty() => {
+            let rest = words.split_off(1);
+            (words.remove(0).into_bytes(), rest)
+        }
+        _ => (raw.to_vec(), Vec::new()),
     };
-    // The repository ends where its selectors begin.
-    let cut = rest
-        .windows(2)
-        .position(|w| w[0].is_ascii_whitespace() && w[1] == b'-')
-        .unwrap_or(rest.len());
-    let (location, words) = rest.split_at(cut);
+    let tool = ["restic", "borg"].into_iter().find(|t| {
+        first
+            .strip_prefix(t.as_bytes())
+            .is_some_and(|r| r.starts_with(b":"))
+    })?;
+    if std::str::from_utf8(raw).is_ok_and(|t| shlex::split(t).is_none()) {
+        return said("a quote is not closed".into());
+    }
+    let location = first[tool.len() + 1..].to_vec();
+    let select = match selectors(tool, &rest) {
+        Ok(select) => select,
+        Err(e) => return said(e),
+    };
     // A repository that begins with `-` would reach the tool as an option (`borg:--rsh=CMD`
     // runs CMD).
     if location.starts_with(b"-") {
-        return Some(Err(format!(
-            "--from {}: a repository may not begin with '-'",
-            escape(from)
-        )));
+        return said("a repository may not begin with '-'".into());
     }
-    let select = match std::str::from_utf8(words)
-        .map_err(|_| format!("--from {}: selectors must be UTF-8", escape(from)))
-        .and_then(|w| selectors(tool, w))
-    {
-        Ok(s) => s,
-        Err(e) => return Some(Err(e)),
-    };
     let repo = |r: &[u8]| (!r.is_empty()).then(|| OsString::from_vec(r.to_vec()));
     let backup = |repo| -> Box<dyn Search> { Box::new(Backup { repo, silence }) };
     Some(Ok(if tool == "restic" {
         backup(Restic {
-            repo: repo(location),
+            repo: repo(&location),
             select,
         })
     } else {
@@ -76,7 +80,7 @@ pub(in crate::repair::source) fn parse(
                 &location[..at],
                 Some(String::from_utf8_lossy(&location[at + 2..]).into_owned()),
             ),
-            None => (location, None),
+            None => (&location[..], None),
         };
         Box::new(Backup {
             repo: Borg {
@@ -89,29 +93,87 @@ pub(in crate::repair::source) fn parse(
     }))
 }
 
-/// The words after a repository, checked against its tool's selectors: `--flag value`,
-/// `--flag=value`, and, for restic, snapshot ids.
-fn selectors(tool: &str, words: &str) -> Result<Vec<String>, String> {
-    let known = if tool == "restic" {
+/// The sources `text` names (`INTACT_REPAIR_FROM`, its line in the settings file), each as
+/// one `--from` value (a path as it is, a backup as the shell words [`parse`] reads): shell words, as `sh` splits them, where the words after a `restic:` or
+/// `borg:` word that are its tool's selectors (and their values) belong to it:
+/// `restic:/srv/restic --host nas /mnt/mirror` is two sources.
+pub fn sources(text: &str) -> Result<Vec<String>, String> {
+    let words = shlex::split(text).ok_or_else(|| format!("{text:?}: a quote is not closed"))?;
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < words.len() {
+        let tool = ["restic", "borg"]
+            .into_iter()
+            .find(|t| words[i].starts_with(&format!("{t}:")));
+        let n = tool.map_or(0, |t| selected(t, &words[i + 1..]));
+        if words[i].starts_with('-') {
+            return Err(format!(
+                "{text:?}: {} is neither a source nor a selector of the restic: or borg: \
+                 source before it",
+                words[i]
+            ));
+        }
+        // A backup's value is split into shell words again by `parse`; a path is a path.
+        out.push(match tool {
+            Some(_) => {
+                let source: Vec<String> = words[i..=i + n].iter().map(|w| shell_word(w)).collect();
+                source.join(" ")
+            }
+            None => words[i].clone(),
+        });
+        i += n + 1;
+    }
+    Ok(out)
+}
+
+/// The selectors `tool` has, and whether each takes a value.
+fn known(tool: &str) -> &'static [(&'static str, bool)] {
+    if tool == "restic" {
         RESTIC_SELECTORS
     } else {
         BORG_SELECTORS
-    };
+    }
+}
+
+/// Whether `word` is a restic snapshot id (its hex id, whole or short) or `latest`.
+fn snapshot_id(word: &str) -> bool {
+    word == "latest"
+        || (8..=64).contains(&word.len()) && word.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// How many of `words` are `tool`'s selectors, from the first.
+fn selected(tool: &str, words: &[String]) -> usize {
+    let mut k = 0;
+    while let Some(w) = words.get(k) {
+        let flag = w.split_once('=').map_or(w.as_str(), |(f, _)| f);
+        match known(tool).iter().find(|(f, _)| *f == flag) {
+            Some((_, true)) if !w.contains('=') => k += 2,
+            Some(_) => k += 1,
+            None if tool == "restic" && snapshot_id(w) => k += 1,
+            None => break,
+        }
+    }
+    k.min(words.len())
+}
+
+/// The words after a repository, checked against its tool's selectors: `--flag value`,
+/// `--flag=value`, and, for restic, snapshot ids.
+fn selectors(tool: &str, words: &[String]) -> Result<Vec<String>, String> {
     let names = || {
-        let mut n: Vec<&str> = known.iter().map(|(f, _)| *f).collect();
+        let mut n: Vec<&str> = known(tool).iter().map(|(f, _)| *f).collect();
         if tool == "restic" {
             n.push("snapshot ids");
         }
         n.join(", ")
     };
     let mut out = Vec::new();
-    let mut words = words.split_whitespace();
+    let mut words = words.iter();
     while let Some(w) = words.next() {
         let (flag, value) = match w.split_once('=') {
             Some((flag, value)) => (flag, Some(value)),
-            None => (w, None),
+            None => (w.as_str(), None),
         };
-        match known.iter().find(|(f, _)| *f == flag) {
+        match known(tool).iter().find(|(f, _)| *f == flag) {
             // Passed on as `--flag=VALUE` (the long name): a value can never become an
             // option of its own.
             Some((_, true)) => {
@@ -129,10 +191,11 @@ fn selectors(tool: &str, words: &str) -> Result<Vec<String>, String> {
                 out.push(format!("{long}={value}"));
             }
             Some(_) => out.push(w.to_string()),
-            None if tool == "restic" && !w.starts_with('-') => out.push(w.to_string()),
+            None if tool == "restic" && snapshot_id(w) => out.push(w.to_string()),
             None => {
                 return Err(format!(
-                    "{w} is not one of the {tool} selectors intact passes on ({})",
+                    "{w} is not one of the {tool} selectors intact passes on ({}); a repository \
+                     with spaces in its name is quoted: '{tool}:/My Backups'",
                     names()
                 ));
             }
@@ -165,22 +228,30 @@ mod tests {
 
     #[test]
     fn selectors_are_the_tools_own_and_no_others() {
-        let ok = |tool, w: &str| selectors(tool, w).unwrap();
+        let words = |w: &str| shlex::split(w).unwrap();
+        let ok = |tool, w: &str| selectors(tool, &words(w)).unwrap();
         assert_eq!(
-            ok("restic", " --host nas --tag=daily 1a2b3c4d -H -x"),
-            ["--host=nas", "--tag=daily", "1a2b3c4d", "--host=-x"]
+            ok("restic", " --host nas --tag=daily 1a2b3c4d latest -H -x"),
+            [
+                "--host=nas",
+                "--tag=daily",
+                "1a2b3c4d",
+                "latest",
+                "--host=-x"
+            ]
         );
         assert_eq!(
             ok("borg", " -a 'nas-*' --last 30"),
-            ["--glob-archives='nas-*'", "--last=30"]
+            ["--glob-archives=nas-*", "--last=30"]
         );
         for (tool, bad) in [
             ("restic", " --repo /elsewhere"),
             ("restic", " --host"),
+            ("restic", " Backups"),
             ("borg", " some-archive"),
             ("borg", " --json"),
         ] {
-            assert!(selectors(tool, bad).is_err(), "{tool}{bad}");
+            assert!(selectors(tool, &words(bad)).is_err(), "{tool}{bad}");
         }
     }
 
@@ -195,8 +266,12 @@ mod tests {
             ),
             ("borg:ssh://nas/./b", "borg:ssh://nas/./b"),
             (
-                "restic:/My Backups -H nas --path /srv",
-                "restic:/My Backups --host=nas --path=/srv",
+                "'restic:/My Backups' -H nas --path '/srv/my photos'",
+                "restic:/My Backups --host=nas --path=/srv/my photos",
+            ),
+            (
+                "restic: --host nas",
+                "restic:(from the environment) --host=nas",
             ),
             ("borg:/b::a1 --last 3", "borg:/b::a1 --last=3"),
         ] {
@@ -220,6 +295,49 @@ mod tests {
                 parsed.is_err_and(|e| e.contains("may not begin with '-'")),
                 "{from}"
             );
+        }
+        // Unquoted spaces end the repository: said, with how to quote it.
+        let parsed = parse(
+            Path::new("restic:/My Backups -H nas"),
+            Duration::from_secs(1),
+        );
+        assert!(
+            parsed
+                .unwrap()
+                .is_err_and(|e| e.contains("'restic:/My Backups'")),
+            "a word that is no selector was taken"
+        );
+    }
+
+    #[test]
+    fn configured_sources_are_shell_words_with_their_selectors() {
+        assert_eq!(
+            sources("restic:/srv/restic --host nas /mnt/mirror").unwrap(),
+            ["restic:/srv/restic --host nas", "/mnt/mirror"]
+        );
+        assert_eq!(
+            sources("'/mnt/my backup' borg:/b --last=3 -a 'nas-*' restic:/r 1a2b3c4d x").unwrap(),
+            [
+                "/mnt/my backup",
+                "borg:/b --last=3 -a 'nas-*'",
+                "restic:/r 1a2b3c4d",
+                "x"
+            ]
+        );
+        // Each source is one `--from` value that means what the owner wrote.
+        let both = sources("'restic:/My Backups' -H nas 'restic:/a b'").unwrap();
+        let names: Vec<String> = both
+            .iter()
+            .map(|s| {
+                parse(Path::new(s), Duration::from_secs(1))
+                    .unwrap()
+                    .unwrap()
+                    .name()
+            })
+            .collect();
+        assert_eq!(names, ["restic:/My Backups --host=nas", "restic:/a b"]);
+        for bad in ["/mnt/b --host nas", "restic:/r --json", "'/mnt/b"] {
+            assert!(sources(bad).is_err(), "{bad}");
         }
     }
 }

@@ -33,6 +33,7 @@ use hunt::Hunt;
 
 use grammar::named;
 pub(super) use grammar::parse;
+pub use grammar::sources;
 
 /// Versions of a repository listed whole at most, newest first: to learn where a tree that
 /// is mounted elsewhere now was backed up from, and to find files of a damaged file's size
