@@ -146,37 +146,74 @@ fn sendmail() -> PathBuf {
         .unwrap_or_else(|| "sendmail".into())
 }
 
-/// `m` as an RFC 5322 message of plain UTF-8 text.
+/// `m` as an RFC 5322 message of plain UTF-8 text, every line of it at most 76 characters
+/// (the body quoted-printable, the subject folded into encoded words where it must be): a
+/// line over 998 bytes, such as a long path's, makes SMTP servers refuse the whole mail.
 fn mail(to: &[String], m: &Message) -> String {
     let body = m.body.replace("\r\n", "\n").replace('\n', "\r\n");
     format!(
         "To: {}\r\nSubject: {}\r\nMIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\n\
-         Content-Transfer-Encoding: 8bit\r\nAuto-Submitted: auto-generated\r\n\
-         X-Mailer: intact {}\r\n\r\n{body}",
+         Content-Transfer-Encoding: quoted-printable\r\nAuto-Submitted: auto-generated\r\n\
+         X-Mailer: intact {}\r\n\r\n{}",
         to.join(", "),
         header_text(&m.subject),
         env!("CARGO_PKG_VERSION"),
+        quoted_printable::encode_to_str(body),
     )
 }
 
-/// A header's text: as it is in printable ASCII, else one RFC 2047 encoded word (Q
-/// encoding), so that a name in any language arrives intact.
+/// A header's text: printable ASCII as it is, folded at spaces into lines of at most 76;
+/// anything else (or a word too long to fold) as RFC 2047 encoded words (Q encoding) of at
+/// most 66 characters, one to a folded line, so that a name in any language and of any
+/// length arrives intact.
 fn header_text(s: &str) -> String {
     if s.chars().all(|c| c == ' ' || c.is_ascii_graphic()) {
-        return s.to_string();
-    }
-    let mut out = String::from("=?utf-8?q?");
-    for b in s.bytes() {
-        match b {
-            b' ' => out.push('_'),
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'.' | b',' | b'-' | b'/' | b':' => {
-                out.push(b as char)
+        // Folded before a space: a reader unfolds by taking the line break out.
+        let (mut out, mut len, mut fits) = (String::new(), "Subject: ".len(), true);
+        for (i, word) in s.split(' ').enumerate() {
+            if i > 0 {
+                if len + 1 + word.len() > 76 {
+                    out.push_str("\r\n");
+                    len = 0;
+                }
+                out.push(' ');
+                len += 1;
             }
-            _ => out.push_str(&format!("={b:02X}")),
+            out.push_str(word);
+            len += word.len();
+            fits &= len <= 76;
+        }
+        if fits {
+            return out;
         }
     }
-    out.push_str("?=");
-    out
+    const OPEN: &str = "=?utf-8?q?";
+    let mut words = vec![String::from(OPEN)];
+    for c in s.chars() {
+        let mut q = String::new();
+        let mut utf8 = [0u8; 4];
+        for &b in c.encode_utf8(&mut utf8).as_bytes() {
+            match b {
+                b' ' => q.push('_'),
+                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'.' | b',' | b'-' | b'/' | b':' => {
+                    q.push(b as char)
+                }
+                _ => q.push_str(&format!("={b:02X}")),
+            }
+        }
+        // A character is never split across words (each word must decode on its own).
+        let last = words.last_mut().expect("one word");
+        // 64: the first shares its line with `Subject: ` (a line of 76 at most).
+        if last.len() + q.len() + 2 > 64 {
+            words.push(String::from(OPEN));
+        }
+        words.last_mut().expect("one word").push_str(&q);
+    }
+    words
+        .iter()
+        .map(|w| format!("{w}?="))
+        .collect::<Vec<_>>()
+        .join("\r\n ")
 }
 
 /// Pings the heartbeat `url` (an HTTP GET, as healthchecks.io and Uptime Kuma's push monitors
@@ -266,6 +303,59 @@ mod tests {
         );
         assert!(!head.contains("evil"), "{head}");
         assert_eq!(body, "line\r\nTo: evil@example.org\r\n");
+    }
+
+    #[test]
+    fn no_line_of_a_mail_is_long_whatever_the_path() {
+        let long = format!("/srv/{}/caf\u{e9}.jpg", "\\xe9x".repeat(900));
+        let m = Message {
+            subject: format!("intact: 1 damaged file in {long} on nas"),
+            body: format!("Damaged:\n  {long} (found 2026-12-07)\n"),
+            severity: super::super::Severity::Failure,
+        };
+        let mail = mail(&["root@localhost".into()], &m);
+        for line in mail.split("\r\n") {
+            assert!(line.len() <= 76, "{} bytes: {line}", line.len());
+            assert!(line.is_ascii(), "{line}");
+        }
+        let (head, body) = mail.split_once("\r\n\r\n").unwrap();
+        let decoded = quoted_printable::decode(body, quoted_printable::ParseMode::Strict).unwrap();
+        assert_eq!(
+            String::from_utf8(decoded).unwrap(),
+            m.body.replace('\n', "\r\n")
+        );
+        // The subject's words decode to the subject (unfolded, as a reader shows it).
+        let words: String = head
+            .split("Subject: ")
+            .nth(1)
+            .unwrap()
+            .split("\r\n")
+            .take_while(|l| l.starts_with("=?") || l.starts_with(" =?"))
+            .map(|w| {
+                w.trim()
+                    .trim_start_matches("=?utf-8?q?")
+                    .trim_end_matches("?=")
+            })
+            .collect();
+        // Robust: the words joined are one line longer than a mail's.
+        let bytes =
+            quoted_printable::decode(words.replace('_', " "), quoted_printable::ParseMode::Robust)
+                .unwrap();
+        assert_eq!(String::from_utf8(bytes).unwrap(), m.subject);
+        // Plain words are folded at spaces, and unfold to the subject.
+        let subject = format!(
+            "intact: 3 damaged files in {} on nas",
+            "/srv/photos ".repeat(12).trim_end()
+        );
+        let folded = header_text(&subject);
+        assert!(folded.contains("\r\n "), "{folded}");
+        assert!(
+            ("Subject: ".to_string() + &folded)
+                .split("\r\n")
+                .all(|l| l.len() <= 76),
+            "{folded}"
+        );
+        assert_eq!(folded.replace("\r\n", ""), subject);
     }
 
     #[test]

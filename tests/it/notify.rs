@@ -4,6 +4,7 @@
 //! failed or hanging delivery; a vanished tree; an interrupted run; unknown damage.
 
 use std::fs;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -143,8 +144,22 @@ fn mail_through_sendmail_and_through_apprise_reaches_an_smtp_server() {
     // A hostile name: a newline and a header in it must not make a line of the message.
     let hostile = root.join("evil\nSubject: you won");
     fs::write(&hostile, b"some data").unwrap();
+    // A path of 3,800 bytes, not UTF-8: one line of it over 998 bytes made every mail bounce.
+    let mut deep = root.clone();
+    let mut shown = root.display().to_string();
+    while deep.as_os_str().len() < 3_550 {
+        let name = [&b"caf\xe9-"[..], &[b'x'; 240][..]].concat();
+        deep.push(std::ffi::OsStr::from_bytes(&name));
+        shown.push_str(&format!("/caf\\xe9-{}", "x".repeat(240)));
+    }
+    fs::create_dir_all(&deep).unwrap();
+    let long = deep.join("photo.jpg");
+    shown.push_str("/photo.jpg");
+    fs::write(&long, data(5000, 9)).unwrap();
+    assert!(long.as_os_str().len() > 3_500);
     intact!("tag", "-q", &root).expect_code(0);
     flip_byte(&hostile, 2);
+    flip_byte(&long, 2);
     // msmtp, as Debian's msmtp-mta installs it for `sendmail`, pointed at the local server.
     let home = t.path("home");
     fs::create_dir_all(&home).unwrap();
@@ -168,6 +183,19 @@ fn mail_through_sendmail_and_through_apprise_reaches_an_smtp_server() {
     let mail = smtp.wait_for(1);
     assert_eq!(mail.len(), 1, "one mail");
     let (head, body) = mail[0].split_once("\n\n").unwrap();
+    // As a mail reader shows it: folded header lines unfolded.
+    let head = head.replace("\n ", " ");
+    // Every line short, as SMTP servers demand; the text whole once decoded.
+    for line in mail[0].lines() {
+        assert!(line.len() <= 78, "a line of {} bytes: {line}", line.len());
+    }
+    assert!(
+        head.contains("Content-Transfer-Encoding: quoted-printable"),
+        "{head}"
+    );
+    let body = quoted_printable::decode(body, quoted_printable::ParseMode::Robust).unwrap();
+    let body = String::from_utf8(body).unwrap();
+    assert!(body.contains(&format!("{shown} (found ")), "{body}");
     assert!(head.contains("To: owner@localhost"), "{head}");
     assert_eq!(
         head.lines().filter(|l| l.starts_with("Subject:")).count(),
@@ -175,7 +203,7 @@ fn mail_through_sendmail_and_through_apprise_reaches_an_smtp_server() {
         "{head}"
     );
     assert!(
-        head.contains("Subject: intact: 1 damaged file in "),
+        head.contains("Subject: intact: 2 damaged files in "),
         "{head}"
     );
     assert!(head.contains("charset=utf-8"), "{head}");
@@ -200,7 +228,7 @@ fn mail_through_sendmail_and_through_apprise_reaches_an_smtp_server() {
     assert_eq!(mail.len(), 2);
     assert!(mail[1].contains("X-Application: Apprise"), "{}", mail[1]);
     assert!(
-        mail[1].contains("Subject: intact: 1 damaged file in"),
+        mail[1].contains("Subject: intact: 2 damaged files in"),
         "{}",
         mail[1]
     );
