@@ -349,7 +349,12 @@ impl Printer {
     ) -> io::Result<()> {
         if self.json {
             serde_json::to_writer(&mut *out, &m)?;
-            return writeln!(out);
+            writeln!(out)?;
+            // What a person must hear reaches stderr under JSON too (a script's log).
+            if let Message::Summary { summary, .. } = m {
+                self.alarms(summary, err)?;
+            }
+            return Ok(());
         }
         match m {
             Message::File { report, .. } => {
@@ -418,20 +423,26 @@ impl Printer {
         for damage in &s.damage {
             writeln!(err, "intact: damaged: {damage}")?;
         }
+        self.alarms(s, err)
+    }
+
+    /// What the run could not do and whether it was cut short: said on stderr whatever the
+    /// output (even under -q and --json, where damage's exit code 1 would hide it).
+    fn alarms(&self, s: &Summary, err: &mut impl Write) -> io::Result<()> {
         for failure in &s.failures {
             writeln!(err, "intact: error: {failure}")?;
         }
-        // Said even under -q, where damage's exit code 1 would hide it.
         if s.interrupted {
             writeln!(
                 err,
                 "intact: interrupted: the {} stopped before it finished; what it did not \
                  reach was not verified",
-                verb.name()
+                self.verb.name()
             )?;
         }
         Ok(())
     }
+
     /// Warnings about a report (malformed tags), to stderr for people; in JSON they are
     /// part of the file's object.
     fn warn(&self, r: &FileReport, err: &mut impl Write) -> io::Result<()> {
@@ -917,6 +928,31 @@ mod tests {
         };
         assert_eq!(s.exit(Verb::Check), Exit::Trouble);
         assert_eq!(s.exit(Verb::Update), Exit::Clean);
+    }
+
+    #[test]
+    fn what_a_person_must_hear_reaches_stderr_under_json_too() {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let mut r = Reporter::new(Verb::Scrub, true, Verbosity::Quiet, &mut out, &mut err);
+        r.summary.fail("the owner could not be told".into());
+        r.summary.interrupted = true;
+        r.finish().unwrap();
+        drop(r);
+        let (out, err) = (
+            String::from_utf8(out).unwrap(),
+            String::from_utf8(err).unwrap(),
+        );
+        assert!(out.lines().all(|l| l.starts_with("{\"type\":")), "{out}");
+        assert!(out.contains("the owner could not be told"), "{out}");
+        let said: Vec<&str> = err.lines().collect();
+        assert_eq!(
+            said[0], "intact: error: the owner could not be told",
+            "{err}"
+        );
+        assert!(
+            said[1].starts_with("intact: interrupted: the scrub stopped"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! (`-K -`). Each runs through [`crate::process`], killed with everything it started once its
 //! time is up: a delivery can fail, never hang the run.
 
-use std::io;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -99,7 +99,9 @@ fn send(channel: &Channel, m: &Message, timeout: Duration) -> Result<(), NotifyE
     const APPRISE_HINT: &str =
         "Debian and Ubuntu: apt install apprise; elsewhere: pip install apprise";
     let title_args = |cmd: &mut Command| {
-        cmd.arg("--title")
+        // -v: its warnings, which say why a URL failed and which (by its host).
+        cmd.arg("-v")
+            .arg("--title")
             .arg(&m.subject)
             .arg("--notification-type")
             .arg(m.severity.apprise());
@@ -252,13 +254,52 @@ fn run(
     timeout: Duration,
 ) -> Result<(), NotifyError> {
     let watch = crate::process::Watch::within(timeout);
+    // apprise logs why a URL failed on its standard output: kept (its beginning) for that.
+    let mut printed = Vec::new();
     crate::process::run(&mut cmd, watch, input, &[0], &mut |out| {
+        out.take(64 * 1024).read_to_end(&mut printed)?;
         io::copy(out, &mut io::sink()).map(|_| ())
     })
     .map_err(|e| match e {
         crate::process::Error::Missing { program } => NotifyError::Missing { program, hint },
+        crate::process::Error::Failed {
+            program,
+            status,
+            said,
+        } => {
+            let said = if said.is_empty() {
+                crate::process::one_line(&printed)
+            } else {
+                said
+            };
+            NotifyError::Run(crate::process::Error::Failed {
+                program,
+                status,
+                said: logged(&said),
+            })
+        }
         e => NotifyError::Run(e),
     })
+}
+
+/// What a program said, its log lines' time and level taken off (apprise's `2026-12-07
+/// 23:11:54,698 - WARNING - A Connection error occurred sending JSON notification to
+/// 127.0.0.1.`): the reason is what the owner reads.
+fn logged(said: &str) -> String {
+    said.split(" / ")
+        .map(|line| {
+            let mut parts = line.splitn(3, " - ");
+            match (parts.next(), parts.next(), parts.next()) {
+                (Some(_), Some(level), Some(text))
+                    if ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"].contains(&level) =>
+                {
+                    text
+                }
+                _ => line,
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" / ")
 }
 
 #[cfg(test)]
@@ -356,6 +397,18 @@ mod tests {
             "{folded}"
         );
         assert_eq!(folded.replace("\r\n", ""), subject);
+    }
+
+    #[test]
+    fn a_log_line_says_its_reason_alone() {
+        assert_eq!(
+            logged(
+                "2026-12-07 23:11:54,698 - WARNING - A Connection error occurred sending JSON \
+                 notification to 127.0.0.1. / plain - words - here"
+            ),
+            "A Connection error occurred sending JSON notification to 127.0.0.1. / plain - \
+             words - here"
+        );
     }
 
     #[test]

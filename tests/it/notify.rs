@@ -301,16 +301,32 @@ fn a_failed_or_hanging_delivery_is_said_bounded_and_leaves_verdicts_alone() {
         "--metrics",
         &prom,
         "--notify",
-        refused,
+        &refused,
         &root
     )
     .within(Duration::from_secs(120))
     .run()
     .expect_code(1);
     assert!(r.stdout.contains("corrupt "), "{}", r.stdout);
+    // Why, and which: apprise's own warning, without its log prefix.
     assert!(
+        r.stderr.contains(
+            "the owner could not be told what this run found: apprise failed (exit status: 1): \
+             A Connection error occurred sending JSON notification to 127.0.0.1."
+        ),
+        "{}",
         r.stderr
-            .contains("the owner could not be told what this run found: apprise failed"),
+    );
+    // Under --json too, on stderr (the JSON is for the machine, stderr for the log).
+    let r = cmd!("check", "--json", "--no-state", "--notify", &refused, &root)
+        .within(Duration::from_secs(120))
+        .run()
+        .expect_code(1);
+    assert!(r.stdout.contains("\"errors\""), "{}", r.stdout);
+    assert!(
+        r.stderr.contains(
+            "intact: error: the owner could not be told what this run found: apprise failed"
+        ),
         "{}",
         r.stderr
     );
