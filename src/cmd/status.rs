@@ -34,7 +34,16 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
         serde_json::to_writer(&mut out, &Document::new(&plan, &found))?;
         writeln!(out)?;
     } else {
-        out.write_all(text(&s, a.damage_lines, &plan, &found).as_bytes())?;
+        // A PATH that is not there has no overview: its error alone (a page of zeros
+        // before it said nothing and buried the error).
+        let o = &found.overview;
+        let nothing = o.tagged.files + o.untagged.files == 0
+            && o.damage.is_empty()
+            && found.gone.is_empty()
+            && found.vanished == 0;
+        if !nothing || found.errors.is_empty() {
+            out.write_all(text(&s, a.damage_lines, &plan, &found).as_bytes())?;
+        }
         if s.verbosity == Verbosity::Verbose {
             plan.files(|f| {
                 let _ = writeln!(out, "{}", file_line(&f));
@@ -322,7 +331,9 @@ impl<'a> Document<'a> {
 fn text(s: &Settings, damage_lines: usize, plan: &intact::scrub::Plan, f: &Found) -> String {
     let o = &f.overview;
     if s.verbosity == Verbosity::Quiet {
-        return attention(o, &f.gone, f.unknown.as_deref(), damage_lines);
+        // Only what needs action: files gone are routine (a mass deletion is an alarm of
+        // its own, said as an error).
+        return attention(o, &[], f.unknown.as_deref(), damage_lines);
     }
     let width = terminal_width();
     let mut text = render(

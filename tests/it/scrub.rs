@@ -990,6 +990,18 @@ fn a_file_brought_back_by_repair_missing_is_no_longer_removed() {
         status_json(&db, &tree)["removed"].as_array().unwrap().len(),
         1
     );
+    // A routine deletion is in the overview, not in what needs action (-q).
+    let full = intact!("status", "--state", &db, &tree)
+        .expect_code(0)
+        .stdout;
+    assert!(
+        full.contains("removed     1 file gone since last seen"),
+        "{full}"
+    );
+    let quiet = intact!("status", "-q", "--state", &db, &tree)
+        .expect_code(0)
+        .stdout;
+    assert_eq!(quiet, "", "status -q with nothing to act on");
     intact!(
         "repair",
         "-q",
@@ -1028,6 +1040,28 @@ fn a_file_brought_back_by_repair_missing_is_no_longer_removed() {
         .expect_code(0)
         .stdout;
     assert!(!out.contains("removed"), "{out}");
+}
+
+/// `status` of a PATH that is not there says so, and nothing else (it printed a page of zeros
+/// first).
+#[test]
+fn status_of_a_path_that_is_not_there_says_only_that() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 2, 100);
+    let missing = tree.join("not-there");
+    for q in [&[][..], &["-q"][..]] {
+        let r = cmd!("status", "--state", &db)
+            .args(q)
+            .arg(&missing)
+            .run()
+            .expect_code(3);
+        assert_eq!(r.stdout, "", "{q:?}");
+        assert!(
+            r.stderr.contains("no such file or directory"),
+            "{}",
+            r.stderr
+        );
+    }
 }
 
 /// A folder of 100,000 files is tagged, scrubbed, checked and summed up in the memory of a
