@@ -107,6 +107,8 @@ struct Found {
     /// Why damage is not known, if it is not.
     unknown: Option<String>,
     cycle: Option<Cycle>,
+    /// The last scrub over these trees, as the database recorded it.
+    last_scrub: Option<state::LastRun>,
     /// The state database read.
     db: Option<std::path::PathBuf>,
     /// Live `intact watch` services over these trees.
@@ -223,6 +225,7 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
     }
     let pace = state.as_ref().and_then(|st| st.pace(&s.roots));
     let cycle = Cycle::estimate(overview.tagged.bytes, pace);
+    let last_scrub = state.as_ref().and_then(|st| st.last_run("scrub", &s.roots));
     let mut exit = failures.exit(Verb::Status);
     if !overview.damage.is_empty() {
         exit = exit.merge(Exit::Damage);
@@ -257,6 +260,7 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
         lost,
         unknown,
         cycle,
+        last_scrub,
         db,
         watched,
         errors,
@@ -273,6 +277,8 @@ struct Document<'a> {
     overview: &'a Overview,
     removed: &'a [Gone],
     cycle: CycleJson,
+    /// The last scrub over these trees (no `ended` for one that did not finish).
+    last_scrub: Option<LastScrubJson>,
     history_lost: Option<LostJson>,
     never_verified: u64,
     oldest_verification: Option<String>,
@@ -291,6 +297,16 @@ struct CycleJson {
     bytes_checked: u64,
     seconds_for_a_cycle: Option<f64>,
     runs_for_a_cycle: Option<u64>,
+}
+
+#[derive(serde::Serialize)]
+struct LastScrubJson {
+    started: String,
+    ended: Option<String>,
+    files: Option<u64>,
+    bytes: Option<u64>,
+    seconds: Option<f64>,
+    exit_code: Option<i32>,
 }
 
 #[derive(serde::Serialize)]
@@ -313,6 +329,14 @@ impl<'a> Document<'a> {
                 seconds_for_a_cycle: f.cycle.as_ref().and_then(|c| c.seconds),
                 runs_for_a_cycle: f.cycle.as_ref().and_then(|c| c.runs),
             },
+            last_scrub: f.last_scrub.map(|r| LastScrubJson {
+                started: time_ms(r.started),
+                ended: r.ended.map(time_ms),
+                files: r.files,
+                bytes: r.bytes,
+                seconds: r.seconds,
+                exit_code: r.exit_code,
+            }),
             history_lost: f.lost.map(|(at, unchecked)| LostJson {
                 at: time_ms(at),
                 files_not_checked_since: unchecked,
@@ -336,7 +360,11 @@ fn text(s: &Settings, damage_lines: usize, plan: &intact::scrub::Plan, f: &Found
         return attention(o, &[], f.unknown.as_deref(), damage_lines);
     }
     let width = terminal_width();
-    let mut text = render(
+    let mut text = String::new();
+    if f.db.is_some() {
+        let _ = writeln!(text, "last scrub  {}", last_scrub(f.last_scrub.as_ref()));
+    }
+    text += &render(
         o,
         &f.gone,
         f.unknown.as_deref(),
@@ -374,6 +402,39 @@ fn text(s: &Settings, damage_lines: usize, plan: &intact::scrub::Plan, f: &Found
         text.push_str("(no state database: every file counts as never verified)\n");
     }
     text
+}
+
+/// The last scrub in a line: when, how long, what it read, how it ended.
+fn last_scrub(run: Option<&state::LastRun>) -> String {
+    let Some(run) = run else {
+        return "none recorded (`intact scrub PATH`, or the nightly unit, verifies the trees)"
+            .into();
+    };
+    let Some(ended) = run.ended else {
+        return format!(
+            "{}: did not finish (killed, or the machine stopped): not everything it was to \
+             verify was",
+            time_ms(run.started)
+        );
+    };
+    let took = match (ended - run.started).max(0) / 1000 {
+        0 => "under a second".to_string(),
+        secs => humantime::format_duration(Duration::from_secs(secs as u64)).to_string(),
+    };
+    let result = match run.exit_code {
+        Some(0) => "clean".to_string(),
+        Some(1) => "damage found (exit 1)".to_string(),
+        Some(3) => "errors (exit 3)".to_string(),
+        Some(130) => "interrupted (exit 130)".to_string(),
+        Some(c) => format!("exit {c}"),
+        None => "result unknown".to_string(),
+    };
+    format!(
+        "{}, {took}: {} files, {} read, {result}",
+        time_ms(run.started),
+        group(run.files.unwrap_or(0)),
+        bytes(run.bytes.unwrap_or(0)),
+    )
 }
 
 /// How long a full cycle takes: at the pace of recent scrubs (runs of their budget, one

@@ -22,7 +22,7 @@
 //! files gone are forgotten after 30 days, and only the latest runs are kept.
 
 use std::io;
-use std::os::unix::ffi::OsStringExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -1059,6 +1059,38 @@ impl State {
             .flatten()
     }
 
+    /// The last run of `verb` over a tree that holds every one of `roots` (absolute), among
+    /// the runs the database keeps: what `zpool status` says first.
+    pub fn last_run(&self, verb: &str, roots: &[PathBuf]) -> Option<LastRun> {
+        let wanted: Vec<PathBuf> = roots.iter().map(|r| absolute(r)).collect();
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT roots, started, ended, files, bytes, seconds, exit_code FROM runs \
+                 WHERE verb = ?1 ORDER BY id DESC",
+            )
+            .ok()?;
+        let mut rows = stmt.query([verb]).ok()?;
+        while let Ok(Some(r)) = rows.next() {
+            let key: Vec<u8> = r.get(0).ok()?;
+            let ran: Vec<&Path> = key
+                .split(|&b| b == b'\n')
+                .map(|p| Path::new(std::ffi::OsStr::from_bytes(p)))
+                .collect();
+            if wanted.iter().all(|w| ran.iter().any(|r| w.starts_with(r))) {
+                return Some(LastRun {
+                    started: r.get(1).ok()?,
+                    ended: r.get(2).ok()?,
+                    files: r.get::<_, Option<i64>>(3).ok()?.map(|n| n as u64),
+                    bytes: r.get::<_, Option<i64>>(4).ok()?.map(|n| n as u64),
+                    seconds: r.get(5).ok()?,
+                    exit_code: r.get(6).ok()?,
+                });
+            }
+        }
+        None
+    }
+
     /// The pace of the recent scrubs of `roots` (the last ten that ended), or, without any,
     /// of the recent checks of them.
     pub fn pace(&self, roots: &[PathBuf]) -> Option<Pace> {
@@ -1095,6 +1127,23 @@ impl State {
                 .flatten()
         })
     }
+}
+
+/// A run as the database recorded it (a run killed before its end has no end).
+#[derive(Debug, Clone, Copy)]
+pub struct LastRun {
+    /// When it started (Unix milliseconds).
+    pub started: i64,
+    /// When it ended, if it did.
+    pub ended: Option<i64>,
+    /// Files it saw.
+    pub files: Option<u64>,
+    /// Bytes of data it read.
+    pub bytes: Option<u64>,
+    /// How long it ran.
+    pub seconds: Option<f64>,
+    /// Its exit code.
+    pub exit_code: Option<i32>,
 }
 
 /// How fast recent runs verified a tree, for the time a full cycle takes.

@@ -1042,6 +1042,43 @@ fn a_file_brought_back_by_repair_missing_is_no_longer_removed() {
     assert!(!out.contains("removed"), "{out}");
 }
 
+/// `status` says first when the last scrub over the tree ran, how long, what it read and how
+/// it ended (what `zpool status` puts first), for the tree or any folder of it.
+#[test]
+fn status_says_when_the_last_scrub_ran_and_how_it_ended() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 6, 5_000);
+    let first = intact!("status", "--state", &db, &tree)
+        .expect_code(0)
+        .stdout;
+    assert!(first.starts_with("last scrub  none recorded"), "{first}");
+    intact!("scrub", "-q", "--state", &db, &tree).expect_code(0);
+    flip_byte(&tree.join("d1/f001"), 10);
+    cmd!("scrub", "-q", "--state", &db, &tree)
+        .run()
+        .expect_code(1);
+    for path in [tree.clone(), tree.join("d1")] {
+        let out = intact!("status", "--state", &db, &path)
+            .expect_code(1)
+            .stdout;
+        let line = out.lines().next().unwrap();
+        assert!(line.starts_with("last scrub  20"), "{out}");
+        assert!(
+            line.ends_with(": 6 files, 30.00 kB read, damage found (exit 1)"),
+            "{line}"
+        );
+    }
+    let v = status_json(&db, &tree);
+    assert_eq!(v["last_scrub"]["exit_code"], 1, "{v}");
+    assert_eq!(v["last_scrub"]["files"], 6, "{v}");
+    assert!(v["last_scrub"]["ended"].is_string(), "{v}");
+    // A scrub of another tree is not this tree's.
+    let t2 = Tree::new();
+    let (other, _) = tagged_tree(&t2, 2, 100);
+    intact!("scrub", "-q", "--state", &db, &other).expect_code(0);
+    assert_eq!(status_json(&db, &tree)["last_scrub"]["exit_code"], 1);
+}
+
 /// `status` of a PATH that is not there says so, and nothing else (it printed a page of zeros
 /// first).
 #[test]
