@@ -109,6 +109,8 @@ struct Found {
     cycle: Option<Cycle>,
     /// The last scrub over these trees, as the database recorded it.
     last_scrub: Option<state::LastRun>,
+    /// Damaged copies repair kept in the trees.
+    kept: Kept,
     /// The state database read.
     db: Option<std::path::PathBuf>,
     /// Live `intact watch` services over these trees.
@@ -142,6 +144,7 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
     let db = state
         .as_ref()
         .and_then(|st| st.path().map(|p| p.to_path_buf()));
+    let mut kept = Kept::default();
     let mut plan = intact::scrub::plan(
         &s.config,
         &s.roots,
@@ -149,6 +152,9 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
         &super::STOP,
         db.as_deref(),
         |r| {
+            if r.skip == Some(intact::fs::walk::SkipReason::KeptDamaged) {
+                kept.add(&r.path, r.size.unwrap_or(0));
+            }
             if r.status == intact::core::classify::Status::Error {
                 failures.fail(format!(
                     "{}: {}",
@@ -261,6 +267,7 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
         unknown,
         cycle,
         last_scrub,
+        kept,
         db,
         watched,
         errors,
@@ -279,6 +286,8 @@ struct Document<'a> {
     cycle: CycleJson,
     /// The last scrub over these trees (no `ended` for one that did not finish).
     last_scrub: Option<LastScrubJson>,
+    /// Damaged copies repair kept in the trees (the first paths of them).
+    damaged_copies: &'a Kept,
     history_lost: Option<LostJson>,
     never_verified: u64,
     oldest_verification: Option<String>,
@@ -329,6 +338,7 @@ impl<'a> Document<'a> {
                 seconds_for_a_cycle: f.cycle.as_ref().and_then(|c| c.seconds),
                 runs_for_a_cycle: f.cycle.as_ref().and_then(|c| c.runs),
             },
+            damaged_copies: &f.kept,
             last_scrub: f.last_scrub.map(|r| LastScrubJson {
                 started: time_ms(r.started),
                 ended: r.ended.map(time_ms),
@@ -357,7 +367,7 @@ fn text(s: &Settings, damage_lines: usize, plan: &intact::scrub::Plan, f: &Found
     if s.verbosity == Verbosity::Quiet {
         // Only what needs action: files gone are routine (a mass deletion is an alarm of
         // its own, said as an error).
-        return attention(o, &[], f.unknown.as_deref(), damage_lines);
+        return attention(o, &[], f.unknown.as_deref(), damage_lines) + &f.kept.text(damage_lines);
     }
     let width = terminal_width();
     let mut text = String::new();
@@ -372,6 +382,7 @@ fn text(s: &Settings, damage_lines: usize, plan: &intact::scrub::Plan, f: &Found
         width,
         f.cycle.as_ref(),
     );
+    text += &f.kept.text(damage_lines);
     if plan.cycle_started > 0 {
         let _ = writeln!(
             text,
@@ -402,6 +413,62 @@ fn text(s: &Settings, damage_lines: usize, plan: &intact::scrub::Plan, f: &Found
         text.push_str("(no state database: every file counts as never verified)\n");
     }
     text
+}
+
+/// Damaged copies that repair kept in the trees (`NAME.damaged`, marked `user.intact.damaged`):
+/// evidence the owner deletes once the repair is trusted, taking room meanwhile.
+#[derive(Default, serde::Serialize)]
+struct Kept {
+    files: u64,
+    bytes: u64,
+    /// The first of them (`--json`: the first 1,000).
+    #[serde(serialize_with = "paths_escaped")]
+    paths: Vec<std::path::PathBuf>,
+}
+
+fn paths_escaped<S: serde::Serializer>(
+    paths: &[std::path::PathBuf],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_seq(paths.iter().map(|p| escape(p)))
+}
+
+impl Kept {
+    fn add(&mut self, path: &std::path::Path, size: u64) {
+        self.files += 1;
+        self.bytes += size;
+        if self.paths.len() < intact::notify::NAMES_KEPT {
+            self.paths.push(path.to_path_buf());
+        }
+    }
+
+    /// What status says of them: nothing when there are none.
+    fn text(&self, lines: usize) -> String {
+        let mut t = String::new();
+        if self.files == 0 {
+            return t;
+        }
+        let _ = writeln!(
+            t,
+            "kept        {} damaged {} kept by repair ({}): delete {} once the repair is \
+             trusted",
+            group(self.files),
+            if self.files == 1 { "copy" } else { "copies" },
+            bytes(self.bytes),
+            if self.files == 1 { "it" } else { "them" }
+        );
+        for p in self.paths.iter().take(lines) {
+            let _ = writeln!(t, "  {}", escape(p));
+        }
+        if self.files as usize > lines {
+            let _ = writeln!(
+                t,
+                "  ... and {} more (--json lists more)",
+                group(self.files - lines as u64)
+            );
+        }
+        t
+    }
 }
 
 /// The last scrub in a line: when, how long, what it read, how it ended.

@@ -1079,6 +1079,44 @@ fn status_says_when_the_last_scrub_ran_and_how_it_ended() {
     assert_eq!(status_json(&db, &tree)["last_scrub"]["exit_code"], 1);
 }
 
+/// The damaged copies repair kept beside the files it repaired are said by `status` (and
+/// `-q`): evidence that takes room until the owner deletes it.
+#[test]
+fn status_names_the_damaged_copies_repair_kept() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 4, 3_000);
+    let backup = t.path("backup");
+    copy_tree(&tree, &backup);
+    flip_byte(&tree.join("d1/f001"), 10);
+    cmd!("scrub", "-q", "--state", &db, &tree)
+        .run()
+        .expect_code(1);
+    intact!("repair", "-q", "--state", &db, "--from", &backup, &tree).expect_code(0);
+    let kept = tree.join("d1/f001.damaged");
+    assert!(kept.exists());
+    for q in [&[][..], &["-q"][..]] {
+        let out = cmd!("status", "--state", &db)
+            .args(q)
+            .arg(&tree)
+            .run()
+            .expect_code(0)
+            .stdout;
+        assert!(
+            out.contains("kept        1 damaged copy kept by repair (3.00 kB): delete it"),
+            "{q:?}: {out}"
+        );
+        assert!(out.contains(&format!("\n  {}\n", kept.display())), "{out}");
+    }
+    let v = status_json(&db, &tree);
+    assert_eq!(v["damaged_copies"]["files"], 1, "{v}");
+    assert_eq!(v["damaged_copies"]["paths"][0], kept.display().to_string());
+    fs::remove_file(&kept).unwrap();
+    let quiet = intact!("status", "-q", "--state", &db, &tree)
+        .expect_code(0)
+        .stdout;
+    assert_eq!(quiet, "");
+}
+
 /// `status` of a PATH that is not there says so, and nothing else (it printed a page of zeros
 /// first).
 #[test]
