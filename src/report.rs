@@ -611,7 +611,9 @@ impl<W: Write, E: Write> Reporter<W, E> {
     /// and it counts as damage.
     pub fn outstanding(&mut self, d: &crate::state::Damaged) -> io::Result<()> {
         self.summary.outstanding += 1;
-        self.summary.findings.damaged(escape(&d.path), d.found);
+        self.summary
+            .findings
+            .damaged(escape(&crate::state::absolute(&d.path)), d.found);
         self.printer
             .print(Message::Damage(d), &mut self.out, &mut self.err)
     }

@@ -238,7 +238,8 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
     }
     let mut findings = std::mem::take(&mut failures.findings);
     for d in &overview.damage {
-        findings.damaged(escape(&d.path), d.found);
+        // Absolute, as every run says it: a run on a relative PATH tells the same items.
+        findings.damaged(escape(&state::absolute(&d.path)), d.found);
     }
     let vanished = failures.vanished;
     let errors = failures.failures;

@@ -155,6 +155,8 @@ pub struct Cmd {
     limits: Vec<(libc::__rlimit_resource_t, u64)>,
     /// A file the child sees as /etc/fstab, in a mount namespace of its own.
     fstab: Option<std::ffi::CString>,
+    /// The folder it runs in.
+    dir: Option<PathBuf>,
 }
 
 impl Cmd {
@@ -166,6 +168,7 @@ impl Cmd {
             env: Vec::new(),
             limits: Vec::new(),
             fstab: None,
+            dir: None,
         }
     }
 
@@ -177,6 +180,12 @@ impl Cmd {
     pub fn args<I: IntoIterator<Item = S>, S: AsRef<OsStr>>(mut self, args: I) -> Self {
         self.args
             .extend(args.into_iter().map(|a| a.as_ref().to_os_string()));
+        self
+    }
+
+    /// Runs in `dir` (a PATH given relative to it).
+    pub fn current_dir(mut self, dir: &Path) -> Self {
+        self.dir = Some(dir.to_path_buf());
         self
     }
 
@@ -257,6 +266,9 @@ impl Cmd {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if let Some(dir) = &self.dir {
+            c.current_dir(dir);
+        }
         if let Some(fstab) = self.fstab.clone() {
             use std::os::unix::process::CommandExt;
             // SAFETY: unshare and mount are plain system calls, on strings made before the

@@ -100,18 +100,35 @@ fn damage_is_told_with_what_is_new_reminded_and_cleared_once() {
         body.contains("nothing is new since the last message"),
         "{body}"
     );
+    // The same tree by a relative PATH (`status`, from its parent): the same items, so a
+    // reminder, with the files' absolute paths (it sent the first alarm again, with
+    // relative ones).
+    let parent = root.parent().unwrap();
+    cmd!("status", "-q", "--state", &db, "--notify", rx.json_url())
+        .arg(root.file_name().unwrap())
+        .current_dir(parent)
+        .within(Duration::from_secs(120))
+        .run()
+        .expect_code(1);
+    let got = rx.wait_for(3);
+    let (title, body, _) = posted(&got[2]);
+    assert!(
+        title.starts_with("Reminder: intact: 1 damaged file"),
+        "{title}"
+    );
+    assert!(body.contains(&format!("  {name} (found ")), "{body}");
     // Reminders spaced out: none due yet.
     check(&["--remind-every", "1d"]).expect_code(1);
     // Something new is told at once, the new one marked, whatever the spacing.
     flip_byte(&root.join("d2/f002"), 20);
     check(&["--remind-every", "1d"]).expect_code(1);
-    let got = rx.wait_for(3);
+    let got = rx.wait_for(4);
     assert_eq!(
         got.len(),
-        3,
+        4,
         "no reminder before its time; the new damage at once"
     );
-    let (title, body, _) = posted(&got[2]);
+    let (title, body, _) = posted(&got[3]);
     assert!(title.starts_with("intact: 2 damaged files"), "{title}");
     let second = root.join("d2/f002").display().to_string();
     assert!(body.contains(&format!("* {second} (found ")), "{body}");
@@ -123,14 +140,14 @@ fn damage_is_told_with_what_is_new_reminded_and_cleared_once() {
     // Dealt with: one all-clear, then silence.
     intact!("update", "-q", "--state", &db, "--accept-corrupt", &root).expect_code(0);
     check(&[]).expect_code(0);
-    let got = rx.wait_for(4);
-    assert_eq!(got.len(), 4);
-    let (title, _, kind) = posted(&got[3]);
+    let got = rx.wait_for(5);
+    assert_eq!(got.len(), 5);
+    let (title, _, kind) = posted(&got[4]);
     assert!(title.starts_with("intact: all clear in "), "{title}");
     assert_eq!(kind, "success");
     check(&[]).expect_code(0);
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(rx.messages().len(), 4, "the all-clear is said once");
+    assert_eq!(rx.messages().len(), 5, "the all-clear is said once");
 }
 
 #[test]
