@@ -166,9 +166,12 @@ impl Summary {
                     || r.status.name().to_string(),
                     |e| format!("{}: {e}", r.status.name()),
                 );
-                let path = crate::state::absolute(&r.path);
-                self.findings
-                    .unverified(format!("{} ({why})", escape(&path)));
+                let what = format!("{} ({why})", escape(&crate::state::absolute(&r.path)));
+                if r.status == Status::Missing {
+                    self.findings.missing(what);
+                } else {
+                    self.findings.unverified(what);
+                }
             }
             _ => {}
         }

@@ -94,6 +94,8 @@ pub struct Findings {
     pub damaged: u64,
     /// Files not verified, all of them.
     pub unverified: u64,
+    /// Of those, files gone that a repair could not bring back (`repair --missing`).
+    pub missing: u64,
 }
 
 impl Findings {
@@ -113,6 +115,12 @@ impl Findings {
         }
     }
 
+    /// Adds a file that is gone and that a repair could not bring back.
+    pub fn missing(&mut self, what: String) {
+        self.missing += 1;
+        self.unverified(what);
+    }
+
     /// Adds another problem.
     pub fn push(&mut self, p: Problem) {
         if !self.problems.contains(&p) {
@@ -125,6 +133,7 @@ impl Findings {
         let named = |f: fn(&Problem) -> bool| other.problems.iter().filter(|p| f(p)).count() as u64;
         self.damaged += other.damaged - named(|p| matches!(p, Problem::Damaged { .. }));
         self.unverified += other.unverified - named(|p| matches!(p, Problem::Unverified { .. }));
+        self.missing += other.missing;
         for p in &other.problems {
             match p {
                 Problem::Damaged { what, found } => self.damaged(what.clone(), *found),
@@ -423,6 +432,15 @@ fn alarm(ctx: &Context, f: &Findings, new: &HashSet<String>) -> Message {
             f.unverified,
             &mark,
         );
+        if f.missing > 0 {
+            let (n, are) = (
+                crate::text::group(f.missing),
+                if f.missing == 1 { "is" } else { "are" },
+            );
+            b.push_str(&format!(
+                "{n} of them {are} gone, and no source given held a good copy.\n"
+            ));
+        }
     }
     let failures: Vec<&Problem> = f
         .problems
@@ -522,7 +540,14 @@ fn what_to_do(ctx: &Context, f: &Findings, vanished: bool) -> String {
              change was yours after all, accept it:\n  intact update --accept-corrupt FILE\n"
         ));
     }
-    if f.unverified > 0
+    if f.missing > 0 {
+        b.push_str(&format!(
+            "Bring back what is gone from another copy (an older backup, another \
+             repository), or, if it was deleted on purpose, confirm it:\n  intact repair \
+             {trees} --missing --from BACKUP --dry-run\n  intact scrub --accept-removed {trees}\n"
+        ));
+    }
+    if f.unverified > f.missing
         || f.problems
             .iter()
             .any(|p| matches!(p, Problem::Failure { .. }))
@@ -685,6 +710,37 @@ mod tests {
             Decision::Quiet
         );
         assert_eq!(decide(6, &[], None, Duration::ZERO), Decision::Quiet);
+    }
+
+    #[test]
+    fn files_a_repair_could_not_bring_back_get_the_commands_for_them() {
+        let mut f = Findings::default();
+        f.missing("/srv/photos/a.jpg (missing: no source held it)".into());
+        let d = Decision::Alarm {
+            new: HashSet::new(),
+        };
+        let m = compose(&ctx(), &f, &d).unwrap();
+        assert!(
+            m.body.contains("1 of them is gone, and no source"),
+            "{}",
+            m.body
+        );
+        assert!(
+            m.body
+                .contains("intact repair /srv/photos --missing --from BACKUP --dry-run"),
+            "{}",
+            m.body
+        );
+        assert!(
+            m.body.contains("intact scrub --accept-removed /srv/photos"),
+            "{}",
+            m.body
+        );
+        // Not the advice for files that could not be read: nothing here is to be checked.
+        assert!(!m.body.contains("intact check"), "{}", m.body);
+        f.unverified("/srv/photos/b.jpg (error: Input/output error)".into());
+        let m = compose(&ctx(), &f, &d).unwrap();
+        assert!(m.body.contains("intact check /srv/photos"), "{}", m.body);
     }
 
     #[test]
