@@ -290,6 +290,16 @@ fn tree_args(ctx: &Context) -> String {
     args.join(" ")
 }
 
+/// How long something has been outstanding, in the largest whole unit a person counts in.
+fn outstanding(ms: i64) -> String {
+    let hours = ms.max(0) / 3_600_000;
+    match hours {
+        0 => "less than an hour".into(),
+        1..=47 => plural(hours as u64, "hour", "hours"),
+        _ => plural((hours / 24) as u64, "day", "days"),
+    }
+}
+
 fn plural(n: u64, one: &str, many: &str) -> String {
     format!(
         "{} {}",
@@ -364,7 +374,8 @@ fn alarm(ctx: &Context, f: &Findings, new: &HashSet<String>) -> Message {
         ctx.host
     ));
     let mut b = format!(
-        "intact on {}, {} of {} at {} (exit {}).\n",
+        "{}intact on {}, {} of {} at {} (exit {}).\n",
+        if reminder { "Reminder: " } else { "" },
         ctx.host,
         ctx.verb,
         trees(ctx),
@@ -372,9 +383,23 @@ fn alarm(ctx: &Context, f: &Findings, new: &HashSet<String>) -> Message {
         ctx.exit
     );
     if reminder {
-        b.push_str(
-            "A reminder: nothing is new since the last message, and this is still outstanding.\n",
-        );
+        b.push_str("Nothing is new since the last message, and this is still outstanding");
+        let oldest = f
+            .problems
+            .iter()
+            .filter_map(|p| match p {
+                Problem::Damaged { found, .. } => *found,
+                _ => None,
+            })
+            .min();
+        match oldest {
+            Some(found) => b.push_str(&format!(
+                ": the oldest damage was found {} ({} ago).\n",
+                crate::text::time_ms(found),
+                outstanding(ctx.at - found)
+            )),
+            None => b.push_str(".\n"),
+        }
     } else if marking {
         b.push_str(&format!(
             "New since the last message: {} (marked *).\n",
@@ -710,6 +735,36 @@ mod tests {
             Decision::Quiet
         );
         assert_eq!(decide(6, &[], None, Duration::ZERO), Decision::Quiet);
+    }
+
+    #[test]
+    fn a_reminder_says_it_is_one_and_how_long_the_damage_has_waited() {
+        let mut f = Findings::default();
+        let c = ctx();
+        f.damaged("/srv/photos/a.jpg".into(), Some(c.at - 12 * 86_400_000 - 5));
+        f.damaged("/srv/photos/b.jpg".into(), Some(c.at - 3_600_000));
+        let reminder = Decision::Alarm {
+            new: HashSet::new(),
+        };
+        let m = compose(&c, &f, &reminder).unwrap();
+        assert!(
+            m.subject.starts_with("Reminder: intact: 2 damaged files"),
+            "{}",
+            m.subject
+        );
+        let first = m.body.lines().next().unwrap();
+        assert!(
+            first.starts_with("Reminder: intact on nas, scrub of /srv/photos"),
+            "{first}"
+        );
+        assert!(
+            m.body.contains("the oldest damage was found 2025-11-21"),
+            "{}",
+            m.body
+        );
+        assert!(m.body.contains("(12 days ago)"), "{}", m.body);
+        assert_eq!(outstanding(47 * 3_600_000), "47 hours");
+        assert_eq!(outstanding(30 * 60_000), "less than an hour");
     }
 
     #[test]

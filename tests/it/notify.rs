@@ -96,10 +96,15 @@ fn damage_is_told_with_what_is_new_reminded_and_cleared_once() {
         title.starts_with("Reminder: intact: 1 damaged file"),
         "{title}"
     );
+    assert!(body.starts_with("Reminder: intact on "), "{body}");
     assert!(
-        body.contains("nothing is new since the last message"),
+        body.contains(
+            "Nothing is new since the last message, and this is still outstanding: the \
+             oldest damage was found "
+        ),
         "{body}"
     );
+    assert!(body.contains("(less than an hour ago)"), "{body}");
     // The same tree by a relative PATH (`status`, from its parent): the same items, so a
     // reminder, with the files' absolute paths (it sent the first alarm again, with
     // relative ones).
