@@ -12,6 +12,7 @@
 //! once before any file twice, and a file that fails every time cannot hold the cycle up.
 //! Under `--update`, an untagged file that could not be tagged is done for the cycle too.
 
+use std::collections::HashMap;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -64,6 +65,10 @@ impl Budget {
 pub const MASS_REMOVAL_FILES: u64 = 50;
 /// The default share of a tree's files that, gone at once, is an alarm.
 pub const MASS_REMOVAL_PERCENT: f64 = 10.0;
+/// Below [`MASS_REMOVAL_FILES`] files gone at once, what is still an alarm: a whole folder of
+/// at least this many, or more than half of a tree of at least this many (deleting 25 of a
+/// 40-file tree was a routine deletion). At [`MASS_REMOVAL_FILES`] and more, the share decides.
+pub const MASS_REMOVAL_SMALL: u64 = 10;
 
 /// A tree that vanished, or lost many files at once: held as an alarm, nothing marked gone.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,20 +81,39 @@ pub struct Removal {
     pub known: u64,
     /// Whether the walk found no file at all under it.
     pub vanished: bool,
+    /// A folder under it whose every file (at least [`MASS_REMOVAL_SMALL`]) is gone at once,
+    /// and how many it held.
+    pub folder: Option<(PathBuf, u64)>,
 }
 
 impl Removal {
     /// The alarm `gone` files gone at once from `root` make, of `known` recorded there, where
     /// the walk found `files`: a tree that holds nothing of what it held, or lost more than
-    /// `alarm_at` percent (and [`MASS_REMOVAL_FILES`]) at once.
-    pub fn of(root: &Path, gone: u64, known: u64, files: u64, alarm_at: f64) -> Option<Removal> {
+    /// `alarm_at` percent (and [`MASS_REMOVAL_FILES`]) at once, or, fewer, what
+    /// [`MASS_REMOVAL_SMALL`] says (`folder`: the largest folder whose every file is gone).
+    pub fn of(
+        root: &Path,
+        gone: u64,
+        known: u64,
+        files: u64,
+        alarm_at: f64,
+        folder: Option<(PathBuf, u64)>,
+    ) -> Option<Removal> {
         let vanished = files == 0 && gone > 0;
         let many = gone >= MASS_REMOVAL_FILES && gone as f64 * 100.0 > known as f64 * alarm_at;
-        (vanished || many).then(|| Removal {
+        // Fewer than MASS_REMOVAL_FILES: a small tree losing more than half (or the share
+        // asked for, if more), or a whole folder (unless every share is allowed: 100%).
+        let few = gone < MASS_REMOVAL_FILES;
+        let small = few
+            && known >= MASS_REMOVAL_SMALL
+            && gone as f64 * 100.0 > known as f64 * alarm_at.max(50.0);
+        let folder = folder.filter(|(_, n)| few && alarm_at < 100.0 && *n >= MASS_REMOVAL_SMALL);
+        (vanished || many || small || folder.is_some()).then(|| Removal {
             root: root.to_path_buf(),
             removed: gone,
             known,
             vanished,
+            folder,
         })
     }
 
@@ -100,6 +124,15 @@ impl Removal {
             format!(
                 "{root} holds none of the {} files recorded under it: is its disk mounted, was \
                  it deleted by mistake?",
+                crate::text::group(self.known)
+            )
+        } else if let Some((folder, n)) = &self.folder {
+            format!(
+                "the folder {} and its {} files are gone at once ({} of the {} files recorded \
+                 under {root}): deleted by mistake, or a disk that did not mount?",
+                crate::text::escape(folder),
+                crate::text::group(*n),
+                crate::text::group(self.removed),
                 crate::text::group(self.known)
             )
         } else {
@@ -812,6 +845,7 @@ impl Plan {
             removed,
             known: removed,
             vanished: true,
+            folder: None,
         }));
         for (u, replaced) in removed {
             if held.contains(&roots[u.root]) {
@@ -890,7 +924,11 @@ impl Plan {
                 .filter(|(u, replaced)| u.root == i && !replaced)
                 .count() as u64;
             let files = self.per_root.get(i).map_or(0, |c| c.0);
-            alarms.extend(Removal::of(root, gone, known, files, alarm_at));
+            let mine = removed
+                .iter()
+                .filter(|(u, replaced)| u.root == i && !replaced);
+            let folder = whole_folder(conn, mine)?;
+            alarms.extend(Removal::of(root, gone, known, files, alarm_at, folder));
         }
         Ok(alarms)
     }
@@ -1415,4 +1453,42 @@ pub struct FileState {
     pub status: Option<String>,
     /// When damage was found in it, if it is damaged.
     pub damaged: Option<i64>,
+}
+
+/// The largest folder all of whose recorded files are among `removed` (files gone at once, not
+/// moved: a folder renamed is met elsewhere), and how many it held; none of fewer than
+/// [`MASS_REMOVAL_SMALL`].
+fn whole_folder<'a>(
+    conn: &Connection,
+    removed: impl Iterator<Item = &'a (Unmet, bool)>,
+) -> rusqlite::Result<Option<(PathBuf, u64)>> {
+    let mut by_folder: HashMap<Vec<u8>, u64> = HashMap::new();
+    for (u, _) in removed {
+        let path = u.path();
+        if let Some(at) = path.iter().rposition(|&b| b == b'/') {
+            *by_folder.entry(path[..at].to_vec()).or_default() += 1;
+        }
+    }
+    let mut best: Option<(PathBuf, u64)> = None;
+    for (folder, gone) in by_folder {
+        if gone < MASS_REMOVAL_SMALL || best.as_ref().is_some_and(|(_, n)| *n >= gone) {
+            continue;
+        }
+        // The files recorded directly in it: met by the walk there, or not met (those gone
+        // among them).
+        let (low, high) = ([&folder[..], b"/"].concat(), [&folder[..], b"0"].concat());
+        let after = folder.len() as i64 + 2;
+        let recorded: i64 = conn.query_row(
+            "SELECT (SELECT count(*) FROM plan WHERE known AND abs >= ?1 AND abs < ?2 \
+             AND instr(substr(abs, ?3), '/') = 0) \
+             + (SELECT count(*) FROM unmet WHERE path >= ?1 AND path < ?2 \
+             AND instr(substr(path, ?3), '/') = 0)",
+            params![low, high, after],
+            |r| r.get(0),
+        )?;
+        if recorded as u64 == gone {
+            best = Some((PathBuf::from(std::ffi::OsString::from_vec(folder)), gone));
+        }
+    }
+    Ok(best)
 }

@@ -265,7 +265,9 @@ pub struct ScrubArgs {
     #[arg(long)]
     pub accept_removed: bool,
     /// The share of a tree's known files that, gone at once (and at least 50), is an alarm
-    /// rather than routine deletions
+    /// rather than routine deletions. Fewer than 50 are an alarm too when they are a whole
+    /// folder of at least 10, or more than half (or this share) of a tree of at least 10; 100%
+    /// leaves only a tree that holds none of its files an alarm
     #[arg(long, value_name = "PERCENT", default_value = "10%", value_parser = parse_share)]
     pub max_removed: f64,
     #[command(flatten)]

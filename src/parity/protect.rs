@@ -539,7 +539,7 @@ impl Protector {
         let gone = *self.gone.as_ref()?.get(i)?;
         let files = self.walked[i];
         let percent = crate::scrub::MASS_REMOVAL_PERCENT;
-        crate::scrub::Removal::of(&self.roots[i], gone, files + gone, files, percent)
+        crate::scrub::Removal::of(&self.roots[i], gone, files + gone, files, percent, None)
     }
 
     /// The members of packs taken apart that are still in the tree, to be packed again:

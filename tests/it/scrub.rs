@@ -1117,6 +1117,59 @@ fn status_names_the_damaged_copies_repair_kept() {
     assert_eq!(quiet, "");
 }
 
+/// Below 50 files, a deletion is still an alarm when it empties a whole folder of at least 10
+/// or takes more than half of a tree of at least 10 (25 of a 40-file tree was routine); a
+/// folder renamed is a move; a few files are routine.
+#[test]
+fn a_small_tree_or_a_whole_folder_gone_is_an_alarm() {
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 40, 100);
+    let run = |extra: &[&str]| cmd!("scrub", "-q", "--state", &db, &tree).args(extra).run();
+    run(&[]).expect_code(0);
+    // 25 of 40 (more than half): an alarm, nothing marked gone.
+    let mut gone = Vec::new();
+    for i in 0..25 {
+        let f = tree.join(format!("d{}/f{i:03}", i % 3));
+        fs::remove_file(&f).unwrap();
+        gone.push(f);
+    }
+    let r = run(&[]).expect_code(3);
+    assert!(
+        r.stderr.contains("25 of the 40 files recorded under"),
+        "{}",
+        r.stderr
+    );
+    // Confirmed: recorded once, then quiet.
+    run(&["--accept-removed"]).expect_code(0);
+    run(&[]).expect_code(0);
+
+    let t = Tree::new();
+    let (tree, db) = tagged_tree(&t, 60, 100);
+    let run = |extra: &[&str]| cmd!("scrub", "-q", "--state", &db, &tree).args(extra).run();
+    run(&[]).expect_code(0);
+    // A folder of 20 renamed: a move, no alarm.
+    fs::rename(tree.join("d1"), tree.join("moved")).unwrap();
+    run(&[]).expect_code(0);
+    // Two files of a folder: routine.
+    fs::remove_file(tree.join("d2/f002")).unwrap();
+    fs::remove_file(tree.join("d2/f005")).unwrap();
+    let r = cmd!("scrub", "--state", &db, &tree).run().expect_code(0);
+    assert_eq!(r.stdout.matches("removed ").count(), 2, "{}", r.stdout);
+    // The whole folder (the 18 left of 60): an alarm that names it.
+    fs::remove_dir_all(tree.join("d2")).unwrap();
+    let r = run(&[]).expect_code(3);
+    assert!(
+        r.stderr.contains(&format!(
+            "the folder {} and its 18 files are gone at once",
+            tree.join("d2").display()
+        )),
+        "{}",
+        r.stderr
+    );
+    // `--max-removed 100%`: only a vanished tree is an alarm.
+    run(&["--max-removed", "100%"]).expect_code(0);
+}
+
 /// `status` of a PATH that is not there says so, and nothing else (it printed a page of zeros
 /// first).
 #[test]
