@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cli::settings::Settings;
-use intact::engine::{self, FileReport, Progress};
+use intact::engine::{self, FileReport, Progress, Work};
 use intact::fs::walk::{self, Entry};
 use intact::metrics::Metrics;
 use intact::report::{Exit, Reporter, Summary};
@@ -338,8 +338,33 @@ fn conclude(s: &Settings, ran: &mut Ran, reporter: &mut Speaker) -> Option<io::E
                 reporter.summary.fail(why);
             }
         }
+    } else if matches!(s.config.work, Work::Tag | Work::Update) && !interrupted {
+        // Tagging where no tag can be written: one line that says why and what serves
+        // instead, after the files' own errors.
+        let counts = plan.map_or(&ran.per_root, |p| &p.per_root);
+        for (root, &(files, tagged)) in s.roots.iter().zip(counts) {
+            if files > 0 && tagged == 0 && lacks_xattrs(root) {
+                reporter.summary.fail(format!(
+                    "{}: its file system does not support extended attributes, so none of its \
+                     {} file(s) can carry a tag: keep them on one that does (ext4, XFS, btrfs, \
+                     APFS), or verify this copy against a manifest exported where they are \
+                     tagged (`intact export`, then `intact check --manifest FILE`)",
+                    escape(root),
+                    group(files)
+                ));
+            }
+        }
     }
     output
+}
+
+/// Whether the file system `root` is on keeps no extended attributes (ramfs, some FUSE and
+/// network file systems list none and refuse to get one).
+fn lacks_xattrs(root: &std::path::Path) -> bool {
+    matches!(
+        rustix::fs::lgetxattr(root, intact::core::tag::names::INTACT, &mut [0u8; 0][..]),
+        Err(rustix::io::Errno::NOTSUP)
+    )
 }
 
 /// Commits what the run recorded; a database found damaged is moved aside and rebuilt.
@@ -552,12 +577,7 @@ pub(super) fn nothing_verified(root: &std::path::Path, files: u64, tagged: u64) 
             "{shown} holds no files: nothing was verified (is its file system mounted?)"
         ));
     }
-    // ramfs, some FUSE and network file systems list no attributes and refuse to get one.
-    let no_xattrs = matches!(
-        rustix::fs::lgetxattr(root, intact::core::tag::names::INTACT, &mut [0u8; 0][..]),
-        Err(rustix::io::Errno::NOTSUP)
-    );
-    Some(if no_xattrs {
+    Some(if lacks_xattrs(root) {
         format!(
             "{shown}: its file system does not support extended attributes, so none of its \
              {} file(s) can carry a tag: nothing was verified (`intact export` and \

@@ -503,6 +503,24 @@ fn a_scrub_that_verifies_nothing_is_never_green() {
         "{}",
         r.stderr
     );
+    // Tagging there: the files' own errors, then one line that says why and what serves.
+    let r = cmd!("tag", "-q", "--state", &db, &ram.0)
+        .run()
+        .expect_code(3);
+    assert!(
+        r.stderr.contains(&format!(
+            "intact: error: {}: its file system does not support extended attributes, so none \
+             of its 1 file(s) can carry a tag: keep them on one that does",
+            ram.0.display()
+        )),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains("`intact check --manifest FILE`"),
+        "{}",
+        r.stderr
+    );
 }
 
 /// Row 10: the metrics of two trees in one collector directory never repeat a series, and
