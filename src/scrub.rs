@@ -123,7 +123,7 @@ impl Removal {
         let what = if self.vanished {
             format!(
                 "{root} holds none of the {} files recorded under it: is its disk mounted, was \
-                 it deleted by mistake?",
+                 it moved or renamed, or deleted by mistake?",
                 crate::text::group(self.known)
             )
         } else if let Some((folder, n)) = &self.folder {

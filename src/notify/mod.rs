@@ -536,7 +536,9 @@ fn what_to_do(ctx: &Context, f: &Findings, vanished: bool) -> String {
     let mut b = String::from("\nWHAT TO DO\n");
     if vanished {
         b.push_str(&format!(
-            "If the disk did not mount, mount it and run the scrub again. If the files were \
+            "If the disk did not mount, mount it and run the scrub again. If the folder was \
+             moved or renamed, scrub it where it is now (`intact scrub --update NEW-PATH`: \
+             verified there afresh) and confirm the old path as below. If the files were \
              deleted on purpose, confirm it:\n  intact scrub --accept-removed {trees}\n"
         ));
     }

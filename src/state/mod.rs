@@ -1073,11 +1073,13 @@ impl State {
         let mut rows = stmt.query([verb]).ok()?;
         while let Ok(Some(r)) = rows.next() {
             let key: Vec<u8> = r.get(0).ok()?;
+            // A run whose every root was dropped (gone, or no longer the tree) ran over none.
             let ran: Vec<&Path> = key
                 .split(|&b| b == b'\n')
+                .filter(|p| !p.is_empty())
                 .map(|p| Path::new(std::ffi::OsStr::from_bytes(p)))
                 .collect();
-            if wanted.iter().all(|w| ran.iter().any(|r| w.starts_with(r))) {
+            if !ran.is_empty() && wanted.iter().all(|w| ran.iter().any(|r| w.starts_with(r))) {
                 return Some(LastRun {
                     started: r.get(1).ok()?,
                     ended: r.get(2).ok()?,

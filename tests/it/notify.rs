@@ -465,6 +465,10 @@ fn a_vanished_tree_is_an_alarm_and_its_records_are_kept() {
     let (title, body, _) = posted(&got[0]);
     assert!(title.contains("vanished"), "{title}");
     assert!(body.contains("intact scrub --accept-removed"), "{body}");
+    assert!(
+        body.contains("If the folder was moved or renamed, scrub it where it is now"),
+        "{body}"
+    );
     // Still an alarm next run, and under a lower threshold; status says so too.
     scrub(&["--max-removed", "40%"]).expect_code(3);
     intact!("status", "--state", &db, &root).expect_code(3);
@@ -482,8 +486,10 @@ fn a_vanished_tree_is_an_alarm_and_its_records_are_kept() {
     fs::remove_dir_all(root.join("d0")).unwrap();
     let r = scrub(&["--max-removed", "100%"]).expect_code(3);
     assert!(
-        r.stderr
-            .contains("holds none of the 49 files recorded under it"),
+        r.stderr.contains(
+            "holds none of the 49 files recorded under it: is its disk mounted, was it moved \
+             or renamed"
+        ),
         "{}",
         r.stderr
     );

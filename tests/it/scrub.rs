@@ -1072,10 +1072,13 @@ fn status_says_when_the_last_scrub_ran_and_how_it_ended() {
     assert_eq!(v["last_scrub"]["exit_code"], 1, "{v}");
     assert_eq!(v["last_scrub"]["files"], 6, "{v}");
     assert!(v["last_scrub"]["ended"].is_string(), "{v}");
-    // A scrub of another tree is not this tree's.
+    // A scrub of another tree is not this tree's, nor one of a PATH that is not there.
     let t2 = Tree::new();
     let (other, _) = tagged_tree(&t2, 2, 100);
     intact!("scrub", "-q", "--state", &db, &other).expect_code(0);
+    cmd!("scrub", "-q", "--state", &db, t.path("not-there"))
+        .run()
+        .expect_code(3);
     assert_eq!(status_json(&db, &tree)["last_scrub"]["exit_code"], 1);
 }
 
