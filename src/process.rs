@@ -479,45 +479,30 @@ mod tests {
     #[test]
     fn a_child_that_talks_on_and_on_is_stopped_when_its_time_is_up() {
         let start = Instant::now();
-        let e = run(
-            &mut sh("yes"),
-            Watch::within(Duration::from_millis(500)),
-            &[],
-            &[0],
-            &mut |out| io::copy(out, &mut io::sink()).map(|_| ()),
-        )
-        .unwrap_err();
-        assert!(
-            matches!(
+        let late = |script: &str, ms: u64| {
+            let e = run(
+                &mut sh(script),
+                Watch::within(Duration::from_millis(ms)),
+                &[],
+                &[0],
+                &mut |out| io::copy(out, &mut io::sink()).map(|_| ()),
+            )
+            .unwrap_err();
+            let stopped = matches!(
                 e,
                 Error::Stopped {
                     why: Stop::Late(_),
                     ..
                 }
-            ),
-            "{e}"
-        );
+            );
+            assert!(stopped, "{e}");
+            e
+        };
+        let e = late("yes", 500);
         assert!(e.to_string().contains("did not finish within 500ms"), "{e}");
         assert!(start.elapsed() < Duration::from_secs(5));
         // Done printing but not ending: the same.
-        let e = run(
-            &mut sh("exec >&-; sleep 30"),
-            Watch::within(Duration::from_millis(300)),
-            &[],
-            &[0],
-            &mut |out| io::copy(out, &mut io::sink()).map(|_| ()),
-        )
-        .unwrap_err();
-        assert!(
-            matches!(
-                e,
-                Error::Stopped {
-                    why: Stop::Late(_),
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        late("exec >&-; sleep 30", 300);
     }
 
     #[test]

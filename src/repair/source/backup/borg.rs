@@ -6,7 +6,7 @@ use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
 use std::process::Command;
 
-use super::{Repository, Version, lines, named, stamp};
+use super::{Repository, Version, json, lines, named, stamp, tool};
 use crate::process::{self, Watch};
 use crate::repair::source::Unusable;
 
@@ -21,14 +21,9 @@ pub(super) struct Borg {
 }
 
 impl Borg {
+    /// Archives are then named `::NAME`.
     fn borg(&self) -> Command {
-        let mut c = Command::new("borg");
-        c.arg("--bypass-lock");
-        // By its variable, not in argv (see `Restic::restic`); archives are then `::NAME`.
-        if let Some(repo) = &self.repo {
-            c.env("BORG_REPO", repo);
-        }
-        c
+        tool("borg", "--bypass-lock", "BORG_REPO", self.repo.as_deref())
     }
 
     fn location(&self, archive: &str) -> OsString {
@@ -48,12 +43,7 @@ impl Repository for Borg {
     fn versions(&self, watch: Watch<'_>) -> Result<Vec<Version>, Unusable> {
         let mut c = self.borg();
         c.args(["list", "--json"]).args(&self.select);
-        let out = process::output(&mut c, watch)?;
-        let listed: serde_json::Value =
-            serde_json::from_slice(&out).map_err(|source| Unusable::Output {
-                what: "borg list",
-                source,
-            })?;
+        let listed: serde_json::Value = json(&mut c, watch, "borg list")?;
         let archives = listed["archives"].as_array().cloned().unwrap_or_default();
         Ok(archives
             .iter()

@@ -308,6 +308,28 @@ fn sought(work: &dyn Attempts) -> (Vec<Sought>, usize) {
     (sought, trees.len())
 }
 
+/// The backup tool `program` with `flag` (what keeps it from writing to the repository: a
+/// lock), its repository, where one is named, in the tool's variable `var`, never in argv: a
+/// repository URL may hold a password, and `ps` shows argv to every user.
+fn tool(program: &str, flag: &str, var: &str, repo: Option<&std::ffi::OsStr>) -> Command {
+    let mut c = Command::new(program);
+    c.arg(flag);
+    if let Some(repo) = repo {
+        c.env(var, repo);
+    }
+    c
+}
+
+/// What `cmd` prints, read as one JSON document (`what` names it in errors).
+fn json<T: serde::de::DeserializeOwned>(
+    cmd: &mut Command,
+    watch: Watch<'_>,
+    what: &'static str,
+) -> Result<T, Unusable> {
+    let out = process::output(cmd, watch)?;
+    serde_json::from_slice(&out).map_err(|source| Unusable::Output { what, source })
+}
+
 /// Runs `cmd`, calling `each` with every line of its JSON Lines output it can read (lines it
 /// cannot, such as names borg escapes as lone surrogates, are passed over).
 fn lines(

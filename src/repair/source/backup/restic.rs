@@ -6,7 +6,7 @@ use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::process::Command;
 
-use super::{Repository, Version, lines, named, stamp};
+use super::{Repository, Version, json, lines, named, stamp, tool};
 use crate::process::{self, Watch};
 use crate::repair::source::Unusable;
 
@@ -21,14 +21,12 @@ pub(super) struct Restic {
 
 impl Restic {
     fn restic(&self) -> Command {
-        let mut c = Command::new("restic");
-        c.arg("--no-lock");
-        // By its variable, not in argv: a repository URL may hold a password (`ps` shows
-        // argv to every user).
-        if let Some(repo) = &self.repo {
-            c.env("RESTIC_REPOSITORY", repo);
-        }
-        c
+        tool(
+            "restic",
+            "--no-lock",
+            "RESTIC_REPOSITORY",
+            self.repo.as_deref(),
+        )
     }
 }
 
@@ -40,12 +38,7 @@ impl Repository for Restic {
     fn versions(&self, watch: Watch<'_>) -> Result<Vec<Version>, Unusable> {
         let mut c = self.restic();
         c.args(["snapshots", "--json"]).args(&self.select);
-        let out = process::output(&mut c, watch)?;
-        let snapshots: Vec<serde_json::Value> =
-            serde_json::from_slice(&out).map_err(|source| Unusable::Output {
-                what: "restic snapshots",
-                source,
-            })?;
+        let snapshots: Vec<serde_json::Value> = json(&mut c, watch, "restic snapshots")?;
         Ok(snapshots
             .iter()
             .filter_map(|s| {
