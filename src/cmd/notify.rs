@@ -59,6 +59,7 @@ pub(super) fn tell(
             at: now,
             exit: exit as i32,
             repair_from: setup.repair_from.clone(),
+            restic_without_password: intact::repair::restic_without_password(&setup.repair_from),
         };
         if let Some(message) = notify::compose(&ctx, &found, &decision) {
             let errors = notify::deliver(&setup.channels, &message, setup.timeout);
@@ -127,6 +128,14 @@ pub fn test(a: NotifyTestArgs) -> anyhow::Result<Exit> {
                 exit = Exit::Trouble;
             }
         }
+    }
+    if intact::repair::restic_without_password(&setup.repair_from) {
+        eprintln!(
+            "intact: error: INTACT_REPAIR_FROM names a restic repository, but none of \
+             RESTIC_PASSWORD_FILE, RESTIC_PASSWORD, RESTIC_PASSWORD_COMMAND is set: a repair \
+             from it would fail (for the units, set one in /etc/default/intact)"
+        );
+        exit = Exit::Trouble;
     }
     if let Some(url) = &setup.heartbeat {
         match notify::heartbeat(url, setup.timeout) {

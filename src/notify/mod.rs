@@ -228,6 +228,9 @@ pub struct Context {
     pub exit: i32,
     /// Repair sources the owner configured (`INTACT_REPAIR_FROM`), for the commands shown.
     pub repair_from: Vec<String>,
+    /// Whether one of them is a restic repository whose password this run's environment
+    /// does not hold (the repair the message suggests would fail there).
+    pub restic_without_password: bool,
 }
 
 /// How bad a message is: Apprise's notification types.
@@ -566,6 +569,13 @@ fn what_to_do(ctx: &Context, f: &Findings, vanished: bool) -> String {
              intact repair {trees} {from} --dry-run\nthen the same without --dry-run. If a \
              change was yours after all, accept it:\n  intact update --accept-corrupt FILE\n"
         ));
+        if ctx.restic_without_password {
+            b.push_str(
+                "restic needs the repository's password where the repair runs, and this run \
+                 had none (RESTIC_PASSWORD_FILE, RESTIC_PASSWORD or RESTIC_PASSWORD_COMMAND; \
+                 for the units, in /etc/default/intact).\n",
+            );
+        }
     }
     if f.missing > 0 {
         b.push_str(&format!(
@@ -647,6 +657,7 @@ mod tests {
             at: 1_764_728_045_000,
             exit: 1,
             repair_from: vec![],
+            restic_without_password: false,
         }
     }
 
@@ -767,6 +778,20 @@ mod tests {
         assert!(m.body.contains("(12 days ago)"), "{}", m.body);
         assert_eq!(outstanding(47 * 3_600_000), "47 hours");
         assert_eq!(outstanding(30 * 60_000), "less than an hour");
+    }
+
+    #[test]
+    fn a_restic_source_without_its_password_is_said_with_the_repair() {
+        let mut f = Findings::default();
+        f.damaged("/srv/photos/a.jpg".into(), Some(1));
+        let d = Decision::Alarm {
+            new: HashSet::new(),
+        };
+        let mut c = ctx();
+        let said = "restic needs the repository's password where the repair runs";
+        assert!(!compose(&c, &f, &d).unwrap().body.contains(said));
+        c.restic_without_password = true;
+        assert!(compose(&c, &f, &d).unwrap().body.contains(said));
     }
 
     #[test]

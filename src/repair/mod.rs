@@ -16,7 +16,7 @@
 
 mod replace;
 mod source;
-pub use source::backup::sources;
+pub use source::backup::{restic_without_password, sources};
 pub use source::command::FromCommand;
 
 use std::collections::HashMap;

@@ -425,6 +425,27 @@ fn notify_test_sends_a_test_message() {
     let (title, body, _) = posted(&got[0]);
     assert!(title.starts_with("intact: test message from "), "{title}");
     assert!(body.contains("If you read this"), "{body}");
+    // A configured restic repository without its password where the run is: said, trouble.
+    let test = |password: &str| {
+        cmd!("notify", "--test")
+            .env("INTACT_NOTIFY", rx.json_url())
+            .env(
+                "INTACT_REPAIR_FROM",
+                "restic:/srv/restic --host nas /mnt/mirror",
+            )
+            .env("RESTIC_PASSWORD", "")
+            .env("RESTIC_PASSWORD_COMMAND", "")
+            .env("RESTIC_PASSWORD_FILE", password)
+            .run()
+    };
+    let r = test("").expect_code(3);
+    assert!(
+        r.stderr
+            .contains("names a restic repository, but none of RESTIC_PASSWORD_FILE"),
+        "{}",
+        r.stderr
+    );
+    test("/etc/intact/restic.pass").expect_code(0);
     // The URL is never on apprise's command line, where `ps` shows it.
     let r = intact!("notify", "--test").expect_code(2);
     assert!(r.stderr.contains("nothing to test"), "{}", r.stderr);

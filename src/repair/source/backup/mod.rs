@@ -308,6 +308,26 @@ fn sought(work: &dyn Attempts) -> (Vec<Sought>, usize) {
     (sought, trees.len())
 }
 
+/// Whether `sources` (`--from` values) name a restic repository while the environment holds
+/// none of the ways restic is given its password (every restic repository has one): the
+/// nightly unit's repair would fail, so `notify --test` and the message say so. (A borg
+/// repository may have no passphrase: not said.)
+pub fn restic_without_password(sources: &[String]) -> bool {
+    let restic = sources.iter().any(|s| {
+        shlex::split(s)
+            .and_then(|w| w.into_iter().next())
+            .is_some_and(|w| w.starts_with("restic:"))
+    });
+    let given = [
+        "RESTIC_PASSWORD",
+        "RESTIC_PASSWORD_FILE",
+        "RESTIC_PASSWORD_COMMAND",
+    ]
+    .iter()
+    .any(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()));
+    restic && !given
+}
+
 /// The backup tool `program` with `flag` (what keeps it from writing to the repository: a
 /// lock), its repository, where one is named, in the tool's variable `var`, never in argv: a
 /// repository URL may hold a password, and `ps` shows argv to every user.
