@@ -919,16 +919,21 @@ impl Plan {
                 [i as i64],
                 |r| r.get::<_, i64>(0),
             )? as u64;
-            let gone = removed
+            let gone: Vec<&Unmet> = removed
                 .iter()
                 .filter(|(u, replaced)| u.root == i && !replaced)
-                .count() as u64;
+                .map(|(u, _)| u)
+                .collect();
             let files = self.per_root.get(i).map_or(0, |c| c.0);
-            let mine = removed
-                .iter()
-                .filter(|(u, replaced)| u.root == i && !replaced);
-            let folder = whole_folder(conn, mine)?;
-            alarms.extend(Removal::of(root, gone, known, files, alarm_at, folder));
+            let folder = whole_folder(conn, &gone)?;
+            alarms.extend(Removal::of(
+                root,
+                gone.len() as u64,
+                known,
+                files,
+                alarm_at,
+                folder,
+            ));
         }
         Ok(alarms)
     }
@@ -1458,12 +1463,9 @@ pub struct FileState {
 /// The largest folder all of whose recorded files are among `removed` (files gone at once, not
 /// moved: a folder renamed is met elsewhere), and how many it held; none of fewer than
 /// [`MASS_REMOVAL_SMALL`].
-fn whole_folder<'a>(
-    conn: &Connection,
-    removed: impl Iterator<Item = &'a (Unmet, bool)>,
-) -> rusqlite::Result<Option<(PathBuf, u64)>> {
+fn whole_folder(conn: &Connection, removed: &[&Unmet]) -> rusqlite::Result<Option<(PathBuf, u64)>> {
     let mut by_folder: HashMap<Vec<u8>, u64> = HashMap::new();
-    for (u, _) in removed {
+    for u in removed {
         let path = u.path();
         if let Some(at) = path.iter().rposition(|&b| b == b'/') {
             *by_folder.entry(path[..at].to_vec()).or_default() += 1;
