@@ -480,8 +480,8 @@ fn last_scrub(run: Option<&state::LastRun>) -> String {
     };
     let Some(ended) = run.ended else {
         return format!(
-            "{}: did not finish (killed, or the machine stopped): not everything it was to \
-             verify was",
+            "{}: not finished (still running, or killed or stopped with the machine: then not \
+             everything it was to verify was)",
             time_ms(run.started)
         );
     };
