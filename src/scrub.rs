@@ -1100,8 +1100,9 @@ impl Plan {
         Ok(n)
     }
 
-    /// What `status` shows: verification ages, damage not yet repaired, copies.
-    pub fn overview(&self, now: i64) -> rusqlite::Result<Overview> {
+    /// What `status` shows: verification ages, damage not yet repaired, copies; files last
+    /// proven good before `deadline` (Unix milliseconds) are overdue.
+    pub fn overview(&self, now: i64, deadline: i64) -> rusqlite::Result<Overview> {
         let damage = self.damage()?;
         let conn = self.conn();
         let day = 86_400_000i64;
@@ -1109,7 +1110,7 @@ impl Plan {
         // up here: the same sums as aggregates in SQL took three times as long (21 of them,
         // each filtered, on every file).
         let mut ages = [Count::default(); AGES.len()];
-        let [mut protected, mut archived, mut cycle_verified] = [Count::default(); 3];
+        let [mut protected, mut archived, mut cycle_verified, mut overdue] = [Count::default(); 4];
         let mut oldest: Option<i64> = None;
         // When the archive of a run became durable, by run.
         let mut copied = std::collections::HashMap::<i64, Option<i64>>::new();
@@ -1150,6 +1151,9 @@ impl Plan {
                 && let Some(v) = verified
             {
                 oldest = Some(oldest.map_or(v, |o| o.min(v)));
+                if v < deadline {
+                    add(&mut overdue);
+                }
             }
         }
         let ages = AGES
@@ -1170,6 +1174,7 @@ impl Plan {
             parity: None,
             archived,
             cycle_verified,
+            overdue,
             oldest,
         })
     }
@@ -1219,12 +1224,18 @@ impl Plan {
     pub fn files(&self, mut each: impl FnMut(FileState)) -> rusqlite::Result<()> {
         let conn = self.conn();
         let mut stmt = conn.prepare(
-            "SELECT path, size, verified, checked, status, damaged FROM plan \
-             WHERE tagged ORDER BY verified IS NOT NULL, verified, seq",
+            "SELECT path, size, verified, checked, status, damaged, protected, archived, \
+             archived_in FROM plan WHERE tagged ORDER BY verified IS NOT NULL, verified, seq",
         )?;
+        let mut copied = HashMap::<i64, Option<i64>>::new();
         let mut rows = stmt.query([])?;
         while let Some(r) = rows.next()? {
             let path: Vec<u8> = r.get(0)?;
+            let archived = match (r.get::<_, Option<i64>>(7)?, r.get::<_, Option<i64>>(8)?) {
+                (Some(at), _) => Some(at),
+                (None, Some(run)) => state::copied(&conn, "state.", &mut copied, run)?,
+                (None, None) => None,
+            };
             each(FileState {
                 path: PathBuf::from(std::ffi::OsString::from_vec(path)),
                 size: r.get::<_, i64>(1)? as u64,
@@ -1232,6 +1243,8 @@ impl Plan {
                 checked: r.get(3)?,
                 status: r.get(4)?,
                 damaged: r.get(5)?,
+                protected: r.get::<_, Option<i64>>(6)?.is_some(),
+                archived: archived.is_some(),
             });
         }
         Ok(())
@@ -1359,6 +1372,9 @@ pub struct Overview {
     pub archived: Count,
     /// Tagged files checked since the current cycle began, and their bytes.
     pub cycle_verified: Count,
+    /// Tagged files, not damaged, last proven good before the deadline the status set (1.5
+    /// cycles, or 45 days): the scrubs do not keep up.
+    pub overdue: Count,
     /// The least recent verification (Unix milliseconds).
     pub oldest: Option<i64>,
 }
@@ -1458,6 +1474,10 @@ pub struct FileState {
     pub status: Option<String>,
     /// When damage was found in it, if it is damaged.
     pub damaged: Option<i64>,
+    /// Whether a parity set was written for its content.
+    pub protected: bool,
+    /// Whether its content was archived.
+    pub archived: bool,
 }
 
 /// The largest folder all of whose recorded files are among `removed` (files gone at once, not

@@ -601,13 +601,17 @@ each file was verified. Planning reads tags and metadata only.
 Exit codes: as for check (1 damage found, 3 errors, 130 interrupted).";
 
 pub const STATUS_HELP: &str = "\
-Reads tags and metadata, and the state database; no file data. Shows files tagged and
-untagged, how long since each was last verified (a chart), damage found and not yet repaired
-or accepted, files with parity or archived copies, and how long a full cycle takes at the
-speed of recent scrubs.
+Reads tags and metadata, and the state database; no file data. In the order of the questions:
+is anything wrong (damage not yet repaired or accepted, files overdue: not proven good for 1.5
+full cycles, or 45 days while the cycle is unknown; files gone; damaged copies repair kept;
+a vanished tree or a state database that cannot be used, said first on stderr); when the
+last scrub ran, how long, with what result; when every file will have been proven good again
+at the pace of the last runs; what has parity or an archived copy; then how many files are
+tagged and a chart of how long since each was last verified.
 
--q shows only what needs attention (damage, files gone, a damage history lost with a damaged
-state database); -v lists every tagged file with when it was last proven good, oldest first.
+-q shows only what needs action (damage, overdue files, damaged copies left, and the errors),
+nothing when nothing does; -v lists every tagged file, oldest verification first: when it was
+last proven good, its last verdict, its copies (p parity, a archived), size and path.
 
 Exit codes: 0; 1 damage found earlier is not yet repaired or accepted; 3 errors, or the state
 database was rebuilt and files have not all been checked since.";

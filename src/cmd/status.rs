@@ -41,6 +41,10 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
             && o.damage.is_empty()
             && found.gone.is_empty()
             && found.vanished == 0;
+        // What is wrong first: a vanished tree, a database that cannot be used.
+        for e in &found.errors {
+            eprintln!("intact: error: {e}");
+        }
         if !nothing || found.errors.is_empty() {
             out.write_all(text(&s, a.damage_lines, &plan, &found).as_bytes())?;
         }
@@ -48,9 +52,6 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
             plan.files(|f| {
                 let _ = writeln!(out, "{}", file_line(&f));
             })?;
-        }
-        for e in &found.errors {
-            eprintln!("intact: error: {e}");
         }
     }
     out.flush()?;
@@ -94,6 +95,11 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
     Ok(exit)
 }
 
+/// Files not proven good for this long are overdue when the cycle is not known (the rule
+/// `IntactVerificationStale`); else 1.5 cycles, and never less than a day.
+const STALE_MS: i64 = 45 * DAY_MS;
+const DAY_MS: i64 = 86_400_000;
+
 /// What status finds in the tags and the state database.
 struct Found {
     /// What is wrong, for the owner's message.
@@ -107,6 +113,10 @@ struct Found {
     /// Why damage is not known, if it is not.
     unknown: Option<String>,
     cycle: Option<Cycle>,
+    /// Files not proven good since then are overdue (Unix milliseconds).
+    deadline: i64,
+    /// When every file will have been proven good again.
+    proven_by: ProvenBy,
     /// The last scrub over these trees, as the database recorded it.
     last_scrub: Option<state::LastRun>,
     /// Damaged copies repair kept in the trees.
@@ -171,6 +181,13 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
         .as_ref()
         .and_then(|st| st.path().map(|p| p.to_path_buf()));
     let now = state::now();
+    let pace = state.as_ref().and_then(|st| st.pace(&s.roots));
+    let cycle = Cycle::estimate(plan.tagged.1, pace);
+    // A cycle in days of the calendar (runs, one every so often), not of running time.
+    let calendar = cycle
+        .as_ref()
+        .and_then(|c| Some(c.runs.unwrap_or(1) as f64 * c.pace.every?));
+    let deadline = now - calendar.map_or(STALE_MS, |secs| ((secs * 1500.0) as i64).max(DAY_MS));
     // First: a file moved is known with its history from here on.
     let (gone, alarms) = plan.gone(
         &s.roots,
@@ -178,7 +195,7 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
         false,
         Some(intact::scrub::MASS_REMOVAL_PERCENT),
     )?;
-    let mut overview = plan.overview(now)?;
+    let mut overview = plan.overview(now, deadline)?;
     // Damage the walk could not meet: on a file system not mounted now, or excluded.
     if let Some(st) = &mut state {
         let walked: std::collections::HashSet<std::path::PathBuf> = overview
@@ -229,9 +246,23 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
             ));
         }
     }
-    let pace = state.as_ref().and_then(|st| st.pace(&s.roots));
-    let cycle = Cycle::estimate(overview.tagged.bytes, pace);
     let last_scrub = state.as_ref().and_then(|st| st.last_run("scrub", &s.roots));
+    let proven_by = ProvenBy::estimate(
+        overview
+            .tagged
+            .bytes
+            .saturating_sub(overview.cycle_verified.bytes),
+        pace.as_ref(),
+        // The pace is of scrubs where there are any, else of checks.
+        match pace {
+            Some(p) if p.scrubs => last_scrub.map(|r| r.started),
+            _ => state
+                .as_ref()
+                .and_then(|st| st.last_run("check", &s.roots))
+                .map(|r| r.started),
+        },
+        now,
+    );
     let mut exit = failures.exit(Verb::Status);
     if !overview.damage.is_empty() {
         exit = exit.merge(Exit::Damage);
@@ -267,6 +298,8 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
         lost,
         unknown,
         cycle,
+        deadline,
+        proven_by,
         last_scrub,
         kept,
         db,
@@ -307,6 +340,10 @@ struct CycleJson {
     bytes_checked: u64,
     seconds_for_a_cycle: Option<f64>,
     runs_for_a_cycle: Option<u64>,
+    /// When every tagged file will have been proven good again (this cycle done: its start).
+    proven_good_again_by: Option<String>,
+    /// Files not proven good since then count as overdue.
+    overdue_before: String,
 }
 
 #[derive(serde::Serialize)]
@@ -338,6 +375,12 @@ impl<'a> Document<'a> {
                 bytes_checked: o.cycle_verified.bytes,
                 seconds_for_a_cycle: f.cycle.as_ref().and_then(|c| c.seconds),
                 runs_for_a_cycle: f.cycle.as_ref().and_then(|c| c.runs),
+                proven_good_again_by: match f.proven_by {
+                    ProvenBy::Done => Some(time_ms(plan.cycle_started)),
+                    ProvenBy::At { at, .. } => Some(time_ms(at)),
+                    ProvenBy::Unknown => None,
+                },
+                overdue_before: time_ms(f.deadline),
             },
             damaged_copies: &f.kept,
             last_scrub: f.last_scrub.map(|r| LastScrubJson {
@@ -362,28 +405,26 @@ impl<'a> Document<'a> {
     }
 }
 
-/// Status for people: what needs attention, then (unless quiet) coverage.
+/// Status for people, in the order of the owner's questions: is anything wrong, when did
+/// the last scrub run and how did it end, when will every file have been proven good again,
+/// what is protected; then how the trees are covered. `-q`: only what needs action.
 fn text(s: &Settings, damage_lines: usize, plan: &intact::scrub::Plan, f: &Found) -> String {
     let o = &f.overview;
+    let wrong =
+        attention(o, f.unknown.as_deref(), f.deadline, damage_lines) + &f.kept.text(damage_lines);
     if s.verbosity == Verbosity::Quiet {
-        // Only what needs action: files gone are routine (a mass deletion is an alarm of
-        // its own, said as an error).
-        return attention(o, &[], f.unknown.as_deref(), damage_lines) + &f.kept.text(damage_lines);
+        // Files gone are routine (a mass deletion is an alarm of its own, said as an error).
+        return wrong;
     }
-    let width = terminal_width();
     let mut text = String::new();
+    if o.damage.is_empty() && f.unknown.is_none() {
+        text.push_str("damage      none found that is not repaired\n");
+    }
+    text += &wrong;
+    text += &removed(&f.gone, damage_lines);
     if f.db.is_some() {
         let _ = writeln!(text, "last scrub  {}", last_scrub(f.last_scrub.as_ref()));
     }
-    text += &render(
-        o,
-        &f.gone,
-        f.unknown.as_deref(),
-        damage_lines,
-        width,
-        f.cycle.as_ref(),
-    );
-    text += &f.kept.text(damage_lines);
     if plan.cycle_started > 0 {
         let _ = writeln!(
             text,
@@ -394,6 +435,17 @@ fn text(s: &Settings, damage_lines: usize, plan: &intact::scrub::Plan, f: &Found
             bytes(o.cycle_verified.bytes)
         );
     }
+    if f.db.is_some() {
+        let _ = writeln!(text, "proven by   {}", proven_by(f.proven_by));
+    }
+    match &f.cycle {
+        Some(c) => {
+            let _ = writeln!(text, "full cycle  {}", c.line());
+        }
+        None => text.push_str("full cycle  unknown: no scrub or check recorded yet\n"),
+    }
+    text += &protection(o);
+    text += &coverage(o, terminal_width());
     match f.watched.first() {
         Some(w) => {
             let _ = writeln!(
@@ -414,6 +466,58 @@ fn text(s: &Settings, damage_lines: usize, plan: &intact::scrub::Plan, f: &Found
         text.push_str("(no state database: every file counts as never verified)\n");
     }
     text
+}
+
+/// When every tagged file will have been proven good again.
+fn proven_by(by: ProvenBy) -> String {
+    match by {
+        ProvenBy::Done => "every tagged file was proven good in this cycle".into(),
+        ProvenBy::At { at, runs } => format!(
+            "{}: every tagged file proven good again, {} more {} at the pace of the last ones",
+            time_ms(at),
+            group(runs),
+            if runs == 1 { "scrub" } else { "scrubs" }
+        ),
+        ProvenBy::Unknown => {
+            "unknown: the pace needs two scrubs or checks of these trees recorded".into()
+        }
+    }
+}
+
+/// When every tagged file will have been proven good again: the cycle's progress at the
+/// pace of the last runs (bytes a run, one run every so often).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum ProvenBy {
+    /// Every tagged file was verified since the cycle began.
+    Done,
+    /// After `runs` more runs, at `at` (Unix milliseconds).
+    At { at: i64, runs: u64 },
+    /// Fewer than two runs recorded: no pace.
+    Unknown,
+}
+
+impl ProvenBy {
+    /// `left`: tagged bytes not verified since the cycle began; `last`: when the last run
+    /// began.
+    fn estimate(left: u64, pace: Option<&Pace>, last: Option<i64>, now: i64) -> ProvenBy {
+        if left == 0 {
+            return ProvenBy::Done;
+        }
+        let Some((pace, every)) = pace.and_then(|p| Some((p, p.every?))) else {
+            return ProvenBy::Unknown;
+        };
+        if pace.bytes_per_run <= 0.0 {
+            return ProvenBy::Unknown;
+        }
+        let runs = (left as f64 / pace.bytes_per_run).ceil().max(1.0) as u64;
+        let every = (every * 1000.0) as i64;
+        // The next run comes one interval after the last; one that is late comes now.
+        let next = last.map_or(now, |l| (l + every).max(now));
+        ProvenBy::At {
+            at: next + (runs as i64 - 1) * every,
+            runs,
+        }
+    }
 }
 
 /// Damaged copies that repair kept in the trees (`NAME.damaged`, marked `user.intact.damaged`):
@@ -642,15 +746,21 @@ fn metrics(s: &Settings, found: &Found, exit: Exit) -> Metrics {
     m
 }
 
-/// One line of `status -v`: when the file was last proven good, its last verdict, its path.
+/// One line of `status -v`: when the file was last proven good, its last verdict, its
+/// copies (`p` parity, `a` archived), its size and path.
 fn file_line(f: &FileState) -> String {
     let verified = f.verified.map_or_else(|| "never".to_string(), time_ms);
     let status = match f.damaged {
         Some(_) => f.status.as_deref().unwrap_or("corrupt"),
         None => f.status.as_deref().unwrap_or("-"),
     };
+    let copies = format!(
+        "{}{}",
+        if f.protected { 'p' } else { '-' },
+        if f.archived { 'a' } else { '-' }
+    );
     format!(
-        "{verified:<20} {status:<8} {:>9} {}",
+        "{verified:<20} {status:<8} {copies} {:>9} {}",
         bytes(f.size),
         escape(&f.path)
     )
@@ -668,6 +778,8 @@ struct FileLine<'a> {
     checked: Option<String>,
     status: Option<&'a str>,
     damaged: Option<String>,
+    protected: bool,
+    archived: bool,
 }
 
 impl<'a> FileLine<'a> {
@@ -680,6 +792,8 @@ impl<'a> FileLine<'a> {
             checked: f.checked.map(time_ms),
             status: f.status.as_deref(),
             damaged: f.damaged.map(time_ms),
+            protected: f.protected,
+            archived: f.archived,
         }
     }
 }
@@ -699,10 +813,10 @@ fn terminal_width() -> usize {
         .unwrap_or(80)
 }
 
-/// What needs attention (`-q`, and the end of the overview): damage not dealt with, damage
-/// that cannot be known (`unknown`: a state database unreadable, or rebuilt and the files not
-/// all checked since), files gone since they were last seen. Nothing when there is none.
-fn attention(o: &Overview, gone: &[Gone], unknown: Option<&str>, lines: usize) -> String {
+/// What needs action (all of `-q`): damage not dealt with, damage that cannot be known
+/// (`unknown`: a state database unreadable, or rebuilt and the files not all checked since),
+/// files not proven good since `deadline`. Nothing when there is none.
+fn attention(o: &Overview, unknown: Option<&str>, deadline: i64, lines: usize) -> String {
     let mut t = String::new();
     if let Some(unknown) = unknown {
         let _ = writeln!(t, "damage      {unknown}");
@@ -731,113 +845,112 @@ fn attention(o: &Overview, gone: &[Gone], unknown: Option<&str>, lines: usize) -
             );
         }
     }
-    if !gone.is_empty() {
+    if o.overdue.files > 0 {
         let _ = writeln!(
             t,
-            "removed     {} {} gone since last seen (remembered {} days):",
-            group(gone.len() as u64),
-            if gone.len() == 1 { "file" } else { "files" },
-            intact::scrub::GONE_KEPT.as_secs() / 86_400
+            "overdue     {} {} ({}) not proven good since {}: the scrubs do not keep up \
+             (a larger --max-time or --max-percent, or see why they fail)",
+            group(o.overdue.files),
+            if o.overdue.files == 1 {
+                "file"
+            } else {
+                "files"
+            },
+            bytes(o.overdue.bytes),
+            time_ms(deadline)
         );
-        for g in gone.iter().take(lines) {
-            let _ = writeln!(
-                t,
-                "  {}  (last verified {})",
-                escape(&g.path),
-                g.verified.map_or("never".into(), time_ms)
-            );
-        }
-        if gone.len() > lines {
-            let _ = writeln!(
-                t,
-                "  ... and {} more (--json lists all)",
-                gone.len() - lines
-            );
-        }
     }
     t
 }
 
-/// The overview for people: counts, the age chart with bars scaled to `width`, damage.
-fn render(
-    o: &Overview,
-    gone: &[Gone],
-    unknown: Option<&str>,
-    damage_lines: usize,
-    width: usize,
-    cycle: Option<&Cycle>,
-) -> String {
+/// Files gone since they were last seen: routine, shown but not in `-q`.
+fn removed(gone: &[Gone], lines: usize) -> String {
     let mut t = String::new();
-    let drawn = (|| -> std::fmt::Result {
-        writeln!(
+    if gone.is_empty() {
+        return t;
+    }
+    let _ = writeln!(
+        t,
+        "removed     {} {} gone since last seen (remembered {} days):",
+        group(gone.len() as u64),
+        if gone.len() == 1 { "file" } else { "files" },
+        intact::scrub::GONE_KEPT.as_secs() / 86_400
+    );
+    for g in gone.iter().take(lines) {
+        let _ = writeln!(
             t,
-            "files       {} tagged ({}), {} untagged ({})",
-            group(o.tagged.files),
-            bytes(o.tagged.bytes),
-            group(o.untagged.files),
-            bytes(o.untagged.bytes)
-        )?;
-        writeln!(
+            "  {}  (last verified {})",
+            escape(&g.path),
+            g.verified.map_or("never".into(), time_ms)
+        );
+    }
+    if gone.len() > lines {
+        let _ = writeln!(
             t,
-            "verified    files by time since their last verification:"
-        )?;
-        let most = o.ages.iter().map(|a| a.files).max().unwrap_or(0).max(1);
-        let bar_width = width.saturating_sub(36).clamp(10, 60);
-        for a in &o.ages {
-            let len = (a.files as f64 / most as f64 * bar_width as f64).round() as usize;
-            let len = if a.files > 0 { len.max(1) } else { 0 };
-            writeln!(
-                t,
-                "  {:<10} {:<w$} {:>9} {:>9}",
-                a.label,
-                "#".repeat(len),
-                group(a.files),
-                bytes(a.bytes),
-                w = bar_width
-            )?;
+            "  ... and {} more (--json lists all)",
+            gone.len() - lines
+        );
+    }
+    t
+}
+
+/// What is protected: parity and archived copies.
+fn protection(o: &Overview) -> String {
+    let mut t = format!(
+        "copies      {} with parity ({}), {} archived ({})\n",
+        group(o.protected.files),
+        percent(o.protected.files, o.tagged.files),
+        group(o.archived.files),
+        percent(o.archived.files, o.tagged.files)
+    );
+    if let Some(p) = &o.parity {
+        t += &format!(
+            "parity      {} current, {} none",
+            group(p.current.files),
+            group(p.none.files)
+        );
+        if p.stale.files > 0 {
+            t += &format!(", {} only moved aside (stale)", group(p.stale.files));
         }
-        writeln!(
+        t += &format!(
+            "; the store holds {} for {} protected ({})",
+            bytes(p.store_bytes),
+            bytes(p.current.bytes),
+            percent(p.store_bytes, p.current.bytes)
+        );
+        if p.stale_bytes > 0 {
+            t += &format!(", and {} moved aside", bytes(p.stale_bytes));
+        }
+        t.push('\n');
+    }
+    t
+}
+
+/// How the trees are covered: counts, and the age chart with bars scaled to `width`.
+fn coverage(o: &Overview, width: usize) -> String {
+    let mut t = format!(
+        "files       {} tagged ({}), {} untagged ({})\n\
+         verified    files by time since their last verification:\n",
+        group(o.tagged.files),
+        bytes(o.tagged.bytes),
+        group(o.untagged.files),
+        bytes(o.untagged.bytes)
+    );
+    let most = o.ages.iter().map(|a| a.files).max().unwrap_or(0).max(1);
+    let bar_width = width.saturating_sub(36).clamp(10, 60);
+    for a in &o.ages {
+        let len = (a.files as f64 / most as f64 * bar_width as f64).round() as usize;
+        let len = if a.files > 0 { len.max(1) } else { 0 };
+        let _ = writeln!(
             t,
-            "copies      {} with parity ({}), {} archived ({})",
-            group(o.protected.files),
-            percent(o.protected.files, o.tagged.files),
-            group(o.archived.files),
-            percent(o.archived.files, o.tagged.files)
-        )?;
-        if let Some(p) = &o.parity {
-            let mut line = format!(
-                "parity      {} current, {} none",
-                group(p.current.files),
-                group(p.none.files)
-            );
-            if p.stale.files > 0 {
-                line.push_str(&format!(
-                    ", {} only moved aside (stale)",
-                    group(p.stale.files)
-                ));
-            }
-            line.push_str(&format!(
-                "; the store holds {} for {} protected ({})",
-                bytes(p.store_bytes),
-                bytes(p.current.bytes),
-                percent(p.store_bytes, p.current.bytes)
-            ));
-            if p.stale_bytes > 0 {
-                line.push_str(&format!(", and {} moved aside", bytes(p.stale_bytes)));
-            }
-            writeln!(t, "{line}")?;
-        }
-        match cycle {
-            Some(c) => writeln!(t, "full cycle  {}", c.line())?,
-            None => writeln!(t, "full cycle  unknown: no scrub or check recorded yet")?,
-        }
-        if o.damage.is_empty() && unknown.is_none() {
-            writeln!(t, "damage      none found that is not repaired")?;
-        }
-        Ok(())
-    })();
-    drawn.expect("writing to a String");
-    t.push_str(&attention(o, gone, unknown, damage_lines));
+            "  {:<10} {:<w$} {:>9} {:>9}",
+            a.label,
+            "#".repeat(len),
+            group(a.files),
+            bytes(a.bytes),
+            w = bar_width
+        );
+    }
     t
 }
 
@@ -867,6 +980,7 @@ mod tests {
             parity: None,
             archived: Count::default(),
             cycle_verified: Count::default(),
+            overdue: Count::default(),
             oldest: None,
         }
     }
@@ -881,8 +995,8 @@ mod tests {
 
     #[test]
     fn the_age_chart_scales_to_the_terminal() {
-        let narrow = bars(&super::render(&overview(), &[], None, 20, 60, None));
-        let wide = bars(&super::render(&overview(), &[], None, 20, 120, None));
+        let narrow = bars(&super::coverage(&overview(), 60));
+        let wide = bars(&super::coverage(&overview(), 120));
         // The largest bucket spans the room there is; the others keep their proportion; an
         // empty bucket has no bar, a small one at least a mark.
         assert_eq!(narrow, vec![6, 24, 0, 1]);
@@ -924,6 +1038,66 @@ mod tests {
             checks.line().contains("(recent checks)"),
             "{}",
             checks.line()
+        );
+    }
+
+    /// Every file proven good again: after the runs the bytes left take at the recent pace,
+    /// one interval after the last run (or now, when that is late); unknown without a pace.
+    #[test]
+    fn every_file_is_proven_good_again_at_the_pace_of_the_last_runs() {
+        use super::ProvenBy;
+        let day = 86_400_000;
+        let pace = Pace {
+            scrubs: true,
+            bytes_per_run: 100.0,
+            bytes_per_second: 1e6,
+            every: Some(86_400.0),
+        };
+        let now = 10 * day;
+        let last = now - day / 2;
+        assert_eq!(
+            ProvenBy::estimate(250, Some(&pace), Some(last), now),
+            ProvenBy::At {
+                at: last + 3 * day,
+                runs: 3
+            }
+        );
+        // Scrubs stopped a week ago: the next is not in the past.
+        assert_eq!(
+            ProvenBy::estimate(100, Some(&pace), Some(now - 7 * day), now),
+            ProvenBy::At { at: now, runs: 1 }
+        );
+        assert_eq!(
+            ProvenBy::estimate(0, Some(&pace), Some(last), now),
+            ProvenBy::Done
+        );
+        let once = Pace {
+            every: None,
+            ..pace
+        };
+        assert_eq!(
+            ProvenBy::estimate(250, Some(&once), Some(last), now),
+            ProvenBy::Unknown
+        );
+        assert_eq!(
+            ProvenBy::estimate(250, None, Some(last), now),
+            ProvenBy::Unknown
+        );
+    }
+
+    /// Files not proven good since the deadline need action: `-q` says them.
+    #[test]
+    fn overdue_files_need_action() {
+        let mut o = overview();
+        assert_eq!(super::attention(&o, None, 0, 20), "");
+        o.overdue = intact::scrub::Count {
+            files: 2,
+            bytes: 2000,
+        };
+        let t = super::attention(&o, None, 0, 20);
+        assert!(
+            t.starts_with("overdue     2 files (2.00 kB) not proven good since 1970-01-01"),
+            "{t}"
         );
     }
 }

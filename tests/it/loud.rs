@@ -578,6 +578,29 @@ fn status_answers_per_file() {
         "{lines:?}"
     );
     assert!(lines[1].contains(" ok "), "{lines:?}");
+    assert!(
+        lines.iter().all(|l| l.contains(" -- ")),
+        "no copies yet: {lines:?}"
+    );
+    // Each file's copies: p parity, a archived.
+    intact!("protect", "-q", "--state", &db, tree.join("f00")).expect_code(0);
+    intact!(
+        "archive",
+        "create",
+        "-q",
+        "--state",
+        &db,
+        t.path("a.tar.zst"),
+        tree.join("f01")
+    )
+    .expect_code(0);
+    let r = intact!("status", "-v", "--state", &db, &tree).expect_code(0);
+    let mark = |name: &str| {
+        let line = r.stdout.lines().find(|l| l.ends_with(name)).unwrap();
+        line.split_whitespace().nth(2).unwrap().to_string()
+    };
+    let marks = [mark("/f00"), mark("/f01"), mark("/f02")];
+    assert_eq!(marks, ["p-", "-a", "--"], "{}", r.stdout);
     let r = intact!("status", "-q", "--state", &db, &tree).expect_code(0);
     assert_eq!(r.stdout, "", "-q: nothing needs attention");
     flip_byte(&tree.join("f02"), 3);
@@ -598,6 +621,14 @@ fn status_answers_per_file() {
         .collect();
     assert_eq!(files.len(), 3);
     assert!(files.iter().all(|f| f["verified"].is_string()), "{files:?}");
+    let copies: Vec<_> = files
+        .iter()
+        .map(|f| (f["protected"].as_bool(), f["archived"].as_bool()))
+        .collect();
+    assert!(
+        copies.contains(&(Some(true), Some(false))) && copies.contains(&(Some(false), Some(true))),
+        "{files:?}"
+    );
 }
 
 /// Row 12: a file verified before and gone now is told once by the next scrub, shown by

@@ -1042,8 +1042,10 @@ fn a_file_brought_back_by_repair_missing_is_no_longer_removed() {
     assert!(!out.contains("removed"), "{out}");
 }
 
-/// `status` says first when the last scrub over the tree ran, how long, what it read and how
-/// it ended (what `zpool status` puts first), for the tree or any folder of it.
+/// `status` answers in the order of the owner's questions: is anything wrong, when did the
+/// last scrub run (how long, what it read, how it ended: what `zpool status` puts first), when
+/// will every file have been proven good again, what is protected; then the coverage chart.
+/// For the tree or any folder of it.
 #[test]
 fn status_says_when_the_last_scrub_ran_and_how_it_ended() {
     let t = Tree::new();
@@ -1051,8 +1053,43 @@ fn status_says_when_the_last_scrub_ran_and_how_it_ended() {
     let first = intact!("status", "--state", &db, &tree)
         .expect_code(0)
         .stdout;
-    assert!(first.starts_with("last scrub  none recorded"), "{first}");
-    intact!("scrub", "-q", "--state", &db, &tree).expect_code(0);
+    assert!(
+        first.starts_with("damage      none found that is not repaired\nlast scrub  none recorded"),
+        "{first}"
+    );
+    assert!(first.contains("\nproven by   unknown: "), "{first}");
+    // Two budgeted scrubs make a pace: a fifth of the tree a run.
+    for _ in 0..2 {
+        intact!("scrub", "-q", "--max-percent", "20", "--state", &db, &tree).expect_code(0);
+        std::thread::sleep(Duration::from_millis(1100));
+    }
+    let out = intact!("status", "--state", &db, &tree)
+        .expect_code(0)
+        .stdout;
+    let starts: Vec<&str> = out.lines().map(|l| &l[..l.len().min(11)]).collect();
+    let at = |label: &str| {
+        starts
+            .iter()
+            .position(|s| s.trim_end() == label)
+            .unwrap_or_else(|| panic!("{label}: {out}"))
+    };
+    assert!(
+        at("damage") < at("last scrub")
+            && at("last scrub") < at("proven by")
+            && at("proven by") < at("copies")
+            && at("copies") < at("files")
+            && at("files") < at("verified"),
+        "{out}"
+    );
+    let proven = out.lines().find(|l| l.starts_with("proven by")).unwrap();
+    assert!(
+        proven.starts_with("proven by   20")
+            && proven.contains("every tagged file proven good again, ")
+            && proven.ends_with("at the pace of the last ones"),
+        "{proven}"
+    );
+    let v = status_json(&db, &tree);
+    assert!(v["cycle"]["proven_good_again_by"].is_string(), "{v}");
     flip_byte(&tree.join("d1/f001"), 10);
     cmd!("scrub", "-q", "--state", &db, &tree)
         .run()
@@ -1061,7 +1098,8 @@ fn status_says_when_the_last_scrub_ran_and_how_it_ended() {
         let out = intact!("status", "--state", &db, &path)
             .expect_code(1)
             .stdout;
-        let line = out.lines().next().unwrap();
+        assert!(out.starts_with("damage      1 file found damaged"), "{out}");
+        let line = out.lines().find(|l| l.starts_with("last scrub")).unwrap();
         assert!(line.starts_with("last scrub  20"), "{out}");
         assert!(
             line.ends_with(": 6 files, 30.00 kB read, damage found (exit 1)"),
