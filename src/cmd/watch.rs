@@ -86,7 +86,43 @@ pub fn run(a: WatchArgs) -> anyhow::Result<Exit> {
     let mut told: Option<Instant> = None;
     let mut seen = Vec::new();
     let mut exit = Exit::Clean;
+    // Each tree as it was when the watch began: one unmounted, removed or renamed is gone
+    // (its path then leads elsewhere, or nowhere).
+    let identity = |root: &PathBuf| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(root).ok().map(|m| (m.dev(), m.ino()))
+    };
+    let began: Vec<_> = roots.iter().map(identity).collect();
     while !super::STOP.load(Ordering::SeqCst) {
+        if let Some(root) = roots
+            .iter()
+            .zip(&began)
+            .find_map(|(r, was)| (identity(r) != *was).then_some(r))
+        {
+            let what = format!(
+                "the watched tree {} is gone (unmounted, removed, or moved or renamed): the \
+                 watch stopped; the unit starts it again once the tree is back",
+                escape(root)
+            );
+            eprintln!("intact: error: {what}");
+            held.push(Problem::Vanished { what });
+            exit = Exit::Trouble;
+            if let Some(setup) = &setup {
+                for f in super::notify::tell(
+                    setup,
+                    "watch",
+                    &roots,
+                    &held,
+                    false,
+                    exit,
+                    Some(&mut state),
+                    true,
+                ) {
+                    eprintln!("intact: error: {f}");
+                }
+            }
+            break;
+        }
         let now = Instant::now();
         let timeout = pending
             .next_due(settle)

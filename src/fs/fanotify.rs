@@ -2,7 +2,9 @@
 //! a watched tree, whatever its directories, reporting each event's directory and name
 //! (`FAN_REPORT_DFID_NAME`, Linux 5.9). Root only (`CAP_SYS_ADMIN`). Events outside the trees
 //! are dropped here; the directory's handle is turned back into its path by
-//! `open_by_handle_at` on the file system's root, then `/proc/self/fd`.
+//! `open_by_handle_at` on the file system's root, then `/proc/self/fd`. The roots are opened
+//! only while events are read: an idle watch holds no descriptor in the trees, so `umount`
+//! of a watched tree is not refused as busy.
 //!
 //! The event records are parsed from bytes by a pure function ([`parse`]), unit-tested; the
 //! three calls the C library does not wrap safely (init, mark, open by handle) say why each
@@ -22,9 +24,9 @@ use crate::watch::{Events, Seen};
 /// A fanotify group marking the file systems of a set of trees.
 pub struct Fanotify {
     fd: OwnedFd,
-    /// The trees, and per file system (its fsid) a descriptor of a watched root on it.
+    /// The trees, and per file system (its fsid) a watched root on it.
     roots: Vec<PathBuf>,
-    mounts: Vec<([i32; 2], OwnedFd)>,
+    mounts: Vec<([i32; 2], PathBuf)>,
     buf: Vec<u8>,
     /// Directories' paths by handle, inside the trees or not (`None`): the whole file system
     /// raises events, and most are elsewhere; looking each up costs two system calls.
@@ -64,7 +66,7 @@ impl Fanotify {
         }
         // SAFETY: `raw` is a descriptor just opened, owned by nothing else.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let mut mounts: Vec<([i32; 2], OwnedFd)> = Vec::new();
+        let mut mounts: Vec<([i32; 2], PathBuf)> = Vec::new();
         for root in &marked {
             let c = CString::new(root.as_os_str().as_bytes())?;
             // SAFETY: `c` is a valid C string for the call's duration; the group is ours.
@@ -80,17 +82,9 @@ impl Fanotify {
             if marked < 0 {
                 return Err(io::Error::last_os_error());
             }
-            let dir = rustix::fs::open(
-                root,
-                // Not O_PATH: open_by_handle_at wants a descriptor it can use (EBADF else).
-                rustix::fs::OFlags::RDONLY
-                    | rustix::fs::OFlags::DIRECTORY
-                    | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
-            )?;
-            let fsid = fsid_of(&dir)?;
+            let fsid = fsid_of(&open_root(root)?)?;
             if !mounts.iter().any(|(f, _)| *f == fsid) {
-                mounts.push((fsid, dir));
+                mounts.push((fsid, root.clone()));
             }
         }
         Ok(Fanotify {
@@ -102,9 +96,28 @@ impl Fanotify {
         })
     }
 
-    /// The path of the directory whose handle is `handle` on the file system `fsid`.
-    fn dir_path(&self, fsid: [i32; 2], handle: &[u8]) -> Option<PathBuf> {
-        let (_, mount) = self.mounts.iter().find(|(f, _)| *f == fsid)?;
+    /// The path of the directory whose handle is `handle` on the file system `fsid`; `open`
+    /// holds the roots opened while this read of events lasts.
+    fn dir_path(
+        &self,
+        fsid: [i32; 2],
+        handle: &[u8],
+        open: &mut Vec<([i32; 2], Option<OwnedFd>)>,
+    ) -> Option<PathBuf> {
+        let at = match open.iter().position(|(f, _)| *f == fsid) {
+            Some(at) => at,
+            None => {
+                let (_, root) = self.mounts.iter().find(|(f, _)| *f == fsid)?;
+                // A root unmounted (or replaced) since is another file system now: its
+                // events are for nothing the watch can reach.
+                let fd = open_root(root)
+                    .ok()
+                    .filter(|fd| fsid_of(fd).is_ok_and(|f| f == fsid));
+                open.push((fsid, fd));
+                open.len() - 1
+            }
+        };
+        let mount = open[at].1.as_ref()?;
         // `struct file_handle` as the kernel gave it, in memory aligned for its fields.
         let mut words = vec![0u32; handle.len().div_ceil(4)];
         for (i, b) in handle.iter().enumerate() {
@@ -131,6 +144,16 @@ impl Fanotify {
         // A directory removed since reads "... (deleted)": nothing left to look at.
         (!path.as_os_str().as_bytes().ends_with(b" (deleted)")).then_some(path)
     }
+}
+
+/// A watched root, opened for `open_by_handle_at` (not O_PATH: it wants a descriptor it can
+/// use, EBADF else).
+fn open_root(root: &std::path::Path) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::open(
+        root,
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?)
 }
 
 /// The file system id of `fd` as events carry it (`__kernel_fsid_t`, two words): the low and
@@ -219,6 +242,8 @@ impl Events for Fanotify {
         }
         let me = std::process::id() as i32;
         let mut buf = std::mem::take(&mut self.buf);
+        // The roots opened for this read only (closed as it returns).
+        let mut open = Vec::new();
         // A bounded number of reads per call: on a busy file system events may come as fast
         // as they are read, and the caller must get its turn (runs due, a signal).
         for _ in 0..READS_PER_WAIT {
@@ -245,7 +270,7 @@ impl Events for Fanotify {
                     Some(dir) => dir.clone(),
                     None => {
                         let dir = self
-                            .dir_path(fsid, handle)
+                            .dir_path(fsid, handle, &mut open)
                             .filter(|d| self.roots.iter().any(|r| d.starts_with(r)));
                         if self.dirs.len() >= DIRS_KEPT {
                             self.dirs.clear();

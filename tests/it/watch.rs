@@ -224,6 +224,9 @@ fn a_write_that_puts_the_old_mtime_back_is_an_edit() {
         std::fs::write(dir.join("photo.png"), png()).unwrap();
         // exiftool -P restores the mtime to the second.
         set_mtime(&dir.join("photo.png"), (1_700_000_000, 0));
+        // ... so an mtime with a fraction comes back set back to its whole second.
+        std::fs::write(dir.join("fraction.png"), png()).unwrap();
+        set_mtime(&dir.join("fraction.png"), (1_700_000_000, 500_000_000));
     }
     intact!["tag", &tree, &control].expect_code(0);
     // The write comes in a later second than the tag (tags say when to the second).
@@ -243,8 +246,10 @@ fn a_write_that_puts_the_old_mtime_back_is_an_edit() {
         );
     };
     exiftool(&control.join("photo.png"));
+    exiftool(&control.join("fraction.png"));
     let check = intact!["check", &control].expect_code(1);
     assert!(check.stdout.contains("corrupt  "), "{}", check.stdout);
+    assert!(check.stdout.contains("older    "), "{}", check.stdout);
 
     let photo = tree.join("photo.png");
     let before = intact_tag(&photo);
@@ -254,12 +259,79 @@ fn a_write_that_puts_the_old_mtime_back_is_an_edit() {
     w.until("said so", || w.log().contains("intact watch saw the write"));
     assert!(w.log().contains("modified "), "{}", w.log());
     assert!(!w.log().contains("corrupt"), "{}", w.log());
+    // The edit that set the mtime back to its second reads as that, not as an older copy.
+    let fraction = tree.join("fraction.png");
+    let before = intact_tag(&fraction);
+    exiftool(&fraction);
+    w.until("re-tagged", || {
+        intact_tag(&fraction).digest != before.digest
+    });
+    w.until("said so", || {
+        w.log().contains("fraction.png: mtime set back: written at")
+    });
+    assert!(
+        !w.log().lines().any(|l| l.starts_with("older")),
+        "{}",
+        w.log()
+    );
     intact!["check", &tree].expect_code(0);
     drop(w);
     // Rot after the edit is damage: the write seen was before the new tag.
     flip_byte(&photo, 40);
     let check = intact!["check", &tree].expect_code(1);
     assert!(check.stdout.contains("corrupt  "), "{}", check.stdout);
+}
+
+/// A watched tree unmounted or removed is said, and the service exits non-zero (the unit's
+/// `Restart=` brings it back with the tree); an idle watch holds nothing in the tree, so
+/// `umount` is not refused as busy.
+#[test]
+fn a_watched_tree_unmounted_or_removed_stops_the_watch_loudly() {
+    crate::require_faults!();
+    let t = Tree::new();
+    let disk = crate::faultfs::LoopFs::ext4(t.root(), 32, &[]);
+    let plain = t.path("plain");
+    std::fs::create_dir_all(&plain).unwrap();
+    for (tree, gone) in [(&disk.root, "unmounted"), (&plain, "removed")] {
+        std::fs::write(tree.join("photo"), b"a photo").unwrap();
+        let db = t.path(format!("{gone}.db"));
+        let mut w = Watch::spawn(
+            Cmd::new(&[])
+                .args(["watch", "--settle", "1s", "--state"])
+                .arg(&db)
+                .arg(tree),
+        );
+        w.until("it tagged", || tagged(&tree.join("photo")));
+        assert!(w.log().contains("fanotify"), "{}", w.log());
+        if gone == "unmounted" {
+            // Idle: what it read is read, no run holds the tree.
+            std::thread::sleep(Duration::from_millis(1500));
+            let um = std::process::Command::new("umount")
+                .arg(tree)
+                .output()
+                .unwrap();
+            assert!(um.status.success(), "umount refused: {um:?}\n{}", w.log());
+        } else {
+            std::fs::remove_dir_all(tree).unwrap();
+        }
+        let start = Instant::now();
+        let code = loop {
+            if let Some(status) = w.child.try_wait().unwrap() {
+                break status.code();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{gone}: still watching\n{}",
+                w.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert_eq!(code, Some(3), "{gone}: {}", w.log());
+        w.until("said so", || {
+            w.log()
+                .contains("is gone (unmounted, removed, or moved or renamed)")
+        });
+    }
 }
 
 /// A PNG of 16 x 16 pixels (exiftool writes only into a file it can parse).

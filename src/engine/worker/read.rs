@@ -162,9 +162,13 @@ impl<'a> Worker<'a> {
 
     /// Data that changed under its tag's mtime is an edit, not damage, where `intact watch`
     /// saw a write to the file after its tag was written: the writer put the old mtime back
-    /// (`exiftool -P`, `touch -r`, `rsync -t`).
+    /// (`exiftool -P`, `touch -r`, `rsync -t`). Likewise data under an mtime set back within
+    /// the tag's own second (`exiftool -P` keeps only whole seconds) is an edit, not an older
+    /// copy restored: `older` stays for mtimes set back further.
     fn written_over(&self, report: &mut FileReport, tag: &Tag, s: &Subject) {
-        if !matches!(report.status, Status::Corrupt | Status::Mismatch) {
+        let rounded =
+            report.status == Status::Older && tag.mtime.is_some_and(|m| m.sec == s.meta.mtime.sec);
+        if !(matches!(report.status, Status::Corrupt | Status::Mismatch) || rounded) {
             return;
         }
         // Tags say when to the second: a write in the tag's own second proves nothing.
@@ -173,11 +177,18 @@ impl<'a> Worker<'a> {
             .filter(|at| tag.tagged.is_none_or(|t| at.div_euclid(1000) > t))
         {
             report.status = Status::Modified;
-            report.detail = Some(format!(
-                "written at {} (intact watch saw the write): an edit, though its mtime was put \
-                 back",
-                crate::text::time_ms(at)
-            ));
+            let at = crate::text::time_ms(at);
+            report.detail = Some(if rounded {
+                format!(
+                    "mtime set back: written at {at} (intact watch saw the write), an edit whose \
+                     writer kept only its mtime's whole second"
+                )
+            } else {
+                format!(
+                    "written at {at} (intact watch saw the write): an edit, though its mtime \
+                     was put back"
+                )
+            });
         }
     }
 
