@@ -1181,13 +1181,14 @@ impl Plan {
 
     /// What parity the tagged files have in their trees' own stores, if any tree has one.
     pub fn parity(&self, roots: &[PathBuf]) -> rusqlite::Result<Option<Parity>> {
-        let stores: Vec<Option<crate::parity::Store>> = roots
+        // A root's own store, or its tree's above it (a status of a subfolder).
+        let dirs: Vec<Option<PathBuf>> =
+            roots.iter().map(|r| crate::parity::store_over(r)).collect();
+        let stores: Vec<Option<crate::parity::Store>> = dirs
             .iter()
-            .map(|r| {
-                let dir = crate::parity::store_dir(r);
-                crate::parity::Store::is_store(&dir)
-                    .then(|| crate::parity::Store::read(&dir).ok())
-                    .flatten()
+            .map(|dir| {
+                dir.as_ref()
+                    .and_then(|d| crate::parity::Store::read(d).ok())
             })
             .collect();
         if stores.iter().all(Option::is_none) {
@@ -1211,7 +1212,12 @@ impl Plan {
             count.files += 1;
             count.bytes += size.max(0) as u64;
         }
-        for store in stores.iter().flatten() {
+        // A store two roots share counts once.
+        let mut counted = std::collections::HashSet::new();
+        for (dir, store) in dirs.iter().zip(&stores) {
+            let Some(store) = store.as_ref().filter(|_| counted.insert(dir)) else {
+                continue;
+            };
             let (current, stale) = store.sizes();
             parity.store_bytes += current;
             parity.stale_bytes += stale;

@@ -3,7 +3,7 @@
 
 use crate::cli::RepairArgs;
 use crate::cli::settings::{Settings, usage};
-use intact::parity::{self, Store};
+use intact::parity;
 use intact::repair::{self, Keep, Repairer};
 use intact::report::Exit;
 use intact::verb::Verb;
@@ -29,10 +29,12 @@ pub fn run(a: RepairArgs) -> anyhow::Result<Exit> {
             from.push(f);
         }
     }
-    // Each PATH's own parity store, if it has one, is searched after the sources named.
+    // Each PATH's parity store (its own, or its tree's above it), if it has one, is searched
+    // after the sources named.
     for p in &a.paths.paths {
-        let store = parity::store_dir(p);
-        if Store::is_store(&store) && !from.contains(&store) {
+        if let Some(store) = parity::store_over(p)
+            && !from.contains(&store)
+        {
             from.push(store);
         }
     }
@@ -45,7 +47,7 @@ pub fn run(a: RepairArgs) -> anyhow::Result<Exit> {
             .collect();
         return Err(usage(format!(
             "no sources: give --from ARCHIVE|DIR|STORE|restic:REPO|borg:REPO or \
-             --from-command CMD (no parity store at {})",
+             --from-command CMD (no parity store at or above {})",
             looked.join(", ")
         )));
     }

@@ -22,7 +22,7 @@
 mod protect;
 mod prune;
 
-pub use protect::{Protector, store_dir};
+pub use protect::{Protector, store_dir, store_over};
 use prune::STALE_EXT;
 pub use prune::{Live, Pruned, STALE_DIR};
 

@@ -54,6 +54,15 @@ pub fn store_dir(path: &Path) -> PathBuf {
     }
 }
 
+/// The parity store that covers `path`: its own, or the nearest one of a folder above it (a
+/// repair or status of a subfolder uses its tree's store), if there is one.
+pub fn store_over(path: &Path) -> Option<PathBuf> {
+    let path = crate::state::absolute(path);
+    path.ancestors()
+        .map(store_dir)
+        .find(|dir| crate::parity::Store::is_store(dir))
+}
+
 /// The setting that names the folder of stores kept outside their trees.
 pub const OUTSIDE: &str = "INTACT_STORES";
 

@@ -568,6 +568,32 @@ fn parity_follows_the_tree_and_stale_sets_go_after_their_grace() {
     }
 }
 
+/// A repair or status of a subfolder uses its tree's parity store above it: a file deleted
+/// and a file damaged under the subfolder come back from it, and status counts its sets.
+#[test]
+fn a_subfolder_is_repaired_from_its_trees_store() {
+    let t = Tree::new();
+    let src = tree(&t);
+    intact!("protect", "-q", &src).expect_code(0);
+    let sub = src.join("small");
+    let (gone, damaged) = (sub.join("s07"), sub.join("s03"));
+    let (good_gone, good_damaged) = (fs::read(&gone).unwrap(), fs::read(&damaged).unwrap());
+    intact!("scrub", "-q", &src).expect_code(0);
+    fs::remove_file(&gone).unwrap();
+    flip_byte(&damaged, 5);
+    cmd!("check", "-q", &sub).run().expect_code(1);
+    let r = intact!("status", "--json", &sub).expect_code(1);
+    let v: serde_json::Value = serde_json::from_str(r.stdout.lines().last().unwrap()).unwrap();
+    assert!(
+        v["overview"]["parity"]["current"]["files"].as_u64() > Some(0),
+        "{v}"
+    );
+    let r = intact!("repair", "--missing", &sub).expect_code(0);
+    assert_eq!(fs::read(&gone).unwrap(), good_gone, "{}", r.stdout);
+    assert_eq!(fs::read(&damaged).unwrap(), good_damaged, "{}", r.stdout);
+    assert!(r.stdout.contains("restored from parity"), "{}", r.stdout);
+}
+
 /// A deleted small file comes back from its pack after the pack was moved aside (a stale
 /// set is still a source for intact's repair, which verifies what it rebuilds by digest),
 /// and a pack with a damaged member is left as it is until that is repaired.
