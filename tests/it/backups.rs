@@ -275,6 +275,24 @@ fn repair_from_restic_and_borg_repositories() {
             "{}",
             r.stdout
         );
+        // restic without its password (the unit's environment lacks it): a dry run says so
+        // as that, not as restic's complaint about a terminal.
+        if tool == "restic" {
+            let r = repo
+                .intact(&repair)
+                .arg("--dry-run")
+                .env("RESTIC_PASSWORD", "")
+                .run()
+                .expect_code(1);
+            assert!(
+                r.stdout.contains(
+                    "restic needs the repository's password and none is set here \
+                     (RESTIC_PASSWORD_FILE, RESTIC_PASSWORD or RESTIC_PASSWORD_COMMAND"
+                ),
+                "{}",
+                r.stdout
+            );
+        }
     }
 }
 

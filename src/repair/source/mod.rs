@@ -65,6 +65,17 @@ pub(crate) enum Unusable {
     /// The tool that reads it is not installed, could not be run, failed or was stopped.
     #[error("{program}{hint}", program = .0, hint = timeout_hint(.0))]
     Program(#[from] process::Error),
+    /// The repository needs a password and the environment gives none (restic cannot ask:
+    /// it runs without a terminal).
+    #[error(
+        "{tool} needs the repository's password and none is set here ({vars}; for the units, \
+         in /etc/default/intact)"
+    )]
+    NoPassword {
+        tool: &'static str,
+        /// The variables that give it.
+        vars: &'static str,
+    },
     /// The tool printed what could not be read as what it should print.
     #[error("{what}: {source}")]
     Output {

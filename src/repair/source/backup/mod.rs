@@ -318,14 +318,7 @@ pub fn restic_without_password(sources: &[String]) -> bool {
             .and_then(|w| w.into_iter().next())
             .is_some_and(|w| w.starts_with("restic:"))
     });
-    let given = [
-        "RESTIC_PASSWORD",
-        "RESTIC_PASSWORD_FILE",
-        "RESTIC_PASSWORD_COMMAND",
-    ]
-    .iter()
-    .any(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()));
-    restic && !given
+    restic && !restic::password_given()
 }
 
 /// The backup tool `program` with `flag` (what keeps it from writing to the repository: a

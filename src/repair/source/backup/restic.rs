@@ -19,6 +19,20 @@ pub(super) struct Restic {
     pub(super) select: Vec<String>,
 }
 
+/// The ways restic is given a repository's password.
+const PASSWORD_VARS: [&str; 3] = [
+    "RESTIC_PASSWORD_FILE",
+    "RESTIC_PASSWORD",
+    "RESTIC_PASSWORD_COMMAND",
+];
+
+/// Whether the environment gives restic a password (every restic repository has one).
+pub(super) fn password_given() -> bool {
+    PASSWORD_VARS
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()))
+}
+
 impl Restic {
     fn restic(&self) -> Command {
         tool(
@@ -36,6 +50,13 @@ impl Repository for Restic {
     }
 
     fn versions(&self, watch: Watch<'_>) -> Result<Vec<Version>, Unusable> {
+        // Said as what it is, not as restic's complaint that it cannot read a terminal.
+        if !password_given() {
+            return Err(Unusable::NoPassword {
+                tool: "restic",
+                vars: "RESTIC_PASSWORD_FILE, RESTIC_PASSWORD or RESTIC_PASSWORD_COMMAND",
+            });
+        }
         let mut c = self.restic();
         c.args(["snapshots", "--json"]).args(&self.select);
         let snapshots: Vec<serde_json::Value> = json(&mut c, watch, "restic snapshots")?;
