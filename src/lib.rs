@@ -23,6 +23,10 @@ pub mod scrub;
 pub mod sink;
 pub mod state;
 #[cfg(test)]
+#[macro_use]
+#[path = "testutil/skip.rs"]
+mod skip;
+#[cfg(test)]
 mod testutil;
 pub mod text;
 pub mod verb;

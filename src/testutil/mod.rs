@@ -1,7 +1,5 @@
-//! Helpers shared by the unit tests: seeded cases for the parsers, and `skip!`.
-
-#[macro_use]
-mod skip;
+//! Helpers shared by the unit tests: seeded cases for the parsers (`skip!` is at the crate's
+//! root, as in the test binaries).
 
 /// A seeded generator (fastrand's, as every test of the workspace uses): the same cases on
 /// every run.

@@ -277,3 +277,29 @@ fn a_closed_pipe_ends_a_run_quietly_and_says_whether_it_was_cut_short() {
         }
     }
 }
+
+/// A test that cannot run here says so in `cargo test`'s own output (the harness captures
+/// `eprintln!`), at once and again, counted, when the test binary ends.
+#[test]
+fn a_skipped_test_is_visible_in_the_runs_output() {
+    require_root!();
+    let test = "watch::a_write_that_puts_the_old_mtime_back_is_an_edit";
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args([test, "--exact"])
+        .env_remove("CI")
+        .current_dir("/")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{out:?}");
+    let said = format!("SKIPPED {test}: needs root");
+    assert!(err.starts_with(&said), "{err}");
+    assert!(
+        err.ends_with(&format!(
+            "\n1 test skipped here, not run (under CI=true a skip is a failure):\n  {said}\n"
+        )),
+        "{err}"
+    );
+}
