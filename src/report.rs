@@ -134,7 +134,7 @@ impl Summary {
 
     /// Damage beyond single files: said with the summary, and the exit code is 1.
     pub fn damage(&mut self, what: String) {
-        self.findings.damaged(what.clone(), None);
+        self.findings.damaged(what.clone(), None, None);
         self.damage.push(what);
     }
 
@@ -159,7 +159,8 @@ impl Summary {
                     .filter(|k| Some(k.digest) == r.digest)
                     .map_or_else(crate::state::now, |k| k.found.saturating_mul(1000));
                 let path = crate::state::absolute(&r.path);
-                self.findings.damaged(escape(&path), Some(found));
+                self.findings
+                    .damaged(escape(&path), Some(found), r.inode.or(r.linked));
             }
             Status::Error | Status::Changed | Status::Conflict | Status::Missing => {
                 let why = r.error.as_ref().map_or_else(
@@ -614,9 +615,9 @@ impl<W: Write, E: Write> Reporter<W, E> {
     /// and it counts as damage.
     pub fn outstanding(&mut self, d: &crate::state::Damaged) -> io::Result<()> {
         self.summary.outstanding += 1;
-        self.summary
-            .findings
-            .damaged(escape(&crate::state::absolute(&d.path)), d.found);
+        let path = crate::state::absolute(&d.path);
+        let inode = crate::state::inode_of(&path);
+        self.summary.findings.damaged(escape(&path), d.found, inode);
         self.printer
             .print(Message::Damage(d), &mut self.out, &mut self.err)
     }

@@ -270,7 +270,8 @@ fn find(s: &mut Settings) -> anyhow::Result<(intact::scrub::Plan, Found)> {
     let mut findings = std::mem::take(&mut failures.findings);
     for d in &overview.damage {
         // Absolute, as every run says it: a run on a relative PATH tells the same items.
-        findings.damaged(escape(&state::absolute(&d.path)), d.found);
+        let path = state::absolute(&d.path);
+        findings.damaged(escape(&path), d.found, state::inode_of(&path));
     }
     let vanished = failures.vanished;
     let errors = failures.failures;
@@ -822,11 +823,29 @@ fn attention(o: &Overview, unknown: Option<&str>, deadline: i64, lines: usize) -
         let _ = writeln!(t, "damage      {unknown}");
     }
     if !o.damage.is_empty() {
+        // Names of one file (hard links) count once, said apart.
+        let names = o.damage.len() as u64;
+        let inodes: std::collections::HashSet<_> = o
+            .damage
+            .iter()
+            .filter_map(|d| state::inode_of(&d.path))
+            .collect();
+        let unknown = o
+            .damage
+            .iter()
+            .filter(|d| state::inode_of(&d.path).is_none())
+            .count();
+        let files = (inodes.len() + unknown) as u64;
         let _ = writeln!(
             t,
-            "damage      {} {} found damaged, not yet repaired or accepted:",
-            group(o.damage.len() as u64),
-            if o.damage.len() == 1 { "file" } else { "files" }
+            "damage      {} {}{} found damaged, not yet repaired or accepted:",
+            group(files),
+            if files == 1 { "file" } else { "files" },
+            if files == names {
+                String::new()
+            } else {
+                format!(" ({} names: hard links)", group(names))
+            }
         );
         for d in o.damage.iter().take(lines) {
             let _ = writeln!(

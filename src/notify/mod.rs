@@ -90,8 +90,14 @@ impl Problem {
 pub struct Findings {
     /// Every problem kept, in the order found.
     pub problems: Vec<Problem>,
-    /// Damaged files, all of them (beyond the names kept).
+    /// Damaged files, all of them (beyond the names kept), by name: a hard-link group of
+    /// three is three.
     pub damaged: u64,
+    /// The damaged files' inodes (file system, inode), where known: a group of names counts
+    /// once in [`Findings::damaged_files`].
+    inodes: HashSet<(u64, u64)>,
+    /// Damaged names whose inode is not known (damage in words, a file not there now).
+    unknown_inodes: u64,
     /// Files not verified, all of them.
     pub unverified: u64,
     /// Of those, files gone that a repair could not bring back (`repair --missing`).
@@ -99,9 +105,16 @@ pub struct Findings {
 }
 
 impl Findings {
-    /// Adds a damaged file (or damage in words) found at `found`.
-    pub fn damaged(&mut self, what: String, found: Option<i64>) {
+    /// Adds a damaged file (or damage in words) found at `found`, with its inode where known
+    /// (file system, inode).
+    pub fn damaged(&mut self, what: String, found: Option<i64>, inode: Option<(u64, u64)>) {
         self.damaged += 1;
+        match inode {
+            Some(i) => {
+                self.inodes.insert(i);
+            }
+            None => self.unknown_inodes += 1,
+        }
         if self.damaged as usize <= NAMES_KEPT {
             self.problems.push(Problem::Damaged { what, found });
         }
@@ -130,17 +143,55 @@ impl Findings {
 
     /// Adds `other`'s findings to these (reports held until their work settled).
     pub fn merge(&mut self, other: &Findings) {
-        let named = |f: fn(&Problem) -> bool| other.problems.iter().filter(|p| f(p)).count() as u64;
-        self.damaged += other.damaged - named(|p| matches!(p, Problem::Damaged { .. }));
-        self.unverified += other.unverified - named(|p| matches!(p, Problem::Unverified { .. }));
+        self.damaged += other.damaged;
+        self.unverified += other.unverified;
         self.missing += other.missing;
+        self.inodes.extend(&other.inodes);
+        self.unknown_inodes += other.unknown_inodes;
+        let named = |f: &Findings, damaged: bool| {
+            f.problems
+                .iter()
+                .filter(|p| match p {
+                    Problem::Damaged { .. } => damaged,
+                    Problem::Unverified { .. } => !damaged,
+                    _ => false,
+                })
+                .count()
+        };
+        let (mut damaged, mut unverified) = (named(self, true), named(self, false));
         for p in &other.problems {
-            match p {
-                Problem::Damaged { what, found } => self.damaged(what.clone(), *found),
-                Problem::Unverified { what } => self.unverified(what.clone()),
-                other => self.push(other.clone()),
+            let count = match p {
+                Problem::Damaged { .. } => &mut damaged,
+                Problem::Unverified { .. } => &mut unverified,
+                other => {
+                    self.push(other.clone());
+                    continue;
+                }
+            };
+            if *count < NAMES_KEPT {
+                *count += 1;
+                self.problems.push(p.clone());
             }
         }
+    }
+
+    /// Damaged files counted by inode where known: a hard-link group of three names is one.
+    pub fn damaged_files(&self) -> u64 {
+        (self.inodes.len() as u64 + self.unknown_inodes).min(self.damaged)
+    }
+
+    /// The damaged files in words, their names apart where they differ ("2 damaged files (3
+    /// names: hard links)").
+    fn damaged_count(&self, one: &str, many: &str) -> String {
+        let files = self.damaged_files();
+        let mut t = plural(files, one, many);
+        if files != self.damaged {
+            t.push_str(&format!(
+                " ({} names: hard links)",
+                crate::text::group(self.damaged)
+            ));
+        }
+        t
     }
 
     /// Whether nothing is wrong.
@@ -353,7 +404,7 @@ fn alarm(ctx: &Context, f: &Findings, new: &HashSet<String>) -> Message {
     } else if f.damaged > 0 {
         format!(
             "{} in {}",
-            plural(f.damaged, "damaged file", "damaged files"),
+            f.damaged_count("damaged file", "damaged files"),
             trees(ctx)
         )
     } else if f.unverified > 0 {
@@ -425,7 +476,7 @@ fn alarm(ctx: &Context, f: &Findings, new: &HashSet<String>) -> Message {
         b.push_str(&format!(
             "\nDAMAGED: {}. The data changed while the modification time did not: no program \
              saving a file does that; a failing disk, cable, controller or memory does.\n",
-            plural(f.damaged, "file", "files")
+            f.damaged_count("file", "files")
         ));
         list(
             &mut b,
@@ -754,8 +805,12 @@ mod tests {
     fn a_reminder_says_it_is_one_and_how_long_the_damage_has_waited() {
         let mut f = Findings::default();
         let c = ctx();
-        f.damaged("/srv/photos/a.jpg".into(), Some(c.at - 12 * 86_400_000 - 5));
-        f.damaged("/srv/photos/b.jpg".into(), Some(c.at - 3_600_000));
+        f.damaged(
+            "/srv/photos/a.jpg".into(),
+            Some(c.at - 12 * 86_400_000 - 5),
+            None,
+        );
+        f.damaged("/srv/photos/b.jpg".into(), Some(c.at - 3_600_000), None);
         let reminder = Decision::Alarm {
             new: HashSet::new(),
         };
@@ -780,10 +835,48 @@ mod tests {
         assert_eq!(outstanding(30 * 60_000), "less than an hour");
     }
 
+    /// Names of one file (hard links) are counted as one file, the names said apart; merged
+    /// findings (the watch's runs) keep that.
+    #[test]
+    fn hard_links_are_counted_as_files_and_names_apart() {
+        let mut f = Findings::default();
+        for name in ["a", "a-link", "a-other-link"] {
+            f.damaged(format!("/srv/photos/{name}"), Some(1), Some((7, 100)));
+        }
+        let mut more = Findings::default();
+        more.damaged("/srv/photos/b".into(), Some(1), Some((7, 101)));
+        more.damaged("damage in words".into(), None, None);
+        f.merge(&more);
+        assert_eq!((f.damaged, f.damaged_files()), (5, 3));
+        let d = Decision::Alarm {
+            new: HashSet::new(),
+        };
+        let m = compose(&ctx(), &f, &d).unwrap();
+        assert!(
+            m.subject
+                .contains("intact: 3 damaged files (5 names: hard links) in /srv/photos"),
+            "{}",
+            m.subject
+        );
+        assert!(
+            m.body.contains("DAMAGED: 3 files (5 names: hard links)."),
+            "{}",
+            m.body
+        );
+        let mut single = Findings::default();
+        single.damaged("/srv/photos/a".into(), Some(1), Some((7, 100)));
+        let m = compose(&ctx(), &single, &d).unwrap();
+        assert!(
+            m.subject.contains("intact: 1 damaged file in"),
+            "{}",
+            m.subject
+        );
+    }
+
     #[test]
     fn a_restic_source_without_its_password_is_said_with_the_repair() {
         let mut f = Findings::default();
-        f.damaged("/srv/photos/a.jpg".into(), Some(1));
+        f.damaged("/srv/photos/a.jpg".into(), Some(1), None);
         let d = Decision::Alarm {
             new: HashSet::new(),
         };
@@ -828,8 +921,8 @@ mod tests {
     #[test]
     fn the_alarm_names_the_damage_marks_what_is_new_and_gives_the_commands() {
         let mut f = Findings::default();
-        f.damaged("/srv/photos/old.jpg".into(), Some(1_764_000_000_000));
-        f.damaged("/srv/photos/new.jpg".into(), Some(1_764_728_045_000));
+        f.damaged("/srv/photos/old.jpg".into(), Some(1_764_000_000_000), None);
+        f.damaged("/srv/photos/new.jpg".into(), Some(1_764_728_045_000), None);
         let new: HashSet<String> = [Problem::Damaged {
             what: "/srv/photos/new.jpg".into(),
             found: Some(1_764_728_045_000),
@@ -889,7 +982,7 @@ mod tests {
     fn a_reminder_says_so_and_lists_at_most_twenty_names() {
         let mut f = Findings::default();
         for i in 0..25 {
-            f.damaged(format!("/t/f{i}"), None);
+            f.damaged(format!("/t/f{i}"), None, None);
         }
         let m = compose(
             &ctx(),
@@ -914,7 +1007,7 @@ mod tests {
         c.roots = vec![PathBuf::from("/t/a\nSubject: x")];
         c.host = "h\r\nBcc: evil".into();
         let mut f = Findings::default();
-        f.damaged(escape(Path::new("/t/a\nSubject: x/f")), None);
+        f.damaged(escape(Path::new("/t/a\nSubject: x/f")), None, None);
         f.push(Problem::Interrupted);
         let m = compose(
             &c,

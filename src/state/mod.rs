@@ -107,6 +107,16 @@ pub fn now() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// The (device, inode) of the file at `path` as it is now (not following a symlink), as
+/// reports carry them: names of one file are told apart from files.
+pub fn inode_of(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .filter(|m| m.is_file())
+        .map(|m| (m.dev(), m.ino()))
+}
+
 /// An open state database.
 pub struct State {
     conn: Connection,

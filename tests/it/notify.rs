@@ -124,7 +124,9 @@ fn damage_is_told_with_what_is_new_reminded_and_cleared_once() {
     assert!(body.contains(&format!("  {name} (found ")), "{body}");
     // Reminders spaced out: none due yet.
     check(&["--remind-every", "1d"]).expect_code(1);
-    // Something new is told at once, the new one marked, whatever the spacing.
+    // Something new is told at once, the new one marked, whatever the spacing; a file of
+    // two names (a hard link) is one file, its names said apart.
+    std::fs::hard_link(root.join("d2/f002"), root.join("d2/f002-link")).unwrap();
     flip_byte(&root.join("d2/f002"), 20);
     check(&["--remind-every", "1d"]).expect_code(1);
     let got = rx.wait_for(4);
@@ -134,12 +136,16 @@ fn damage_is_told_with_what_is_new_reminded_and_cleared_once() {
         "no reminder before its time; the new damage at once"
     );
     let (title, body, _) = posted(&got[3]);
-    assert!(title.starts_with("intact: 2 damaged files"), "{title}");
+    assert!(
+        title.starts_with("intact: 2 damaged files (3 names: hard links) in "),
+        "{title}"
+    );
     let second = root.join("d2/f002").display().to_string();
     assert!(body.contains(&format!("* {second} (found ")), "{body}");
+    assert!(body.contains(&format!("* {second}-link (found ")), "{body}");
     assert!(body.contains(&format!("  {name} (found ")), "{body}");
     assert!(
-        body.contains("New since the last message: 1 item"),
+        body.contains("New since the last message: 2 items"),
         "{body}"
     );
     // Dealt with: one all-clear, then silence.
