@@ -313,6 +313,16 @@ impl Attempts for Work {
         self.targets[i].tried.push(what);
     }
 
+    fn dated(&mut self, i: usize, from: &str, since: &str) {
+        let refused = damaged_copy(from);
+        if let Some(t) = self.targets[i].tried.iter_mut().find(|t| **t == refused) {
+            t.push_str(&format!(
+                ", nor the same copy in every older version back to {since}: the damage \
+                 entered the backups by then"
+            ));
+        }
+    }
+
     /// One step: the copy is verified for target `i` and, unless this is a dry run, put in
     /// its place; then every other damaged file with the same content gets the same bytes.
     fn offer(&mut self, i: usize, from: &str, fill: &mut Fill<'_>) -> bool {
@@ -442,7 +452,7 @@ impl Work {
                 true
             }
             Err(Refused::CopyDamaged) => {
-                t.tried.push(format!("{from} does not match its tag"));
+                t.tried.push(damaged_copy(from));
                 false
             }
             Err(Refused::Unreadable(e)) => {
@@ -504,6 +514,11 @@ fn kept_note(name: &std::ffi::OsStr) -> String {
         crate::text::escape(Path::new(name)),
         crate::core::tag::Timestamp::now().sec
     )
+}
+
+/// A copy from `from` that did not match its tag, as a file's report says it.
+fn damaged_copy(from: &str) -> String {
+    format!("{from} does not match its tag")
 }
 
 /// What was tried for a file, for its report: the first few leads and the last (a source's

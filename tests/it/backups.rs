@@ -73,6 +73,8 @@ fn back_up_and_damage(
 ) -> Vec<(PathBuf, Vec<u8>)> {
     backup();
     flip_byte(&t.path("src/twice.jpg"), 77);
+    // The rot backed up twice: it entered the backups with the first of these.
+    backup();
     backup();
     let moved = t.path("src/elsewhere/moved-since.jpg");
     fs::create_dir_all(moved.parent().unwrap()).unwrap();
@@ -220,6 +222,15 @@ fn repair_from_restic_and_borg_repositories() {
         let twice = said(&r, "twice.jpg");
         assert!(
             twice.contains("passed over") && twice.contains("does not match"),
+            "{tool}: {twice}"
+        );
+        // Dated by the oldest version holding the damaged copy, not the newest.
+        let entered = match tool {
+            "restic" => "nor the same copy in every older version back to snapshot ",
+            _ => "nor the same copy in every older version back to archive n2 ",
+        };
+        assert!(
+            twice.contains(entered) && twice.contains("the damage entered the backups by then"),
             "{tool}: {twice}"
         );
         assert!(

@@ -42,6 +42,9 @@ pub(crate) trait Attempts: Send {
     fn offer(&mut self, i: usize, from: &str, fill: &mut Fill<'_>) -> bool;
     /// Notes a lead that came to nothing, for file `i`'s report.
     fn tried(&mut self, i: usize, what: String);
+    /// Says of the copy offered `from` that did not match its tag that older versions back
+    /// to `since` hold the same damaged copy: when the damage entered the backups.
+    fn dated(&mut self, i: usize, from: &str, since: &str);
 }
 
 /// A place good copies may be found in.

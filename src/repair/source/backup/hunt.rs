@@ -25,15 +25,27 @@ pub(super) struct Hunt<'a, R> {
     lost: Vec<bool>,
     /// The damaged files of each size.
     by_size: HashMap<u64, Vec<usize>>,
-    /// What each file's path held in a newer version (size and stamp): an older one holding
-    /// the same is the same stored content, not tried again.
-    seen: Vec<Vec<(u64, String)>>,
+    /// What each file's path held in a newer version: an older one holding the same is the
+    /// same stored content, not tried again.
+    seen: Vec<Vec<Met>>,
     /// Copies of each file's size found elsewhere in whole listings.
     elsewhere: Vec<Vec<Copy>>,
     /// Which versions were listed whole.
     listed_whole: Vec<bool>,
     /// The groups one of whose versions was listed whole.
     groups: Vec<String>,
+}
+
+/// A copy of a file's path met in a version: the same size and stamp in an older version is
+/// the same stored content.
+struct Met {
+    size: u64,
+    stamp: String,
+    /// What it was offered as (the newest version holding it).
+    from: String,
+    /// The oldest version met holding it since, while the file still wanted a copy (not yet
+    /// said).
+    back_to: Option<usize>,
 }
 
 impl<'a, R: Repository + Send> Hunt<'a, R> {
@@ -83,9 +95,22 @@ impl<'a, R: Repository + Send> Hunt<'a, R> {
                 v += 1;
             }
         }
+        self.date(work, 0..self.sought.len());
         self.elsewhere_listed(work)?;
         self.last_tries(work);
         Ok(())
+    }
+
+    /// Says, of each damaged copy the files `ks` were offered, the oldest version that
+    /// holds it too: the day the damage entered the backups (not the newest that copied it).
+    fn date(&mut self, work: &mut dyn Attempts, ks: impl IntoIterator<Item = usize>) {
+        for k in ks {
+            for met in &mut self.seen[k] {
+                if let Some(v) = met.back_to.take() {
+                    work.dated(self.sought[k].i, &met.from, &self.versions[v].label);
+                }
+            }
+        }
     }
 
     /// The damaged files still wanting a copy.
@@ -248,19 +273,35 @@ impl<'a, R: Repository + Send> Hunt<'a, R> {
         self.place(votes, &mut hits);
         let mut copies = Vec::new();
         for Hit { k, copy, size } in hits {
-            let seen = &mut self.seen[k];
-            if work.want(self.sought[k].i).is_none()
-                || seen.iter().any(|(z, t)| *z == size && *t == copy.stamp)
-            {
+            if work.want(self.sought[k].i).is_none() {
                 continue;
             }
-            seen.push((size, copy.stamp.clone()));
+            let seen = &mut self.seen[k];
+            if let Some(met) = seen
+                .iter_mut()
+                .find(|m| m.size == size && m.stamp == copy.stamp)
+            {
+                // The same stored content in an older version: the damage is that old.
+                met.back_to = Some(v);
+                continue;
+            }
+            let from = self
+                .backup
+                .label(&copy, &self.versions, &self.maps[self.sought[k].tree]);
+            seen.push(Met {
+                size,
+                stamp: copy.stamp.clone(),
+                from,
+                back_to: None,
+            });
             // The newest version's copy at the file's own path was tried before the listing.
             if v == 0 && self.maps[self.sought[k].tree] == Map::default() {
                 continue;
             }
             copies.push((k, copy));
         }
+        // Said before a newer copy is offered: a repair's report is written when one serves.
+        self.date(work, copies.iter().map(|(k, _)| *k).collect::<Vec<_>>());
         self.offer(work, copies, false);
         Ok(again)
     }
