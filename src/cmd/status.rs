@@ -941,8 +941,20 @@ fn protection(o: &Overview) -> String {
             t += &format!(", and {} moved aside", bytes(p.stale_bytes));
         }
         t.push('\n');
+        if p.misnamed.files > 0 {
+            t += &format!(
+                "            {} in packs that name them by an old path (moved since): par2cmdline \
+                 would see them missing until `intact protect` of the whole tree writes those \
+                 packs again (intact repair finds them by tag)\n",
+                plural_files(p.misnamed.files)
+            );
+        }
     }
     t
+}
+
+fn plural_files(n: u64) -> String {
+    format!("{} {}", group(n), if n == 1 { "file" } else { "files" })
 }
 
 /// How the trees are covered: counts, and the age chart with bars scaled to `width`.

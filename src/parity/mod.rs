@@ -44,6 +44,10 @@ pub const MARKER: &str = "INTACT-PARITY";
 pub const DEFAULT_DIR: &str = ".intact-parity";
 /// Files smaller than this share packs; larger ones get a set each.
 pub const PACK_LIMIT: u64 = 256 << 10;
+
+/// The first bytes of a one-file set's index, which hold its main packet and its file's
+/// description (a name of up to 4 KiB).
+const SET_HEAD: u64 = 8 << 10;
 /// A pack closes at this many files or bytes. The work of computing parity grows with the
 /// square of a set's size (every recovery slice takes in every input slice), so packs stay
 /// small: 256 files at 10% cost 26 times their bytes.
@@ -81,6 +85,9 @@ pub struct Store {
     /// Digests of files in packs, and the pack each is in: an entry per small file of the
     /// tree, so the pack is named by its ID (a path each cost 200,000 files 30 MiB).
     packed: Mutex<HashMap<Digest, PackId>>,
+    /// Each pack member under the name its pack records ([`prune::name_key`]): a member met
+    /// under another is a file moved since it was packed.
+    recorded: std::collections::HashSet<u64>,
     /// The same for the packs moved aside to `stale/`, with the day folder each is in: still
     /// a source for intact's repair (which verifies by digest), never a set par2cmdline
     /// takes by accident.
@@ -299,22 +306,26 @@ impl Store {
         // An unreadable pack index loses that pack's files, not the store.
         let packs_in = |folder: PathBuf| {
             let (mut packed, mut sizes) = (HashMap::new(), HashMap::new());
+            let mut recorded = std::collections::HashSet::new();
             for e in std::fs::read_dir(folder).into_iter().flatten().flatten() {
                 let p = e.path();
                 if is_index(&p)
                     && let Some(id) = pack_id(&p)
                     && let Ok(bytes) = crate::fs::sys::read_regular(&p)
                 {
-                    let (digests, described) = pack_summary(&bytes);
+                    let (digests, described, names) = pack_summary(&bytes);
                     sizes.insert(id, (digests.len(), described));
-                    for (_, digest) in digests {
+                    for (file, digest) in digests {
+                        if let Some(name) = names.get(&file) {
+                            recorded.insert(prune::name_key(&digest, name));
+                        }
                         packed.insert(digest, id);
                     }
                 }
             }
-            (packed, sizes)
+            (packed, sizes, recorded)
         };
-        let (packed, pack_sizes) = packs_in(dir.join("packs"));
+        let (packed, pack_sizes, recorded) = packs_in(dir.join("packs"));
         // What was moved aside: by day (and straight in `stale/`, by an earlier build).
         let (mut stale_packed, mut stale_own) = (HashMap::new(), HashMap::new());
         let stale = dir.join(STALE_DIR);
@@ -351,6 +362,7 @@ impl Store {
             held,
             root,
             packed: Mutex::new(packed),
+            recorded,
             pack_sizes: Mutex::new(pack_sizes),
             stale_packed,
             stale_own,
@@ -369,6 +381,70 @@ impl Store {
         self.dir
             .join(format!("{}-{}", digest.algo, &hex[..2]))
             .join(hex)
+    }
+
+    /// Whether the content `digest`, in a pack here, is recorded there under `name` (relative
+    /// to the root); `None` if it is in no pack.
+    pub fn packed_at(&self, digest: &Digest, name: &[u8]) -> Option<bool> {
+        lock(&self.packed)
+            .contains_key(digest)
+            .then(|| self.recorded.contains(&prune::name_key(digest, name)))
+    }
+
+    /// The name the own set of the content `digest` records for its file, if it has one
+    /// (read from the first bytes of its index: the main packet and the description come
+    /// first).
+    pub fn set_name(&self, digest: &Digest) -> Option<Vec<u8>> {
+        let index = with_ext(&self.set_base(digest), "par2");
+        let mut head = Vec::new();
+        crate::fs::sys::open_regular(&index)
+            .ok()?
+            .take(SET_HEAD)
+            .read_to_end(&mut head)
+            .ok()?;
+        par2::Rename::recorded(&head)
+    }
+
+    /// Renames the own set of the content `digest` after its file, now at `name` (relative
+    /// to the root): par2cmdline looks for a set's file under the name the set records. Every
+    /// packet is written again, no recovery data computed again ([`par2::Rename`]); each file
+    /// of the set is written beside itself, made durable and put in place, volumes first and
+    /// the index last, so a run killed between leaves a set the next run renames again (and
+    /// that intact's repair still reads: it verifies what it rebuilds by digest). Whether it
+    /// was renamed.
+    pub fn rename_set(&self, digest: &Digest, name: &[u8]) -> io::Result<bool> {
+        let base = self.set_base(digest);
+        let index = with_ext(&base, "par2");
+        let mut head = Vec::new();
+        crate::fs::sys::open_regular(&index)?
+            .take(SET_HEAD)
+            .read_to_end(&mut head)?;
+        let Some(rename) = par2::Rename::new(&head, name) else {
+            return Ok(false);
+        };
+        let stem = base.file_name().expect("a set name").to_string_lossy();
+        let mut files: Vec<PathBuf> = std::fs::read_dir(index.parent().expect("a folder"))?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name().is_some_and(|n| {
+                    let n = n.to_string_lossy();
+                    n.starts_with(&format!("{stem}.vol")) && n.ends_with(".par2")
+                })
+            })
+            .collect();
+        files.sort();
+        files.push(index);
+        for file in files {
+            let from = crate::fs::sys::open_regular(&file)?;
+            let temp = Temp::beside(&file)?;
+            let mut to = io::BufWriter::with_capacity(1 << 20, temp.file());
+            rename.copy(&mut io::BufReader::with_capacity(1 << 20, from), &mut to)?;
+            to.flush()?;
+            drop(to);
+            temp.commit(file.file_name().expect("a set file"))?;
+        }
+        Ok(true)
     }
 
     /// Whether the content `digest` already has recovery data here (or on its way).
@@ -1000,10 +1076,17 @@ fn pack_digests(bytes: &[u8]) -> Vec<(par2::packet::Id, Digest)> {
     pack_summary(bytes).0
 }
 
-/// A pack's (file ID, digest) entries, and the bytes of the files it describes (each
-/// description once), from one parse of its index.
-fn pack_summary(bytes: &[u8]) -> (Vec<(par2::packet::Id, Digest)>, u64) {
-    let (mut out, mut seen, mut total) = (Vec::new(), std::collections::HashSet::new(), 0);
+/// A pack's (file ID, digest) entries, the bytes of the files it describes (each
+/// description once), and the name each file ID is described by, from one parse of its index.
+#[allow(clippy::type_complexity)]
+fn pack_summary(
+    bytes: &[u8],
+) -> (
+    Vec<(par2::packet::Id, Digest)>,
+    u64,
+    HashMap<par2::packet::Id, Vec<u8>>,
+) {
+    let (mut out, mut names, mut total) = (Vec::new(), HashMap::new(), 0);
     for found in par2::packet::parse(bytes) {
         match found.packet {
             par2::packet::Packet::Other { kind, body } if &kind == DIGESTS => {
@@ -1020,11 +1103,16 @@ fn pack_summary(bytes: &[u8]) -> (Vec<(par2::packet::Id, Digest)>, u64) {
                     out.push((rec[..16].try_into().expect("16 bytes"), digest));
                 }
             }
-            par2::packet::Packet::FileDesc { id, len, .. } if seen.insert(id) => total += len,
+            par2::packet::Packet::FileDesc { id, len, name, .. } => {
+                if let std::collections::hash_map::Entry::Vacant(e) = names.entry(id) {
+                    e.insert(name);
+                    total += len;
+                }
+            }
             _ => {}
         }
     }
-    (out, total)
+    (out, total, names)
 }
 
 /// A pack's ID: the first 16 bytes of the SHA-256 of its members' digests, its name in hex.

@@ -147,6 +147,9 @@ pub struct Protector {
     walked: Vec<u64>,
     gone: Option<Vec<u64>>,
     cancel: &'static AtomicBool,
+    /// Sets renamed after their files moved, and why others could not be.
+    renamed: u64,
+    not_renamed: Vec<String>,
 }
 
 /// Reports held before pending parity is forced out.
@@ -216,6 +219,8 @@ impl Protector {
             damaged: HashMap::new(),
             live: roots.iter().map(|_| Live::default()).collect(),
             unsure: false,
+            renamed: 0,
+            not_renamed: Vec::new(),
             keep_stale,
             walked: vec![0; roots.len()],
             gone: None,
@@ -248,12 +253,14 @@ impl Protector {
             return Ok((None, false));
         }
         let i = report.root;
+        let name = report.relative(&self.roots).as_os_str().as_bytes().to_vec();
         let added = self.stores[i].add(Protectee {
             path: report.path.clone(),
-            name: report.relative(&self.roots).as_os_str().as_bytes().to_vec(),
+            name: name.clone(),
             size,
             digest,
         });
+        let had = matches!(added, Added::Already);
         let already = match added {
             Added::Run(job) => {
                 self.send(i, job)?;
@@ -271,7 +278,42 @@ impl Protector {
             }
             Added::Already => matches!(self.stores[i].outcome(&digest), Outcome::Durable),
         };
+        if had && size >= super::PACK_LIMIT {
+            self.follow(i, &digest, &name);
+        }
         Ok((Some((i, digest)), already))
+    }
+
+    /// A protect of the whole tree renames a file's own set after it when the file moved:
+    /// par2cmdline looks for a set's file by the name the set records. Not while a file of
+    /// that content is still at the recorded name (a copy).
+    fn follow(&mut self, i: usize, digest: &Digest, name: &[u8]) {
+        let store = &self.stores[i];
+        if self.keep_stale.is_none() {
+            return;
+        }
+        let Some(recorded) = store.set_name(digest).filter(|n| n != name) else {
+            return;
+        };
+        let anchor = crate::fs::anchor::Anchor::new(&store.root);
+        let copy_there = super::resolve(&store.root, &recorded)
+            .and_then(|path| anchor.open(&path, false).ok())
+            .and_then(|file| crate::fs::xattr::read(&file).ok())
+            .is_some_and(|stored| stored.tags.iter().any(|t| t.digest == *digest));
+        if copy_there {
+            return;
+        }
+        match store.rename_set(digest, name) {
+            Ok(true) => self.renamed += 1,
+            Ok(false) => {}
+            Err(e) => self.not_renamed.push(format!(
+                "protect: the parity set of {} names it by its old name {} and could not be \
+                 renamed ({e}): par2cmdline looks for it there (intact's repair finds it by \
+                 its tag)",
+                escape(&store.root.join(std::ffi::OsStr::from_bytes(name))),
+                escape(std::path::Path::new(std::ffi::OsStr::from_bytes(&recorded)))
+            )),
+        }
     }
 
     fn send(&mut self, i: usize, job: Job) -> Result<(), Failure> {
@@ -431,7 +473,19 @@ impl Protector {
 impl Protector {
     /// Notes what `report`'s file holds (or should hold) as content whose parity stays.
     fn note_live(&mut self, report: &FileReport) {
+        // A pack member met under another name than its pack records (moved since).
+        let content = report.unread().map(|t| t.digest).or(report.digest);
+        let placed = content
+            .filter(|_| !report.status.is_damage())
+            .and_then(|d| {
+                let name = report.relative(&self.roots);
+                let at = self.stores[report.root].packed_at(&d, name.as_os_str().as_bytes())?;
+                Some((d, at))
+            });
         let live = &mut self.live[report.root];
+        if let Some((d, at)) = placed {
+            live.met(&d, at);
+        }
         let tag = report.tag.as_ref().map(|t| t.digest);
         if report.status.is_damage() {
             if let Some(d) = tag {
@@ -628,6 +682,13 @@ fn pruned_note(
     if p.merged > 0 {
         said.push(format!("{} small pack(s) merged", p.merged));
     }
+    if p.renamed > 0 {
+        said.push(format!(
+            "{} pack(s) written again: members moved (par2cmdline finds them by the names \
+             their pack records)",
+            p.renamed
+        ));
+    }
     if repacked > 0 {
         said.push(format!("{repacked} file(s) packed again"));
     }
@@ -731,6 +792,16 @@ impl Sink for Protector {
             "protect: wrote {sets} PAR2 sets, {}",
             crate::text::bytes(bytes)
         ));
+        if self.renamed > 0 {
+            out.note(format!(
+                "protect: {} parity set(s) renamed after their files, which moved (par2cmdline \
+                 finds a file by the name its set records)",
+                self.renamed
+            ));
+        }
+        for why in self.not_renamed.drain(..) {
+            out.note(why);
+        }
         result
     }
 }

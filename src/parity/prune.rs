@@ -56,6 +56,10 @@ pub struct Live {
     /// Contents edited away (a file's tag named them, its data is another now): their
     /// parity is not wanted back, and goes at once rather than aside.
     edited: HashSet<u64>,
+    /// Pack members met under the name their pack records, and under another only: a file
+    /// moved since it was packed.
+    placed: HashSet<u64>,
+    misplaced: HashSet<u64>,
 }
 
 impl Live {
@@ -75,6 +79,22 @@ impl Live {
         self.edited.insert(key(digest));
     }
 
+    /// A pack member `digest` is in the tree under the name its pack records, or not.
+    pub fn met(&mut self, digest: &Digest, at_recorded_name: bool) {
+        if at_recorded_name {
+            self.placed.insert(key(digest));
+        } else {
+            self.misplaced.insert(key(digest));
+        }
+    }
+
+    /// Whether the pack member `digest` is in the tree only under another name than its
+    /// pack records: par2cmdline would see it missing.
+    fn moved(&self, digest: &Digest) -> bool {
+        let k = key(digest);
+        self.misplaced.contains(&k) && !self.placed.contains(&k)
+    }
+
     fn holds(&self, digest: &Digest) -> bool {
         self.keys.contains(&key(digest))
     }
@@ -82,6 +102,15 @@ impl Live {
 
 fn key(d: &Digest) -> u64 {
     u64::from_le_bytes(d.bytes[..8].try_into().expect("8 bytes")) ^ d.algo as u64
+}
+
+/// A content under a name, as 8 bytes (in one process: the hasher's keys are fixed).
+pub(super) fn name_key(d: &Digest, name: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    key(d).hash(&mut h);
+    name.hash(&mut h);
+    h.finish()
 }
 
 /// A pack's member: its name in the set, its content.
@@ -105,6 +134,9 @@ pub struct Pruned {
     pub removed_bytes: u64,
     /// Stale files kept past their grace period: they can repair a damaged file.
     pub kept_for_damage: u64,
+    /// Packs taken apart because a member moved (par2cmdline finds members by the names
+    /// their pack records): their members are packed again under their names now.
+    pub renamed: u64,
     /// Members of packs moved aside that are still in the tree: their name there and their
     /// content, to be packed again.
     pub repack: Vec<(Vec<u8>, Digest)>,
@@ -116,6 +148,7 @@ impl Pruned {
     /// Adds `other`'s counts to these.
     pub fn add(&mut self, other: &Pruned) {
         self.moved += other.moved;
+        self.renamed += other.renamed;
         self.merged += other.merged;
         self.dropped += other.dropped;
         self.spent += other.spent;
@@ -278,7 +311,7 @@ impl Store {
                 Some((digests, count, bytes))
             });
             if let Some((digests, count, bytes)) = known
-                && digests.iter().all(|d| live.holds(d))
+                && digests.iter().all(|d| live.holds(d) && !live.moved(d))
                 && (digests.iter().any(|d| live.damaged.contains(d))
                     || count >= PACK_FILES / 4
                     || bytes >= PACK_BYTES / 4)
@@ -295,6 +328,19 @@ impl Store {
             // it is never rewritten around damage.
             let all_live = members.iter().all(|(_, d)| live.holds(d));
             let damaged = members.iter().any(|(_, d)| live.damaged.contains(d));
+            // A member moved: par2cmdline would see it missing (renaming it would change its
+            // file ID, and with it the whole pack's recovery data). The pack is taken apart
+            // as a scrub takes one: its members packed again under their names now, the pack
+            // removed once they have durable parity again.
+            if all_live && !damaged && members.iter().any(|(_, d)| live.moved(d)) {
+                if let Some(id) = pack_id(&index) {
+                    lock(&self.packed).retain(|_, p| *p != id);
+                }
+                pruned.repack.extend(members);
+                pruned.renamed += 1;
+                pruned.retired.push(Retired { files, index });
+                continue;
+            }
             if !members.is_empty() && (all_live || damaged) {
                 if all_live && !damaged && members.len() < PACK_FILES / 4 && bytes < PACK_BYTES / 4
                 {

@@ -568,6 +568,107 @@ fn parity_follows_the_tree_and_stale_sets_go_after_their_grace() {
     }
 }
 
+/// par2cmdline finds a set's files by the names the set records. After files moved, a
+/// protect of the whole tree renames a large file's set (every packet written again, the
+/// recovery data kept: no data read) and writes a pack with a moved member again, so `par2
+/// verify` and `par2 repair` work on every set; a copy left at the recorded name keeps it.
+#[test]
+fn sets_follow_their_files_when_they_move() {
+    let t = Tree::new();
+    let src = tree(&t);
+    let store = src.join(".intact-parity");
+    t.write("src/copy-of-big.bin", data(1_500_000, 1));
+    intact!("protect", "-q", &src).expect_code(0);
+    let volumes = |dir: &Path| -> Vec<u64> {
+        let mut v: Vec<u64> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().contains(".vol"))
+            .map(|p| fs::metadata(p).unwrap().len())
+            .collect();
+        v.sort();
+        v
+    };
+    let big_set = index_files(&store)
+        .into_iter()
+        .find(|s| !s.starts_with(store.join("packs")))
+        .unwrap();
+    let before = volumes(big_set.parent().unwrap());
+    fs::create_dir(src.join("album")).unwrap();
+    // Whichever name the set took, the copy at the other keeps it: both moved, it follows.
+    for (from, to) in [
+        ("big.bin", "album/beach.bin"),
+        ("copy-of-big.bin", "album/sea.bin"),
+    ] {
+        fs::rename(src.join(from), src.join(to)).unwrap();
+    }
+    fs::rename(src.join("small/s07"), src.join("album/s07-moved")).unwrap();
+    // status says which files par2cmdline would not find in their pack (from the pack
+    // indexes: no data read).
+    let misnamed = || {
+        let r = intact!("status", "--json", &src).expect_code(0);
+        let v: serde_json::Value = serde_json::from_str(r.stdout.lines().last().unwrap()).unwrap();
+        v["overview"]["parity"]["misnamed"]["files"].as_u64()
+    };
+    assert_eq!(misnamed(), Some(1));
+    let text = intact!("status", &src).expect_code(0).stdout;
+    assert!(
+        text.contains("1 file in packs that name them by an old path (moved since)"),
+        "{text}"
+    );
+    let r = intact!("protect", &src).expect_code(0);
+    assert!(
+        r.stderr
+            .contains("1 parity set(s) renamed after their files, which moved"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains("1 pack(s) written again: members moved"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(misnamed(), Some(0));
+    // The same volumes, renamed in place (their descriptions name the new path: a few
+    // bytes more or less).
+    let after = volumes(big_set.parent().unwrap());
+    assert_eq!(after.len(), before.len());
+    assert!(after[0].abs_diff(before[0]) < 64, "{before:?} {after:?}");
+    let sets = index_files(&store);
+    assert_eq!(sets.len(), 2, "{sets:?}");
+    for set in &sets {
+        verifies(&src, set);
+    }
+    // par2cmdline repairs the moved files where they are now.
+    let beach = src.join("album/beach.bin");
+    let good = fs::read(&beach).unwrap();
+    flip_byte(&beach, 1_000_000);
+    let moved_small = src.join("album/s07-moved");
+    let good_small = fs::read(&moved_small).unwrap();
+    flip_byte(&moved_small, 10);
+    for set in &sets {
+        let (ok, out) = par2(
+            &src,
+            &[
+                "repair".as_ref(),
+                "-B".as_ref(),
+                src.as_os_str(),
+                set.as_os_str(),
+            ],
+        );
+        assert!(ok, "{}: {out}", set.display());
+    }
+    assert_eq!(fs::read(&beach).unwrap(), good);
+    assert_eq!(fs::read(&moved_small).unwrap(), good_small);
+    // Nothing moved since: nothing renamed or written again (par2cmdline kept the
+    // damaged files as `NAME.1`, and wrote the repaired ones without their tags).
+    fs::remove_file(src.join("album/beach.bin.1")).unwrap();
+    fs::remove_file(src.join("album/s07-moved.1")).unwrap();
+    let r = intact!("protect", &src).expect_code(0);
+    assert!(!r.stderr.contains("renamed after"), "{}", r.stderr);
+    assert!(!r.stderr.contains("written again"), "{}", r.stderr);
+}
+
 /// A repair or status of a subfolder uses its tree's parity store above it: a file deleted
 /// and a file damaged under the subfolder come back from it, and status counts its sets.
 #[test]

@@ -16,10 +16,12 @@ pub mod md5x;
 mod mul;
 pub mod packet;
 mod recover;
+mod rename;
 pub mod sha256;
 
 pub use create::{Created, FIRST_BATCH, Plan, create};
 pub use recover::Recovered;
+pub use rename::Rename;
 
 /// Deterministic pseudo-random bytes for the unit tests.
 #[cfg(test)]
