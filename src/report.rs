@@ -553,6 +553,9 @@ pub struct Reporter<W: Write, E: Write> {
     pub summary: Summary,
     /// Reports held until their work is settled: rendered, and counted both ways.
     held: Spool,
+    /// Files whose file system keeps no extended attributes: the first is said, the others
+    /// counted (a FAT stick of 10,000 files is one cause, not 10,000 lines).
+    unsupported: u64,
 }
 
 impl<W: Write, E: Write> Reporter<W, E> {
@@ -568,12 +571,24 @@ impl<W: Write, E: Write> Reporter<W, E> {
             err,
             summary: Summary::default(),
             held: Spool::default(),
+            unsupported: 0,
         }
     }
 
     /// Counts and renders one file.
     pub fn file(&mut self, r: &FileReport) -> io::Result<()> {
         self.summary.add(r);
+        // `--json` lists each.
+        if !self.printer.json
+            && r.error
+                .as_ref()
+                .is_some_and(|e| e.kind() == "no-xattr-support")
+        {
+            self.unsupported += 1;
+            if self.unsupported > 1 {
+                return Ok(());
+            }
+        }
         self.printer
             .print(Message::file(r), &mut self.out, &mut self.err)
     }
@@ -647,6 +662,14 @@ impl<W: Write, E: Write> Reporter<W, E> {
             self.settle(false)?;
         }
         let exit = self.summary.exit(self.printer.verb);
+        if self.unsupported > 1 {
+            writeln!(
+                self.out,
+                "error    ... and {} more files on file systems without extended attributes, \
+                 not listed one by one (--json lists each)",
+                crate::text::group(self.unsupported - 1)
+            )?;
+        }
         // The lines come before the summary where both reach one terminal.
         self.out.flush()?;
         let summary = Message::Summary {

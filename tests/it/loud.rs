@@ -503,14 +503,30 @@ fn a_scrub_that_verifies_nothing_is_never_green() {
         "{}",
         r.stderr
     );
-    // Tagging there: the files' own errors, then one line that says why and what serves.
+    // Tagging there: the first file's error, a count of the others (one cause, not a line
+    // a file; `--json` lists each), then one line that says why and what serves.
+    for name in ["g", "h"] {
+        fs::write(ram.0.join(name), b"no room either").unwrap();
+    }
     let r = cmd!("tag", "-q", "--state", &db, &ram.0)
         .run()
         .expect_code(3);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", r.stdout);
+    assert!(
+        lines[0].contains("cannot write tag: the file system does not support user extended")
+            && lines[1].starts_with("error    ... and 2 more files on file systems without"),
+        "{}",
+        r.stdout
+    );
+    let json = cmd!("tag", "--json", "--state", &db, &ram.0)
+        .run()
+        .expect_code(3);
+    assert_eq!(json.json().count("error"), 3, "{}", json.stdout);
     assert!(
         r.stderr.contains(&format!(
             "intact: error: {}: its file system does not support extended attributes, so none \
-             of its 1 file(s) can carry a tag: keep them on one that does",
+             of its 3 file(s) can carry a tag: keep them on one that does",
             ram.0.display()
         )),
         "{}",
