@@ -437,7 +437,8 @@ fn text(s: &Settings, damage_lines: usize, plan: &intact::scrub::Plan, f: &Found
         );
     }
     if f.db.is_some() {
-        let _ = writeln!(text, "proven by   {}", proven_by(f.proven_by));
+        let damaged = !o.damage.is_empty();
+        let _ = writeln!(text, "proven by   {}", proven_by(f.proven_by, damaged));
     }
     match &f.cycle {
         Some(c) => {
@@ -469,12 +470,21 @@ fn text(s: &Settings, damage_lines: usize, plan: &intact::scrub::Plan, f: &Found
     text
 }
 
-/// When every tagged file will have been proven good again.
-fn proven_by(by: ProvenBy) -> String {
+/// When every tagged file will have been proven good again; with damage outstanding, checked
+/// again (a damaged file is proven good only once repaired).
+fn proven_by(by: ProvenBy, damaged: bool) -> String {
+    let (done, again) = if damaged {
+        (
+            "checked in this cycle (the damaged ones are proven good once repaired)",
+            "checked",
+        )
+    } else {
+        ("proven good in this cycle", "proven good")
+    };
     match by {
-        ProvenBy::Done => "every tagged file was proven good in this cycle".into(),
+        ProvenBy::Done => format!("every tagged file was {done}"),
         ProvenBy::At { at, runs } => format!(
-            "{}: every tagged file proven good again, {} more {} at the pace of the last ones",
+            "{}: every tagged file {again} again, {} more {} at the pace of the last ones",
             time_ms(at),
             group(runs),
             if runs == 1 { "scrub" } else { "scrubs" }

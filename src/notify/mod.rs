@@ -10,7 +10,7 @@
 
 mod deliver;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -93,9 +93,10 @@ pub struct Findings {
     /// Damaged files, all of them (beyond the names kept), by name: a hard-link group of
     /// three is three.
     pub damaged: u64,
-    /// The damaged files' inodes (file system, inode), where known: a group of names counts
-    /// once in [`Findings::damaged_files`].
-    inodes: HashSet<(u64, u64)>,
+    /// The damaged files' inodes (file system, inode), where known, each with its names (as
+    /// hashes): a group of names counts once in [`Findings::damaged_files`], and a name told
+    /// twice (runs merged) once.
+    inodes: HashMap<(u64, u64), HashSet<u64>>,
     /// Damaged names whose inode is not known (damage in words, a file not there now).
     unknown_inodes: u64,
     /// Files not verified, all of them.
@@ -111,7 +112,10 @@ impl Findings {
         self.damaged += 1;
         match inode {
             Some(i) => {
-                self.inodes.insert(i);
+                use std::hash::{Hash, Hasher};
+                let mut h = std::hash::DefaultHasher::new();
+                what.hash(&mut h);
+                self.inodes.entry(i).or_default().insert(h.finish());
             }
             None => self.unknown_inodes += 1,
         }
@@ -146,7 +150,9 @@ impl Findings {
         self.damaged += other.damaged;
         self.unverified += other.unverified;
         self.missing += other.missing;
-        self.inodes.extend(&other.inodes);
+        for (inode, names) in &other.inodes {
+            self.inodes.entry(*inode).or_default().extend(names);
+        }
         self.unknown_inodes += other.unknown_inodes;
         let named = |f: &Findings, damaged: bool| {
             f.problems
@@ -184,11 +190,12 @@ impl Findings {
     /// names: hard links)").
     fn damaged_count(&self, one: &str, many: &str) -> String {
         let files = self.damaged_files();
+        let names = self.inodes.values().map(|n| n.len() as u64).sum::<u64>() + self.unknown_inodes;
         let mut t = plural(files, one, many);
-        if files != self.damaged {
+        if names > files {
             t.push_str(&format!(
                 " ({} names: hard links)",
-                crate::text::group(self.damaged)
+                crate::text::group(names)
             ));
         }
         t
@@ -846,8 +853,10 @@ mod tests {
         let mut more = Findings::default();
         more.damaged("/srv/photos/b".into(), Some(1), Some((7, 101)));
         more.damaged("damage in words".into(), None, None);
+        // A name told again (the watch merges its runs' findings) is one name.
+        more.damaged("/srv/photos/a".into(), Some(1), Some((7, 100)));
         f.merge(&more);
-        assert_eq!((f.damaged, f.damaged_files()), (5, 3));
+        assert_eq!((f.damaged, f.damaged_files()), (6, 3));
         let d = Decision::Alarm {
             new: HashSet::new(),
         };

@@ -1099,6 +1099,13 @@ fn status_says_when_the_last_scrub_ran_and_how_it_ended() {
             .expect_code(1)
             .stdout;
         assert!(out.starts_with("damage      1 file found damaged"), "{out}");
+        // A damaged file is not proven good: checked.
+        let proven = out.lines().find(|l| l.starts_with("proven by")).unwrap();
+        assert!(
+            proven.contains("every tagged file checked again")
+                || proven.contains("every tagged file was checked in this cycle"),
+            "{proven}"
+        );
         let line = out.lines().find(|l| l.starts_with("last scrub")).unwrap();
         assert!(line.starts_with("last scrub  20"), "{out}");
         assert!(
