@@ -296,7 +296,7 @@ fn threads(common: &Common) -> usize {
     match (common.threads, common.speed) {
         (Some(n), _) => n as usize,
         (None, Speed::Background) => 1,
-        (None, _) => intact::engine::cores(),
+        (None, _) => intact::fs::sys::cores(),
     }
 }
 

@@ -55,7 +55,7 @@ pub fn verify(a: VerifyArgs) -> anyhow::Result<Exit> {
     let mut io_error = None;
     let read = archive::read(
         path,
-        intact::engine::cores(),
+        intact::fs::sys::cores(),
         archive::verify_member,
         |report| match reporter.file(&report) {
             Ok(()) => std::ops::ControlFlow::Continue(()),
@@ -86,7 +86,7 @@ pub fn list(a: ListArgs) -> anyhow::Result<Exit> {
     let path = a.archive.as_path();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let mut io_error = None;
-    let read = archive::read(path, intact::engine::cores(), line, |line| {
+    let read = archive::read(path, intact::fs::sys::cores(), line, |line| {
         match out.write_all(line.as_bytes()) {
             Ok(()) => std::ops::ControlFlow::Continue(()),
             Err(e) => {

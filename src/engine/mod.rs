@@ -69,13 +69,6 @@ impl Work {
     }
 }
 
-/// The CPUs this process may run on: threads by default. Asked once: the answer reads cgroup
-/// files, and hashing asks for every large file's every window.
-pub fn cores() -> usize {
-    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-}
-
 /// Everything the engine needs to know, decided once from the command line.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -148,7 +141,7 @@ impl Config {
             force: false,
             accept_corrupt: false,
             mtime_window_ns: 0,
-            threads: cores(),
+            threads: crate::fs::sys::cores(),
             drop_cache: false,
             gate_spinning: true,
             walk: WalkOptions::default(),

@@ -139,7 +139,7 @@ pub(crate) struct Slots {
 impl Slots {
     pub(crate) fn new(threads: usize) -> Slots {
         // Up to three large files per core at once: five of 800 MiB on two cores all run.
-        let spare = if threads >= super::cores() {
+        let spare = if threads >= crate::fs::sys::cores() {
             2 * threads
         } else {
             0

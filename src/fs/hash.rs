@@ -155,7 +155,7 @@ pub fn hash_file(
         // half of each window to the pool would only wake threads to take work from a core
         // that has its own (five 800 MiB files with BLAKE3 on two cores, 41 runs in turns:
         // 5,100 context switches and x0.98 b3sum handed over, 1,600 and x1.00 here).
-        let here = SPREAD.load(Ordering::Relaxed) >= crate::engine::cores();
+        let here = SPREAD.load(Ordering::Relaxed) >= crate::fs::sys::cores();
         for h in hashers.iter_mut().flatten() {
             match here {
                 true => h.update_here(chunk),

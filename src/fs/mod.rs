@@ -6,8 +6,6 @@ pub mod anchor;
 pub mod atomic;
 pub mod chase;
 pub mod device;
-#[cfg(target_os = "linux")]
-pub mod fanotify;
 pub mod hash;
 pub mod mapped;
 #[cfg(target_os = "linux")]

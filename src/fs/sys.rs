@@ -493,3 +493,10 @@ mod tests {
         assert_eq!(first_block(&empty), None);
     }
 }
+
+/// The CPUs this process may run on: threads by default. Asked once: the answer reads cgroup
+/// files, and hashing asks for every large file's every window.
+pub fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}

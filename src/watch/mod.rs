@@ -15,6 +15,8 @@
 
 mod claim;
 #[cfg(target_os = "linux")]
+mod fanotify;
+#[cfg(target_os = "linux")]
 mod inotify;
 
 pub use claim::{Claim, Watched, claim, watched};
@@ -73,7 +75,7 @@ pub fn open(roots: &[PathBuf]) -> io::Result<(Box<dyn Events>, Option<String>)> 
     #[cfg(target_os = "linux")]
     {
         if rustix::process::geteuid().is_root() {
-            match crate::fs::fanotify::Fanotify::new(roots) {
+            match fanotify::Fanotify::new(roots) {
                 Ok(f) => return Ok((Box::new(f), None)),
                 Err(e) => {
                     let why =

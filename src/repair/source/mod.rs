@@ -184,7 +184,7 @@ impl Search for Archive {
         // Frames are read on every core; a member that is wanted takes the work for the
         // time its copy is verified and staged.
         let work = Mutex::new(work);
-        let threads = crate::engine::cores();
+        let threads = crate::fs::sys::cores();
         let offer = |visit: &mut archive::Visit<'_, '_>| {
             let m = visit.member;
             if m.kind != archive::Kind::File || cancel.load(Ordering::Relaxed) {
@@ -359,7 +359,9 @@ impl Search for ParityStore {
                 .map(|(f, digest)| {
                     let named = parity::resolve(&store.root, &f.name)
                         .filter(|p| crate::fs::sys::lstat(p).is_ok_and(|m| m.len() == f.len));
-                    named.or_else(|| digest.and_then(|d| locate(work.roots(), &d, &mut by_digest)))
+                    named.or_else(|| {
+                        digest.and_then(|d| locate(work.roots(), &d, &mut by_digest, cancel))
+                    })
                 })
                 .collect();
             // Each damaged file's place in the set; two with the same content (one place)
@@ -400,7 +402,7 @@ fn rebuild(
         .iter()
         .filter_map(|&(i, at)| work.want(i).map(|w| (i, at, w.path.clone())))
         .collect();
-    let threads = crate::engine::cores();
+    let threads = crate::fs::sys::cores();
     // Damaged files are read where they are now; the set's other files where it says.
     let mut open = |j: usize| -> io::Result<Option<Box<dyn Read>>> {
         let path = match targets.iter().find(|(_, at, _)| *at == j) {
@@ -451,15 +453,16 @@ fn rebuild(
 }
 
 /// Where a file with `digest` is now, from the tags in the trees being repaired (read once,
-/// on first need).
+/// on first need; the walk stops on `cancel`, as the run does).
 fn locate(
     roots: &[PathBuf],
     digest: &Digest,
     by_digest: &mut Option<HashMap<Digest, PathBuf>>,
+    cancel: &AtomicBool,
 ) -> Option<PathBuf> {
     let map = by_digest.get_or_insert_with(|| {
         let mut map = HashMap::new();
-        crate::fs::walk::tagged(roots, &AtomicBool::new(false), |path, tags| {
+        crate::fs::walk::tagged(roots, cancel, |path, tags| {
             for t in tags {
                 map.entry(t.digest).or_insert_with(|| path.clone());
             }

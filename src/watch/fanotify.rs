@@ -19,7 +19,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::watch::{Events, Seen};
+use super::{Events, Seen};
 
 /// A fanotify group marking the file systems of a set of trees.
 pub struct Fanotify {
@@ -50,7 +50,7 @@ impl Fanotify {
     pub fn new(roots: &[PathBuf]) -> io::Result<Fanotify> {
         let mountinfo = std::fs::read("/proc/self/mountinfo").unwrap_or_default();
         let mut marked: Vec<PathBuf> = roots.to_vec();
-        marked.extend(super::mounts::mounts_under(&mountinfo, roots));
+        marked.extend(crate::fs::mounts::mounts_under(&mountinfo, roots));
         // SAFETY: plain flags; the call returns a new descriptor or -1.
         let raw = unsafe {
             libc::fanotify_init(
@@ -237,7 +237,7 @@ pub fn parse(mut buf: &[u8]) -> Vec<Raw<'_>> {
 
 impl Events for Fanotify {
     fn wait(&mut self, timeout: Duration, seen: &mut Vec<Seen>) -> io::Result<()> {
-        if !crate::watch::readable(&self.fd, timeout)? {
+        if !super::readable(&self.fd, timeout)? {
             return Ok(());
         }
         let me = std::process::id() as i32;
