@@ -227,10 +227,7 @@ impl Summary {
             exit = exit.merge(Exit::Interrupted);
         }
         // A malformed tag leaves a file unverifiable: trouble for check, repaired by the others.
-        let unverified = if matches!(
-            verb,
-            Verb::Check | Verb::Scrub | Verb::Repair | Verb::Verify
-        ) {
+        let unverified = if verb.verifies_tags() {
             self.malformed
         } else {
             0

@@ -187,15 +187,6 @@ impl Settings {
         )
     }
 
-    /// Whether the run judges the files under its roots (check, update, scrub, repair), and
-    /// so says what damage earlier runs found that is still there, recorded or not.
-    pub fn judges(&self) -> bool {
-        matches!(
-            self.verb,
-            Verb::Check | Verb::Update | Verb::Scrub | Verb::Repair
-        )
-    }
-
     /// Reads the manifest `file` for `root` into the configuration: lines it cannot use are
     /// warned about now and make the exit code 3.
     pub fn manifest(&mut self, file: &Path, root: &Path, algo: Algo) -> anyhow::Result<()> {

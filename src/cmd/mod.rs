@@ -491,7 +491,7 @@ fn tell_what_is_known<W: Write, E: Write>(
     state: Option<&mut State>,
     reporter: &mut Reporter<W, E>,
 ) -> io::Result<()> {
-    if !s.judges() {
+    if !s.verb.judges() {
         return Ok(());
     }
     let Some(state) = state else {
