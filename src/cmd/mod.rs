@@ -874,16 +874,9 @@ fn has_tag(path: &std::path::Path) -> bool {
     use intact::core::tag::names;
     let mut list = [0u8; 1024];
     match rustix::fs::llistxattr(path, &mut list[..]) {
-        Ok(n) => list[..n].split(|&b| b == 0).any(|name| {
-            [
-                names::INTACT,
-                names::SHATAG_SHA256,
-                names::DINTCH_HASH,
-                names::DINTCH_HASH_S,
-            ]
-            .iter()
-            .any(|t| t.as_bytes() == name)
-        }),
+        Ok(n) => list[..n]
+            .split(|&b| b == 0)
+            .any(|name| names::DIGESTS.iter().any(|t| t.as_bytes() == name)),
         // More attributes than fit: tags among them, most likely.
         Err(rustix::io::Errno::RANGE) => true,
         Err(_) => false,

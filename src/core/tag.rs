@@ -51,6 +51,9 @@ pub mod names {
         /// Dintch: when the file was tagged.
         DINTCH_TIME = "user.co.eclecticlight.dintch.time", "co.eclecticlight.dintch.time";
     }
+
+    /// The attributes that hold a digest a check reads: a file that carries one is tagged.
+    pub const DIGESTS: [&str; 4] = [INTACT, SHATAG_SHA256, DINTCH_HASH, DINTCH_HASH_S];
 }
 
 /// A file time: seconds and nanoseconds since the Unix epoch, as in `struct timespec`
