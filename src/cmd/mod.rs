@@ -394,16 +394,15 @@ fn close(s: &Settings, state: &mut Option<State>, reporter: &mut Speaker) {
 fn tell_the_owner(s: &Settings, ran: &mut Ran, reporter: &mut Speaker) {
     let Some(setup) = &s.notify else { return };
     let summary = &reporter.summary;
-    let failed = notify::tell(
-        setup,
-        s.verb.name(),
-        &s.roots,
-        &summary.findings,
-        summary.interrupted,
-        summary.exit(s.verb),
-        ran.state.as_mut(),
-        false,
-    );
+    let run = notify::Run {
+        verb: s.verb.name(),
+        roots: &s.roots,
+        findings: &summary.findings,
+        interrupted: summary.interrupted,
+        exit: summary.exit(s.verb),
+        partial: false,
+    };
+    let failed = notify::tell(setup, &run, ran.state.as_mut());
     reporter.summary.notify_failed = Some(!failed.is_empty());
     for f in failed {
         reporter.summary.fail(f);

@@ -10,24 +10,37 @@ use intact::notify::{self, Context, Decision, Findings, Problem, Setup, Told};
 use intact::report::Exit;
 use intact::state::{self, State};
 
-/// Tells the owner what a run of `verb` over `roots` found, as `setup` says: an alarm when
-/// something is new, a reminder when one is due, one all-clear after an alarm; then, after a
-/// clean run, the heartbeat. What was told is remembered in `state`, once delivered (a
-/// failed delivery is tried again by the next run). Returns what failed, for the run to
-/// report. A `partial` run (`watch`, which sees what is written, not the whole trees) only
-/// tells what is new: no reminder, no all-clear, no heartbeat, and what it told is added to
-/// what the owner was told before rather than put in its place.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn tell(
-    setup: &Setup,
-    verb: &str,
-    roots: &[PathBuf],
-    findings: &Findings,
-    interrupted: bool,
-    exit: Exit,
-    state: Option<&mut State>,
-    partial: bool,
-) -> Vec<String> {
+/// What a run tells the owner about.
+pub(super) struct Run<'a> {
+    /// Its verb.
+    pub verb: &'a str,
+    /// The trees it ran over.
+    pub roots: &'a [PathBuf],
+    /// What it found wrong.
+    pub findings: &'a Findings,
+    /// Whether it was stopped before it finished.
+    pub interrupted: bool,
+    /// Its exit code.
+    pub exit: Exit,
+    /// It sees part of the trees only (`watch`, which sees what is written): it only tells
+    /// what is new: no reminder, no all-clear, no heartbeat, and what it told is added to what
+    /// the owner was told before rather than put in its place.
+    pub partial: bool,
+}
+
+/// Tells the owner what `run` found, as `setup` says: an alarm when something is new, a
+/// reminder when one is due, one all-clear after an alarm; then, after a clean run, the
+/// heartbeat. What was told is remembered in `state`, once delivered (a failed delivery is
+/// tried again by the next run). Returns what failed, for the run to report.
+pub(super) fn tell(setup: &Setup, run: &Run<'_>, state: Option<&mut State>) -> Vec<String> {
+    let Run {
+        verb,
+        roots,
+        findings,
+        interrupted,
+        exit,
+        partial,
+    } = *run;
     let mut failed = Vec::new();
     let now = state::now();
     let mut found = findings.clone();

@@ -63,16 +63,15 @@ pub fn run(a: StatusArgs) -> anyhow::Result<Exit> {
             .as_deref()
             .and_then(|db| State::open(db).ok())
             .map(|(st, _)| st);
-        let failed = super::notify::tell(
-            setup,
-            "status",
-            &s.roots,
-            &found.findings,
-            false,
+        let run = super::notify::Run {
+            verb: "status",
+            roots: &s.roots,
+            findings: &found.findings,
+            interrupted: false,
             exit,
-            state.as_mut(),
-            false,
-        );
+            partial: false,
+        };
+        let failed = super::notify::tell(setup, &run, state.as_mut());
         notify_failed = Some(!failed.is_empty());
         for f in failed {
             eprintln!("intact: error: {f}");

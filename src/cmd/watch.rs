@@ -108,16 +108,8 @@ pub fn run(a: WatchArgs) -> anyhow::Result<Exit> {
             held.push(Problem::Vanished { what });
             exit = Exit::Trouble;
             if let Some(setup) = &setup {
-                for f in super::notify::tell(
-                    setup,
-                    "watch",
-                    &roots,
-                    &held,
-                    false,
-                    exit,
-                    Some(&mut state),
-                    true,
-                ) {
+                for f in super::notify::tell(setup, &watched(&roots, &held, exit), Some(&mut state))
+                {
                     eprintln!("intact: error: {f}");
                 }
             }
@@ -197,16 +189,8 @@ pub fn run(a: WatchArgs) -> anyhow::Result<Exit> {
             && !held.is_clear()
             && told.is_none_or(|t| t.elapsed() >= TELL_EVERY)
         {
-            let failed = super::notify::tell(
-                setup,
-                "watch",
-                &roots,
-                &held,
-                false,
-                exit,
-                Some(&mut state),
-                true,
-            );
+            let failed =
+                super::notify::tell(setup, &watched(&roots, &held, exit), Some(&mut state));
             for f in &failed {
                 eprintln!("intact: error: {f}");
             }
@@ -218,6 +202,18 @@ pub fn run(a: WatchArgs) -> anyhow::Result<Exit> {
     }
     eprintln!("intact: watch of {} stopped", list(&roots));
     Ok(exit)
+}
+
+/// What the watch tells: what is new in what it saw written (part of the trees).
+fn watched<'a>(roots: &'a [PathBuf], held: &'a Findings, exit: Exit) -> super::notify::Run<'a> {
+    super::notify::Run {
+        verb: "watch",
+        roots,
+        findings: held,
+        interrupted: false,
+        exit,
+        partial: true,
+    }
 }
 
 fn list(roots: &[PathBuf]) -> String {
