@@ -34,6 +34,20 @@ fn verifies(base: &Path, set: &Path) {
     assert!(ok, "{}: {out}", set.display());
 }
 
+/// `par2 repair -B BASE SET` succeeds.
+fn repairs(base: &Path, set: &Path) {
+    let (ok, out) = par2(
+        base,
+        &[
+            "repair".as_ref(),
+            "-B".as_ref(),
+            base.as_os_str(),
+            set.as_os_str(),
+        ],
+    );
+    assert!(ok, "{}: {out}", set.display());
+}
+
 /// The index files (`NAME.par2`, not volumes) under a store.
 fn index_files(store: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -82,16 +96,7 @@ fn par2cmdline_verifies_and_repairs_what_protect_wrote() {
     flip_byte(&src.join("big.bin"), 777_777);
     flip_byte(&src.join("small/s07"), 3);
     for set in &sets {
-        let (ok, out) = par2(
-            &src,
-            &[
-                "repair".as_ref(),
-                "-B".as_ref(),
-                src.as_os_str(),
-                set.as_os_str(),
-            ],
-        );
-        assert!(ok, "{}: {out}", set.display());
+        repairs(&src, set);
     }
     assert_eq!(fs::read(src.join("big.bin")).unwrap(), good_big);
     assert_eq!(fs::read(src.join("small/s07")).unwrap(), good_small);
@@ -647,16 +652,7 @@ fn sets_follow_their_files_when_they_move() {
     let good_small = fs::read(&moved_small).unwrap();
     flip_byte(&moved_small, 10);
     for set in &sets {
-        let (ok, out) = par2(
-            &src,
-            &[
-                "repair".as_ref(),
-                "-B".as_ref(),
-                src.as_os_str(),
-                set.as_os_str(),
-            ],
-        );
-        assert!(ok, "{}: {out}", set.display());
+        repairs(&src, set);
     }
     assert_eq!(fs::read(&beach).unwrap(), good);
     assert_eq!(fs::read(&moved_small).unwrap(), good_small);
