@@ -56,7 +56,7 @@ pub fn run(a: RepairArgs) -> anyhow::Result<Exit> {
         .iter()
         .map(|c| repair::FromCommand::new(c, a.source_timeout))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(usage)?;
+        .map_err(|e| usage(e.to_string()))?;
     let mut s = Settings::new(Verb::Repair, a.paths.paths, &a.common)?;
     s.changes_files(!a.dry_run);
     s.known_damage_only = !a.full;
@@ -81,8 +81,8 @@ pub fn run(a: RepairArgs) -> anyhow::Result<Exit> {
         source_timeout: a.source_timeout,
     };
     // Sources that cannot be used are said before anything runs.
-    let mut repairer =
-        Repairer::new(&s.roots, &from, commands, opts, &super::STOP).map_err(usage)?;
+    let mut repairer = Repairer::new(&s.roots, &from, commands, opts, &super::STOP)
+        .map_err(|e| usage(e.to_string()))?;
     super::drive(s, &mut repairer)
 }
 

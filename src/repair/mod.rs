@@ -18,6 +18,7 @@ mod replace;
 mod source;
 pub use source::backup::{restic_without_password, sources};
 pub use source::command::FromCommand;
+pub use source::{BadSource, Template, Words};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -135,7 +136,7 @@ impl Repairer {
         commands: Vec<FromCommand>,
         opts: Options,
         cancel: &'static AtomicBool,
-    ) -> Result<Repairer, String> {
+    ) -> Result<Repairer, BadSource> {
         let commands = commands.into_iter().map(|c| Box::new(c) as Box<dyn Search>);
         let named = from
             .iter()

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::{Attempts, Search, Unusable, stream};
+use super::{Attempts, BadSource, Search, Template, Unusable, stream};
 use crate::process::{self, Watch};
 use crate::text::escape;
 
@@ -39,19 +39,18 @@ impl FromCommand {
     /// the template's own quotes is refused (intact's quoting would end them, and the name
     /// would be parsed as shell code), and so is `{}` in an ssh command (`{ssh}` is the safe
     /// one there).
-    pub fn new(template: &str, silence: Duration) -> Result<FromCommand, String> {
-        let parts = parts(template)?;
+    pub fn new(template: &str, silence: Duration) -> Result<FromCommand, BadSource> {
+        let bad = |why| BadSource::Command {
+            template: template.to_string(),
+            why,
+        };
+        let parts = parts(template).map_err(bad)?;
         // `timeout 60 ssh nas cat {}` ran hostile names on the remote.
         if process::runs_ssh(template) && parts.contains(&Part::Path) {
-            return Err(format!(
-                "--from-command {template:?}: ssh hands the path to a shell on the other host, \
-                 which parses it again; use {{ssh}} there (quoted for both shells)"
-            ));
+            return Err(bad(Template::SshPath));
         }
         if !parts.iter().any(|p| matches!(p, Part::Path | Part::Twice)) {
-            return Err(format!(
-                "--from-command {template:?} has no {{}} (or {{ssh}}) for the file's path"
-            ));
+            return Err(bad(Template::NoPath));
         }
         Ok(FromCommand {
             template: template.into(),
@@ -77,7 +76,7 @@ impl FromCommand {
 
 /// `template` cut at its placeholders, or why it is refused: a placeholder inside single or
 /// double quotes of its own.
-fn parts(template: &str) -> Result<Vec<Part<'_>>, String> {
+fn parts(template: &str) -> Result<Vec<Part<'_>>, Template> {
     #[derive(PartialEq)]
     enum In {
         Plain,
@@ -94,10 +93,7 @@ fn parts(template: &str) -> Result<Vec<Part<'_>>, String> {
         match (placeholder, b[i]) {
             (Some((p, part)), _) if !escaped => {
                 if quote != In::Plain {
-                    return Err(format!(
-                        "--from-command {template:?}: {p} is inside quotes; intact quotes the \
-                         path itself, so write it without quotes around it"
-                    ));
+                    return Err(Template::QuotedPlaceholder { placeholder: p });
                 }
                 parts.push(Part::Text(&template[from..i]));
                 parts.push(part);

@@ -89,6 +89,103 @@ pub(crate) enum Unusable {
     },
 }
 
+/// Why a source named cannot be one: said before anything runs (a usage error).
+#[derive(Debug, thiserror::Error)]
+pub enum BadSource {
+    /// A `--from` that is not there.
+    #[error("--from {from}: no such file or directory")]
+    NotThere {
+        /// The value, escaped.
+        from: String,
+    },
+    /// A `restic:` or `borg:` value whose words cannot be a source.
+    #[error("--from {from}: {why}")]
+    Backup {
+        /// The value, escaped.
+        from: String,
+        /// What is wrong with it.
+        why: Words,
+    },
+    /// Configured sources (`INTACT_REPAIR_FROM`, its line in the settings file) whose words
+    /// cannot be sources.
+    #[error("{text:?}: {why}")]
+    Configured {
+        /// The setting's text.
+        text: String,
+        /// What is wrong with it.
+        why: Words,
+    },
+    /// A `--from-command` template that could not run a path safely.
+    #[error("--from-command {template:?}{why}")]
+    Command {
+        /// The template.
+        template: String,
+        /// What is wrong with it.
+        why: Template,
+    },
+}
+
+/// What is wrong with the shell words of a source.
+#[derive(Debug, thiserror::Error)]
+pub enum Words {
+    /// A quote opened and not closed.
+    #[error("a quote is not closed")]
+    UnclosedQuote,
+    /// A repository that would reach its tool as an option.
+    #[error("a repository may not begin with '-'")]
+    DashRepository,
+    /// A selector that takes a value, without one.
+    #[error("{tool} selector {selector} wants a value")]
+    WantsValue {
+        /// restic or borg.
+        tool: &'static str,
+        /// The selector.
+        selector: String,
+    },
+    /// A word that is none of the tool's selectors.
+    #[error(
+        "{word} is not one of the {tool} selectors intact passes on ({known}); a repository \
+         with spaces in its name is quoted: '{tool}:/My Backups'"
+    )]
+    NotASelector {
+        /// restic or borg.
+        tool: &'static str,
+        /// The word.
+        word: String,
+        /// The selectors there are.
+        known: String,
+    },
+    /// An option among configured sources, after no backup source.
+    #[error("{word} is neither a source nor a selector of the restic: or borg: source before it")]
+    Stray {
+        /// The word.
+        word: String,
+    },
+}
+
+/// What is wrong with a `--from-command` template.
+#[derive(Debug, thiserror::Error)]
+pub enum Template {
+    /// A placeholder inside the template's own quotes.
+    #[error(
+        ": {placeholder} is inside quotes; intact quotes the path itself, so write it without \
+         quotes around it"
+    )]
+    QuotedPlaceholder {
+        /// `{}` or `{ssh}`.
+        placeholder: &'static str,
+    },
+    /// `{}` in a command that runs ssh.
+    #[error(
+        ": ssh hands the path to a shell on the other host, which parses it again; use {{ssh}} \
+         there (quoted for both shells)"
+    )]
+    SshPath,
+    /// No placeholder at all.
+    #[error(" has no {{}} (or {{ssh}}) for the file's path")]
+    NoPath,
+}
+
 /// Streams what `cmd` prints into `sink`, under `watch`; stops it as soon as the sink wants
 /// no more (its error is given back as it was: a copy refused is not a source unusable).
 pub(super) fn stream(
@@ -131,14 +228,10 @@ fn timeout_hint(e: &process::Error) -> &'static str {
 /// tree, a PAR2 set, or (any other file) an archive; or why it cannot be one (it does not
 /// exist, a selector the tool does not have). A backup tool is stopped once it says nothing
 /// for `silence`.
-pub(crate) fn at(path: &Path, silence: std::time::Duration) -> Result<Box<dyn Search>, String> {
+pub(crate) fn at(path: &Path, silence: std::time::Duration) -> Result<Box<dyn Search>, BadSource> {
     if std::fs::symlink_metadata(path).is_err() {
-        return backup::parse(path, silence).unwrap_or_else(|| {
-            Err(format!(
-                "--from {}: no such file or directory",
-                escape(path)
-            ))
-        });
+        return backup::parse(path, silence)
+            .unwrap_or_else(|| Err(BadSource::NotThere { from: escape(path) }));
     }
     let path = path.to_path_buf();
     Ok(if Store::is_store(&path) {

@@ -12,6 +12,7 @@ use std::time::Duration;
 use super::borg::Borg;
 use super::restic::Restic;
 use super::{Backup, Search};
+use crate::repair::source::{BadSource, Words};
 use crate::text::{escape, shell_word};
 
 /// The selectors of each tool that choose versions, and whether each takes a value: the
@@ -38,9 +39,14 @@ const BORG_SELECTORS: &[(&str, bool)] = &[
 pub(in crate::repair::source) fn parse(
     from: &Path,
     silence: Duration,
-) -> Option<Result<Box<dyn Search>, String>> {
+) -> Option<Result<Box<dyn Search>, BadSource>> {
     let raw = from.as_os_str().as_bytes();
-    let said = |why: String| Some(Err(format!("--from {}: {why}", escape(from))));
+    let said = |why: Words| {
+        Some(Err(BadSource::Backup {
+            from: escape(from),
+            why,
+        }))
+    };
     // A name that is not UTF-8 is a location alone, as it is.
     let (first, rest) = match std::str::from_utf8(raw).map(shlex::split) {
         Ok(Some(mut words)) if !words.is_empty() => {
@@ -55,7 +61,7 @@ pub(in crate::repair::source) fn parse(
             .is_some_and(|r| r.starts_with(b":"))
     })?;
     if std::str::from_utf8(raw).is_ok_and(|t| shlex::split(t).is_none()) {
-        return said("a quote is not closed".into());
+        return said(Words::UnclosedQuote);
     }
     let location = first[tool.len() + 1..].to_vec();
     let select = match selectors(tool, &rest) {
@@ -65,7 +71,7 @@ pub(in crate::repair::source) fn parse(
     // A repository that begins with `-` would reach the tool as an option (`borg:--rsh=CMD`
     // runs CMD).
     if location.starts_with(b"-") {
-        return said("a repository may not begin with '-'".into());
+        return said(Words::DashRepository);
     }
     let repo = |r: &[u8]| (!r.is_empty()).then(|| OsString::from_vec(r.to_vec()));
     let backup = |repo| -> Box<dyn Search> { Box::new(Backup { repo, silence }) };
@@ -97,8 +103,12 @@ pub(in crate::repair::source) fn parse(
 /// one `--from` value (a path as it is, a backup as the shell words [`parse`] reads): shell words, as `sh` splits them, where the words after a `restic:` or
 /// `borg:` word that are its tool's selectors (and their values) belong to it:
 /// `restic:/srv/restic --host nas /mnt/mirror` is two sources.
-pub fn sources(text: &str) -> Result<Vec<String>, String> {
-    let words = shlex::split(text).ok_or_else(|| format!("{text:?}: a quote is not closed"))?;
+pub fn sources(text: &str) -> Result<Vec<String>, BadSource> {
+    let bad = |why| BadSource::Configured {
+        text: text.to_string(),
+        why,
+    };
+    let words = shlex::split(text).ok_or_else(|| bad(Words::UnclosedQuote))?;
     let mut out = Vec::new();
     let mut i = 0;
     while i < words.len() {
@@ -107,11 +117,9 @@ pub fn sources(text: &str) -> Result<Vec<String>, String> {
             .find(|t| words[i].starts_with(&format!("{t}:")));
         let n = tool.map_or(0, |t| selected(t, &words[i + 1..]));
         if words[i].starts_with('-') {
-            return Err(format!(
-                "{text:?}: {} is neither a source nor a selector of the restic: or borg: \
-                 source before it",
-                words[i]
-            ));
+            return Err(bad(Words::Stray {
+                word: words[i].clone(),
+            }));
         }
         // A backup's value is split into shell words again by `parse`; a path is a path.
         out.push(match tool {
@@ -158,7 +166,7 @@ fn selected(tool: &str, words: &[String]) -> usize {
 
 /// The words after a repository, checked against its tool's selectors: `--flag value`,
 /// `--flag=value`, and, for restic, snapshot ids.
-fn selectors(tool: &str, words: &[String]) -> Result<Vec<String>, String> {
+fn selectors(tool: &'static str, words: &[String]) -> Result<Vec<String>, Words> {
     let names = || {
         let mut n: Vec<&str> = known(tool).iter().map(|(f, _)| *f).collect();
         if tool == "restic" {
@@ -179,9 +187,10 @@ fn selectors(tool: &str, words: &[String]) -> Result<Vec<String>, String> {
             Some((_, true)) => {
                 let value = match value {
                     Some(v) => v,
-                    None => words
-                        .next()
-                        .ok_or_else(|| format!("{tool} selector {w} wants a value"))?,
+                    None => words.next().ok_or_else(|| Words::WantsValue {
+                        tool,
+                        selector: w.clone(),
+                    })?,
                 };
                 let long = match flag {
                     "-H" => "--host",
@@ -193,11 +202,11 @@ fn selectors(tool: &str, words: &[String]) -> Result<Vec<String>, String> {
             Some(_) => out.push(w.to_string()),
             None if tool == "restic" && snapshot_id(w) => out.push(w.to_string()),
             None => {
-                return Err(format!(
-                    "{w} is not one of the {tool} selectors intact passes on ({}); a repository \
-                     with spaces in its name is quoted: '{tool}:/My Backups'",
-                    names()
-                ));
+                return Err(Words::NotASelector {
+                    tool,
+                    word: w.clone(),
+                    known: names(),
+                });
             }
         }
     }
@@ -292,7 +301,13 @@ mod tests {
         ] {
             let parsed = parse(Path::new(from), Duration::from_secs(1)).unwrap();
             assert!(
-                parsed.is_err_and(|e| e.contains("may not begin with '-'")),
+                parsed.is_err_and(|e| matches!(
+                    e,
+                    BadSource::Backup {
+                        why: Words::DashRepository,
+                        ..
+                    }
+                )),
                 "{from}"
             );
         }
@@ -304,7 +319,7 @@ mod tests {
         assert!(
             parsed
                 .unwrap()
-                .is_err_and(|e| e.contains("'restic:/My Backups'")),
+                .is_err_and(|e| e.to_string().contains("quoted: 'restic:/My Backups'")),
             "a word that is no selector was taken"
         );
     }
