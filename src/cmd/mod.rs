@@ -171,7 +171,7 @@ fn same_roots(state: &mut State, s: &mut Settings, summary: &mut Summary) {
     s.roots.retain(|root| match state.same_root(root, accept) {
         Ok(()) => true,
         Err(why) => {
-            summary.fail(why);
+            summary.fail(why.to_string());
             false
         }
     });

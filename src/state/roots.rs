@@ -11,12 +11,43 @@ use rusqlite::{OptionalExtension, params};
 
 use super::{State, absolute, entries::bytes, now, under};
 
+/// A PATH that now leads to another folder than the tree the state database knows there.
+#[derive(Debug)]
+pub struct OtherFolder {
+    /// The PATH, escaped.
+    root: String,
+    /// On another file system (a disk that did not mount?).
+    other_fs: bool,
+    /// Since when the database has known the tree (Unix milliseconds).
+    since: i64,
+}
+
+impl std::fmt::Display for OtherFolder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: now {} than the tree the state database has known there since {}: nothing \
+             under it was verified or recorded. If it is the same tree (restored from a backup, \
+             its file system made anew), `--accept-moved-root` takes it as such",
+            self.root,
+            if self.other_fs {
+                "a folder on another file system (a disk that did not mount?)"
+            } else {
+                "another folder"
+            },
+            crate::text::time_ms(self.since)
+        )
+    }
+}
+
+impl std::error::Error for OtherFolder {}
+
 impl State {
     /// Whether `root` is still the folder the database knows under its path. A root met for
     /// the first time, `accept`ed, or now another folder but with no file known under it, is
     /// recorded as it is now; a file given as a root, or one that cannot be looked at (said by
     /// the walk), is let be. The error says what changed and what to do.
-    pub fn same_root(&mut self, root: &Path, accept: bool) -> Result<(), String> {
+    pub fn same_root(&mut self, root: &Path, accept: bool) -> Result<(), OtherFolder> {
         let Ok(meta) = crate::fs::sys::lstat(root) else {
             return Ok(());
         };
@@ -61,21 +92,11 @@ impl State {
         };
         match known {
             Some((fs, ino, _)) if (fs, ino) == now_is => Ok(()),
-            Some((fs, _, at)) if !accept && history() => {
-                let what = if fs == now_is.0 {
-                    "another folder"
-                } else {
-                    "a folder on another file system (a disk that did not mount?)"
-                };
-                Err(format!(
-                    "{}: now {what} than the tree the state database has known there since {}: \
-                     nothing under it was verified or recorded. If it is the same tree (restored \
-                     from a backup, its file system made anew), `--accept-moved-root` takes it \
-                     as such",
-                    crate::text::escape(root),
-                    crate::text::time_ms(at)
-                ))
-            }
+            Some((fs, _, at)) if !accept && history() => Err(OtherFolder {
+                root: crate::text::escape(root),
+                other_fs: fs != now_is.0,
+                since: at,
+            }),
             _ => {
                 let recorded = self.conn.execute(
                     "INSERT INTO roots (path, fs, ino, at) VALUES (?1, ?2, ?3, ?4) \

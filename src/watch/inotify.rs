@@ -27,6 +27,25 @@ pub struct Inotify {
     buf: Vec<MaybeUninit<u8>>,
 }
 
+/// Why a directory is not watched.
+#[derive(Debug, thiserror::Error)]
+enum Unwatched {
+    /// The kernel's limit of watches is reached.
+    #[error(
+        "{dir} is not watched: the kernel's limit of inotify watches is reached \
+         (fs.inotify.max_user_watches = {max}, {used} used here): raise it with sysctl, or run \
+         `intact watch` as root (fanotify watches whole file systems)"
+    )]
+    Limit {
+        dir: String,
+        max: String,
+        used: usize,
+    },
+    /// Another reason.
+    #[error("{dir} is not watched: {why}")]
+    Other { dir: String, why: io::Error },
+}
+
 impl Inotify {
     /// Watches every directory under `roots`.
     pub fn new(roots: &[PathBuf]) -> io::Result<Inotify> {
@@ -53,7 +72,7 @@ impl Inotify {
         let mut stack = vec![dir.to_path_buf()];
         while let Some(dir) = stack.pop() {
             if let Err(e) = self.watch(&dir) {
-                self.problems.push(e);
+                self.problems.push(e.to_string());
                 continue;
             }
             let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -67,7 +86,7 @@ impl Inotify {
         }
     }
 
-    fn watch(&mut self, dir: &Path) -> Result<(), String> {
+    fn watch(&mut self, dir: &Path) -> Result<(), Unwatched> {
         let mask = WatchFlags::MODIFY
             | WatchFlags::CLOSE_WRITE
             | WatchFlags::CREATE
@@ -82,20 +101,16 @@ impl Inotify {
             }
             // Gone already, or a symlink put in its place: nothing to watch.
             Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR) => Ok(()),
-            Err(rustix::io::Errno::NOSPC) => Err(format!(
-                "{} is not watched: the kernel's limit of inotify watches is reached \
-                 (fs.inotify.max_user_watches = {}, {} used here): raise it with sysctl, or run \
-                 `intact watch` as root (fanotify watches whole file systems)",
-                crate::text::escape(dir),
-                std::fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
+            Err(rustix::io::Errno::NOSPC) => Err(Unwatched::Limit {
+                dir: crate::text::escape(dir),
+                max: std::fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
                     .map_or("?".into(), |s| s.trim().to_string()),
-                self.dirs.len()
-            )),
-            Err(e) => Err(format!(
-                "{} is not watched: {}",
-                crate::text::escape(dir),
-                io::Error::from(e)
-            )),
+                used: self.dirs.len(),
+            }),
+            Err(e) => Err(Unwatched::Other {
+                dir: crate::text::escape(dir),
+                why: io::Error::from(e),
+            }),
         }
     }
 }
