@@ -410,8 +410,13 @@ impl<'a> Document<'a> {
 /// what is protected; then how the trees are covered. `-q`: only what needs action.
 fn text(s: &Settings, damage_lines: usize, plan: &intact::scrub::Plan, f: &Found) -> String {
     let o = &f.overview;
-    let wrong =
-        attention(o, f.unknown.as_deref(), f.deadline, damage_lines) + &f.kept.text(damage_lines);
+    let wrong = attention(
+        o,
+        &f.findings,
+        f.unknown.as_deref(),
+        f.deadline,
+        damage_lines,
+    ) + &f.kept.text(damage_lines);
     if s.verbosity == Verbosity::Quiet {
         // Files gone are routine (a mass deletion is an alarm of its own, said as an error).
         return wrong;
@@ -826,35 +831,23 @@ fn terminal_width() -> usize {
 /// What needs action (all of `-q`): damage not dealt with, damage that cannot be known
 /// (`unknown`: a state database unreadable, or rebuilt and the files not all checked since),
 /// files not proven good since `deadline`. Nothing when there is none.
-fn attention(o: &Overview, unknown: Option<&str>, deadline: i64, lines: usize) -> String {
+fn attention(
+    o: &Overview,
+    findings: &intact::notify::Findings,
+    unknown: Option<&str>,
+    deadline: i64,
+    lines: usize,
+) -> String {
     let mut t = String::new();
     if let Some(unknown) = unknown {
         let _ = writeln!(t, "damage      {unknown}");
     }
     if !o.damage.is_empty() {
-        // Names of one file (hard links) count once, said apart.
-        let names = o.damage.len() as u64;
-        let inodes: std::collections::HashSet<_> = o
-            .damage
-            .iter()
-            .filter_map(|d| state::inode_of(&d.path))
-            .collect();
-        let unknown = o
-            .damage
-            .iter()
-            .filter(|d| state::inode_of(&d.path).is_none())
-            .count();
-        let files = (inodes.len() + unknown) as u64;
+        // Names of one file (hard links) count once, said apart, as the messages say them.
+        let damaged = findings.damaged_count("file", "files");
         let _ = writeln!(
             t,
-            "damage      {} {}{} found damaged, not yet repaired or accepted:",
-            group(files),
-            if files == 1 { "file" } else { "files" },
-            if files == names {
-                String::new()
-            } else {
-                format!(" ({} names: hard links)", group(names))
-            }
+            "damage      {damaged} found damaged, not yet repaired or accepted:"
         );
         for d in o.damage.iter().take(lines) {
             let _ = writeln!(
@@ -1129,12 +1122,12 @@ mod tests {
     #[test]
     fn overdue_files_need_action() {
         let mut o = overview();
-        assert_eq!(super::attention(&o, None, 0, 20), "");
+        assert_eq!(super::attention(&o, &Default::default(), None, 0, 20), "");
         o.overdue = intact::scrub::Count {
             files: 2,
             bytes: 2000,
         };
-        let t = super::attention(&o, None, 0, 20);
+        let t = super::attention(&o, &Default::default(), None, 0, 20);
         assert!(
             t.starts_with("overdue     2 files (2.00 kB) not proven good since 1970-01-01"),
             "{t}"

@@ -188,7 +188,7 @@ impl Findings {
 
     /// The damaged files in words, their names apart where they differ ("2 damaged files (3
     /// names: hard links)").
-    fn damaged_count(&self, one: &str, many: &str) -> String {
+    pub fn damaged_count(&self, one: &str, many: &str) -> String {
         let files = self.damaged_files();
         let names = self.inodes.values().map(|n| n.len() as u64).sum::<u64>() + self.unknown_inodes;
         let mut t = plural(files, one, many);

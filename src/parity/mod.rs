@@ -395,14 +395,17 @@ impl Store {
     /// (read from the first bytes of its index: the main packet and the description come
     /// first).
     pub fn set_name(&self, digest: &Digest) -> Option<Vec<u8>> {
+        par2::Rename::recorded(&self.set_head(digest).ok()?)
+    }
+
+    /// The first bytes of the own set's index of the content `digest`.
+    fn set_head(&self, digest: &Digest) -> io::Result<Vec<u8>> {
         let index = with_ext(&self.set_base(digest), "par2");
         let mut head = Vec::new();
-        crate::fs::sys::open_regular(&index)
-            .ok()?
+        crate::fs::sys::open_regular(&index)?
             .take(SET_HEAD)
-            .read_to_end(&mut head)
-            .ok()?;
-        par2::Rename::recorded(&head)
+            .read_to_end(&mut head)?;
+        Ok(head)
     }
 
     /// Renames the own set of the content `digest` after its file, now at `name` (relative
@@ -413,27 +416,11 @@ impl Store {
     /// that intact's repair still reads: it verifies what it rebuilds by digest). Whether it
     /// was renamed.
     pub fn rename_set(&self, digest: &Digest, name: &[u8]) -> io::Result<bool> {
-        let base = self.set_base(digest);
-        let index = with_ext(&base, "par2");
-        let mut head = Vec::new();
-        crate::fs::sys::open_regular(&index)?
-            .take(SET_HEAD)
-            .read_to_end(&mut head)?;
-        let Some(rename) = par2::Rename::new(&head, name) else {
+        let Some(rename) = par2::Rename::new(&self.set_head(digest)?, name) else {
             return Ok(false);
         };
-        let stem = base.file_name().expect("a set name").to_string_lossy();
-        let mut files: Vec<PathBuf> = std::fs::read_dir(index.parent().expect("a folder"))?
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name().is_some_and(|n| {
-                    let n = n.to_string_lossy();
-                    n.starts_with(&format!("{stem}.vol")) && n.ends_with(".par2")
-                })
-            })
-            .collect();
-        files.sort();
+        let index = with_ext(&self.set_base(digest), "par2");
+        let mut files = volumes(&index)?;
         files.push(index);
         for file in files {
             let from = crate::fs::sys::open_regular(&file)?;
@@ -1042,6 +1029,20 @@ pub fn load(path: &Path) -> io::Result<par2::Set> {
 /// A set's index file and all its volumes, checked together; recovery data stays on disk
 /// until a repair reads the slices it needs.
 fn load_set(index: &Path) -> io::Result<par2::Set> {
+    // An unreadable index or volume costs its packets, not the set.
+    let mut files: Vec<File> = crate::fs::sys::open_regular(index).into_iter().collect();
+    files.extend(
+        volumes(index)?
+            .iter()
+            .filter_map(|v| crate::fs::sys::open_regular(v).ok()),
+    );
+    par2::Set::open(files).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+}
+
+/// The volumes beside the set's index `index` (`NAME.volXX+YY.par2`, or `.par2.stale` for a
+/// set moved aside), sorted: regular files only (a symlink or anything else of the name is
+/// never taken for one).
+fn volumes(index: &Path) -> io::Result<Vec<PathBuf>> {
     let dir = index.parent().unwrap_or(Path::new("."));
     let name = index
         .file_name()
@@ -1053,19 +1054,18 @@ fn load_set(index: &Path) -> io::Result<par2::Set> {
     } else {
         ".par2".to_string()
     };
-    let stem = name.strip_suffix(ext.as_str()).unwrap_or(&name).to_string();
-    // An unreadable index or volume costs its packets, not the set.
-    let mut files: Vec<File> = crate::fs::sys::open_regular(index).into_iter().collect();
-    for e in std::fs::read_dir(dir)?.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with(&format!("{stem}.vol"))
-            && name.ends_with(&ext)
-            && let Ok(file) = crate::fs::sys::open_regular(&e.path())
-        {
-            files.push(file);
-        }
-    }
-    par2::Set::open(files).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+    let stem = name.strip_suffix(ext.as_str()).unwrap_or(&name);
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with(&format!("{stem}.vol")) && n.ends_with(&ext)
+        })
+        .map(|e| e.path())
+        .collect();
+    found.sort();
+    Ok(found)
 }
 
 /// Bytes per entry of a pack's digest packet: file ID, algorithm, digest.
